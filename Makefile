@@ -1,0 +1,46 @@
+# pipelstm: `make demo` runs the main job, `make test` runs every check.
+# Both set everything up on a fresh machine (virtual environment, torch,
+# build tools, the extension) from this repository's own files.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MAX_JOBS ?= 2
+export MAX_JOBS
+
+.PHONY: all venv build test pytest check-cuda indexing-harness demo bench clean
+
+all: build
+
+$(VENV)/.deps: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.deps
+
+build: venv
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+
+pytest: build
+	$(PY) -m pytest -q tests
+
+# The CUDA kernels compile (sm_80, sm_90, warnings as errors) with no GPU.
+check-cuda:
+	bash tools/check_cuda.sh
+
+# The CUDA kernels' indexing, driven over the whole grid on the host.
+indexing-harness:
+	bash tools/run_indexing_harness.sh
+
+test: pytest check-cuda indexing-harness
+
+demo: build
+	$(PY) examples/train_lm.py
+
+bench: build
+	$(PY) -m pipelstm.bench layer
+
+clean:
+	rm -rf build python/pipelstm/*.so

@@ -1,0 +1,93 @@
+// The single-step ops: thin checks around one pointwise call.
+#include <ATen/ATen.h>
+
+#include "checks.h"
+#include "lstm_ops.h"
+#include "pointwise_backend.h"
+
+namespace pipelstm {
+
+std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
+                                                     const Tensor& hidden_gates,
+                                                     const Tensor& cx, const OptTensor& b_ih,
+                                                     const OptTensor& b_hh) {
+  constexpr const char* op = "lstm_cell_forward";
+  check_dim(op, "input_gates", input_gates, 2, "[B, 4H]");
+  check_dim(op, "cx", cx, 2, "[B, H]");
+  const int64_t B = cx.size(0), H = cx.size(1);
+  check_shape(op, "input_gates", input_gates, {B, 4 * H});
+  check_shape(op, "hidden_gates", hidden_gates, {B, 4 * H});
+  check_supported_dtype(op, "cx", cx);
+  check_same_kind(op, "input_gates", input_gates, "cx", cx);
+  check_same_kind(op, "hidden_gates", hidden_gates, "cx", cx);
+  for (const auto& [name, bias] : {std::pair{"b_ih", &b_ih}, std::pair{"b_hh", &b_hh}}) {
+    if (bias->has_value()) {
+      check_shape(op, name, **bias, {4 * H});
+      check_same_kind(op, name, **bias, "cx", cx);
+    }
+  }
+
+  const Tensor gi = input_gates.contiguous(), gh = hidden_gates.contiguous();
+  const Tensor c_prev = cx.contiguous();
+  const Tensor bi = b_ih.has_value() ? b_ih->contiguous() : Tensor();
+  const Tensor bh = b_hh.has_value() ? b_hh->contiguous() : Tensor();
+  Tensor hy = at::empty({B, H}, cx.options());
+  Tensor cy = at::empty({B, H}, cx.options());
+  Tensor workspace = at::empty({B, 4 * H}, cx.options());
+  if (B > 0 && H > 0) {
+    StepForward s;
+    s.gates = gi.const_data_ptr();
+    s.hidden_gates = gh.const_data_ptr();
+    s.bias_ih = data_or_null(bi);
+    s.bias_hh = data_or_null(bh);
+    s.c_prev = c_prev.const_data_ptr();
+    s.act_gates = workspace.mutable_data_ptr();
+    s.c = cy.mutable_data_ptr();
+    s.h = hy.mutable_data_ptr();
+    s.batch = B;
+    s.hidden = H;
+    pointwise_backend(cx.device().type()).forward(cx.scalar_type(), s);
+  }
+  return {hy, cy, workspace};
+}
+
+std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const OptTensor& grad_cy,
+                                              const Tensor& cx, const Tensor& cy,
+                                              const Tensor& workspace) {
+  constexpr const char* op = "lstm_cell_backward";
+  check_dim(op, "cx", cx, 2, "[B, H]");
+  const int64_t B = cx.size(0), H = cx.size(1);
+  check_supported_dtype(op, "cx", cx);
+  check_shape(op, "cy", cy, {B, H});
+  check_shape(op, "workspace", workspace, {B, 4 * H});
+  check_same_kind(op, "cy", cy, "cx", cx);
+  check_same_kind(op, "workspace", workspace, "cx", cx);
+  for (const auto& [name, grad] : {std::pair{"grad_hy", &grad_hy}, std::pair{"grad_cy", &grad_cy}}) {
+    if (grad->has_value()) {
+      check_shape(op, name, **grad, {B, H});
+      check_same_kind(op, name, **grad, "cx", cx);
+    }
+  }
+
+  const Tensor gh = grad_hy.has_value() ? grad_hy->contiguous() : Tensor();
+  const Tensor gc = grad_cy.has_value() ? grad_cy->contiguous() : Tensor();
+  const Tensor c_prev = cx.contiguous(), c = cy.contiguous(), act = workspace.contiguous();
+  Tensor grad_gates = at::empty({B, 4 * H}, cx.options());
+  Tensor grad_cx = at::empty({B, H}, cx.options());
+  if (B > 0 && H > 0) {
+    StepBackward s;
+    s.grad_h = data_or_null(gh);
+    s.grad_c = data_or_null(gc);
+    s.act_gates = act.const_data_ptr();
+    s.c_prev = c_prev.const_data_ptr();
+    s.c = c.const_data_ptr();
+    s.grad_gates = grad_gates.mutable_data_ptr();
+    s.grad_c_prev = grad_cx.mutable_data_ptr();
+    s.batch = B;
+    s.hidden = H;
+    pointwise_backend(cx.device().type()).backward(cx.scalar_type(), s);
+  }
+  return {grad_gates, grad_cx};
+}
+
+}  // namespace pipelstm

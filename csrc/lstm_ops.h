@@ -1,0 +1,47 @@
+// The pipelstm ops. Schemas are declared once in registration.cpp; every
+// function here is device-generic (GEMMs through ATen, the pointwise step
+// through the device's PointwiseBackend) and is registered per backend.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <tuple>
+
+namespace pipelstm {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// One fused step: gates = input_gates + hidden_gates (+ biases) [B, 4H],
+// cx [B, H] -> (hy [B, H], cy [B, H], workspace = activated gates [B, 4H]).
+std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
+                                                     const Tensor& hidden_gates,
+                                                     const Tensor& cx, const OptTensor& b_ih,
+                                                     const OptTensor& b_hh);
+
+// -> (grad of the gate pre-activations [B, 4H], grad_cx [B, H]).
+std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const OptTensor& grad_cy,
+                                              const Tensor& cx, const Tensor& cy,
+                                              const Tensor& workspace);
+
+// One direction of one layer over input [T, B, I] from (h0 [B, P], c0 [B, H]),
+// with P = H, or the projection size when w_hr [P, H] is given.
+// -> (output [T, B, P], h_n [B, P], c_n [B, H], workspace) where workspace
+// is 1-D: activated gates [T, B, 4H], then cell states [T, B, H], then (with
+// a projection) the unprojected hidden states [T, B, H].
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
+    bool reverse);
+
+// -> (grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias [4H]
+// (the gradient of b_ih and of b_hh alike), grad_w_hr ([P, H], or an empty
+// tensor without projection)).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
+    bool reverse);
+
+}  // namespace pipelstm

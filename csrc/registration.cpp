@@ -1,0 +1,23 @@
+// The op schemas, declared once. Kernels are registered per backend
+// (cpu/pointwise_cpu.cpp, cuda/...); fake kernels and autograd formulas are
+// registered from Python (pipelstm/ops.py).
+#include <torch/library.h>
+
+TORCH_LIBRARY(pipelstm, m) {
+  m.def(
+      "lstm_cell_forward(Tensor input_gates, Tensor hidden_gates, Tensor cx, Tensor? b_ih, "
+      "Tensor? b_hh) -> (Tensor hy, Tensor cy, Tensor workspace)");
+  m.def(
+      "lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor cx, Tensor cy, "
+      "Tensor workspace) -> (Tensor grad_gates, Tensor grad_cx)");
+  m.def(
+      "lstm_layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> (Tensor output, Tensor h_n, "
+      "Tensor c_n, Tensor workspace)");
+  m.def(
+      "lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
+      "Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, Tensor grad_h0, "
+      "Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
+      "Tensor grad_w_hr)");
+}

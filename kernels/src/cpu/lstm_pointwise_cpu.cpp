@@ -1,0 +1,144 @@
+// CPU loops of the fused LSTM pointwise step.
+//
+// Each row (batch element) is one pass over H columns that the compiler
+// vectorizes: the gate math in gate_math.h is branch-free for float. The
+// float entry points are compiled for several instruction sets at once
+// (target_clones) and the best one is picked when the library loads, so the
+// binary runs on any x86-64 and still uses AVX-512 where it exists.
+#include "pipelstm/kernels/lstm_pointwise.h"
+
+#include "pipelstm/kernels/gate_math.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PIPELSTM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PIPELSTM_CPU_CLONES
+#endif
+
+template <typename T, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
+PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begin,
+                              int64_t row_end) {
+  const int64_t H = a.hidden;
+  for (int64_t b = row_begin; b < row_end; ++b) {
+    const T* __restrict__ pre = a.gates + b * 4 * H;
+    const T* __restrict__ hid = kHiddenGates ? a.hidden_gates + b * 4 * H : nullptr;
+    const T* __restrict__ c_prev = a.c_prev + b * H;
+    T* act = a.act_gates + b * 4 * H;  // may alias `pre`: read before write
+    T* __restrict__ c = a.c + b * H;
+    T* __restrict__ h = a.h + b * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      T p[4];
+      for (int k = 0; k < 4; ++k) {
+        T v = pre[k * H + j];
+        if constexpr (kHiddenGates) v += hid[k * H + j];
+        if constexpr (kBiasIh) v += a.bias_ih[k * H + j];
+        if constexpr (kBiasHh) v += a.bias_hh[k * H + j];
+        p[k] = v;
+      }
+      const auto r = math::cell_forward(p[0], p[1], p[2], p[3], c_prev[j]);
+      act[j] = r.i;
+      act[H + j] = r.f;
+      act[2 * H + j] = r.g;
+      act[3 * H + j] = r.o;
+      c[j] = r.c;
+      h[j] = r.h;
+    }
+  }
+}
+
+template <typename T, bool kGradH, bool kGradC>
+PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_begin,
+                               int64_t row_end) {
+  const int64_t H = a.hidden;
+  for (int64_t b = row_begin; b < row_end; ++b) {
+    const T* __restrict__ gh = kGradH ? a.grad_h + b * H : nullptr;
+    const T* gc = kGradC ? a.grad_c + b * H : nullptr;  // may alias grad_c_prev
+    const T* __restrict__ act = a.act_gates + b * 4 * H;
+    const T* __restrict__ c_prev = a.c_prev + b * H;
+    const T* __restrict__ c = a.c + b * H;
+    T* __restrict__ dg = a.grad_gates + b * 4 * H;
+    T* dc_prev = a.grad_c_prev + b * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const T grad_h = kGradH ? gh[j] : T(0);
+      const T grad_c = kGradC ? gc[j] : T(0);
+      const auto r = math::cell_backward(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
+                                         act[3 * H + j], c_prev[j], c[j]);
+      dg[j] = r.d_i;
+      dg[H + j] = r.d_f;
+      dg[2 * H + j] = r.d_g;
+      dg[3 * H + j] = r.d_o;
+      dc_prev[j] = r.d_c_prev;
+    }
+  }
+}
+
+// Runtime flags to template parameters, so the inner loops have no branches.
+template <typename T>
+PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, int64_t b1) {
+  const bool hid = a.hidden_gates != nullptr;
+  const bool bih = a.bias_ih != nullptr;
+  const bool bhh = a.bias_hh != nullptr;
+  if (hid && bih && bhh) return forward_rows<T, true, true, true>(a, b0, b1);
+  if (hid && !bih && !bhh) return forward_rows<T, true, false, false>(a, b0, b1);
+  if (!hid && bih && bhh) return forward_rows<T, false, true, true>(a, b0, b1);
+  if (!hid && !bih && !bhh) return forward_rows<T, false, false, false>(a, b0, b1);
+  // Rare mixes of present and absent biases.
+  if (hid && bih) return forward_rows<T, true, true, false>(a, b0, b1);
+  if (hid) return forward_rows<T, true, false, true>(a, b0, b1);
+  if (bih) return forward_rows<T, false, true, false>(a, b0, b1);
+  return forward_rows<T, false, false, true>(a, b0, b1);
+}
+
+template <typename T>
+PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
+  const bool gh = a.grad_h != nullptr;
+  const bool gc = a.grad_c != nullptr;
+  if (gh && gc) return backward_rows<T, true, true>(a, b0, b1);
+  if (gh) return backward_rows<T, true, false>(a, b0, b1);
+  if (gc) return backward_rows<T, false, true>(a, b0, b1);
+  return backward_rows<T, false, false>(a, b0, b1);
+}
+
+PIPELSTM_CPU_CLONES void forward_f32(const PointwiseForwardArgs<float>& a, int64_t b0,
+                                     int64_t b1) {
+  forward_dispatch(a, b0, b1);
+}
+
+PIPELSTM_CPU_CLONES void backward_f32(const PointwiseBackwardArgs<float>& a, int64_t b0,
+                                      int64_t b1) {
+  backward_dispatch(a, b0, b1);
+}
+
+}  // namespace
+
+template <>
+void pointwise_forward_cpu<float>(const PointwiseForwardArgs<float>& a, int64_t b0, int64_t b1) {
+  forward_f32(a, b0, b1);
+}
+
+template <>
+void pointwise_forward_cpu<double>(const PointwiseForwardArgs<double>& a, int64_t b0,
+                                   int64_t b1) {
+  forward_dispatch(a, b0, b1);
+}
+
+template <>
+void pointwise_backward_cpu<float>(const PointwiseBackwardArgs<float>& a, int64_t b0,
+                                   int64_t b1) {
+  backward_f32(a, b0, b1);
+}
+
+template <>
+void pointwise_backward_cpu<double>(const PointwiseBackwardArgs<double>& a, int64_t b0,
+                                    int64_t b1) {
+  backward_dispatch(a, b0, b1);
+}
+
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,183 @@
+"""The fused LSTM ops: fake kernels, autograd formulas and typed wrappers.
+
+The kernels themselves are C++ (``torch.ops.pipelstm.*``, registered by
+``pipelstm._C``). This module adds what tracing and training need on top:
+fake kernels, so FakeTensor, ``torch.compile`` and ``torch.export`` can see
+output shapes, and autograd formulas whose backward is itself a pipelstm op.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["lstm_cell", "lstm_layer"]
+
+_ops = torch.ops.pipelstm
+
+
+def lstm_cell(
+    input_gates: Tensor,
+    hidden_gates: Tensor,
+    cx: Tensor,
+    b_ih: Optional[Tensor] = None,
+    b_hh: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """One fused LSTM step.
+
+    Args:
+        input_gates: ``x @ w_ih.T``, shape ``[B, 4H]``, gate order i, f, g, o.
+        hidden_gates: ``h @ w_hh.T``, shape ``[B, 4H]``.
+        cx: previous cell state ``[B, H]``.
+        b_ih, b_hh: optional biases ``[4H]``.
+
+    Returns:
+        ``(hy, cy)``, each ``[B, H]``.
+    """
+    hy, cy, _ = _ops.lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh)
+    return hy, cy
+
+
+def lstm_layer(
+    input: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Optional[Tensor] = None,
+    b_hh: Optional[Tensor] = None,
+    w_hr: Optional[Tensor] = None,
+    reverse: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """One direction of one LSTM layer over a whole sequence.
+
+    Args:
+        input: ``[T, B, I]``.
+        h0: ``[B, P]`` where ``P`` is the projection size, or ``H`` without one.
+        c0: ``[B, H]``.
+        w_ih: ``[4H, I]``; w_hh: ``[4H, P]``; b_ih, b_hh: optional ``[4H]``;
+        w_hr: optional projection ``[P, H]``.
+        reverse: run from the last step to the first.
+
+    Returns:
+        ``(output [T, B, P], h_n [B, P], c_n [B, H])``.
+    """
+    output, h_n, c_n, _ = _ops.lstm_layer_forward(
+        input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
+    )
+    return output, h_n, c_n
+
+
+# --- fake kernels: shapes only ---------------------------------------------
+
+
+def _layer_sizes(input: Tensor, w_ih: Tensor, w_hr: Optional[Tensor]):
+    torch._check(input.dim() == 3, lambda: f"expected `input` of shape [T, B, I], got {tuple(input.shape)}")
+    T, B, _ = input.shape
+    H = w_ih.shape[0] // 4
+    P = w_hr.shape[0] if w_hr is not None else H
+    return T, B, H, P
+
+
+def _workspace_numel(T, B, H, projected: bool):
+    return T * B * H * (6 if projected else 5)
+
+
+@torch.library.register_fake("pipelstm::lstm_cell_forward")
+def _(input_gates, hidden_gates, cx, b_ih, b_hh):
+    torch._check(cx.dim() == 2, lambda: f"expected `cx` of shape [B, H], got {tuple(cx.shape)}")
+    B, H = cx.shape
+    torch._check(input_gates.shape == (B, 4 * H), lambda: "expected `input_gates` of shape [B, 4H]")
+    return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 4 * H)
+
+
+@torch.library.register_fake("pipelstm::lstm_cell_backward")
+def _(grad_hy, grad_cy, cx, cy, workspace):
+    return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape)
+
+
+@torch.library.register_fake("pipelstm::lstm_layer_forward")
+def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    T, B, H, P = _layer_sizes(input, w_ih, w_hr)
+    return (
+        input.new_empty(T, B, P),
+        input.new_empty(B, P),
+        input.new_empty(B, H),
+        input.new_empty(_workspace_numel(T, B, H, w_hr is not None)),
+    )
+
+
+@torch.library.register_fake("pipelstm::lstm_layer_backward")
+def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+    T, B, H, P = _layer_sizes(input, w_ih, w_hr)
+    return (
+        input.new_empty(input.shape),
+        input.new_empty(B, P),
+        input.new_empty(B, H),
+        input.new_empty(w_ih.shape),
+        input.new_empty(w_hh.shape),
+        input.new_empty(4 * H),
+        input.new_empty(w_hr.shape) if w_hr is not None else input.new_empty(0),
+    )
+
+
+# --- autograd ----------------------------------------------------------------
+
+
+def _cell_setup_context(ctx, inputs, output):
+    _, _, cx, b_ih, b_hh = inputs
+    _, cy, workspace = output
+    ctx.save_for_backward(cx, cy, workspace)
+    ctx.has_b_ih = b_ih is not None
+    ctx.has_b_hh = b_hh is not None
+
+
+def _cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
+    cx, cy, workspace = ctx.saved_tensors
+    grad_gates, grad_cx = _ops.lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace)
+    grad_bias = grad_gates.sum(0) if ctx.has_b_ih or ctx.has_b_hh else None
+    return (
+        grad_gates,
+        grad_gates,
+        grad_cx,
+        grad_bias if ctx.has_b_ih else None,
+        grad_bias if ctx.has_b_hh else None,
+    )
+
+
+torch.library.register_autograd(
+    "pipelstm::lstm_cell_forward", _cell_backward, setup_context=_cell_setup_context
+)
+
+
+def _layer_setup_context(ctx, inputs, output):
+    input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse = inputs
+    out, _, _, workspace = output
+    ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, out, workspace)
+    ctx.reverse = reverse
+    ctx.has_b_ih = b_ih is not None
+    ctx.has_b_hh = b_hh is not None
+
+
+def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
+    input, h0, c0, w_ih, w_hh, w_hr, out, workspace = ctx.saved_tensors
+    grads = _ops.lstm_layer_backward(
+        grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, out, workspace, ctx.reverse
+    )
+    grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr = grads
+    return (
+        grad_input,
+        grad_h0,
+        grad_c0,
+        grad_w_ih,
+        grad_w_hh,
+        grad_bias if ctx.has_b_ih else None,
+        grad_bias if ctx.has_b_hh else None,
+        grad_w_hr if w_hr is not None else None,
+        None,
+    )
+
+
+torch.library.register_autograd(
+    "pipelstm::lstm_layer_forward", _layer_backward, setup_context=_layer_setup_context
+)

@@ -1,0 +1,53 @@
+"""Builds pipelstm._C with CMake against the torch that is installed.
+
+Environment:
+  PIPELSTM_CUDA   auto (default) | on | off: build the CUDA kernels.
+  MAX_JOBS        parallel compile jobs (default: all cores).
+  CMAKE_BUILD_TYPE  Release (default) or Debug.
+
+Build without isolation (``pip install --no-build-isolation .``) so the
+extension is compiled against the torch it will run with.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        config = [
+            "cmake",
+            str(ROOT),
+            "-G",
+            "Ninja",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
+            f"-DPIPELSTM_CUDA={os.environ.get('PIPELSTM_CUDA', 'auto')}",
+        ]
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.run(config, cwd=build_dir, check=True)
+        subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+
+
+setup(
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[CMakeExtension("pipelstm._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)
