@@ -1,0 +1,223 @@
+// One work item of the CUDA pointwise kernels, as a __host__ __device__
+// function of (args, linear work index).
+//
+// The kernels in src/cuda/lstm_pointwise.cu are only a grid-stride loop around
+// forward_item / backward_item. Keeping the body here lets a plain C++ host
+// harness (kernels/tests/indexing_harness.cpp) drive it over the whole grid
+// and compare it with the CPU loops, on a machine without a GPU.
+//
+// A work item is VEC consecutive columns j of one row b. With VEC > 1 every
+// access is one aligned Pack load/store, which the caller must guarantee with
+// can_vectorize(); VEC == 1 is the scalar fallback and has no requirements.
+#pragma once
+
+#include <cstdint>
+
+#include "pipelstm/kernels/gate_math.h"
+#include "pipelstm/kernels/lstm_pointwise.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+// Only the device pass knows the pragma; the host compiler would warn.
+#if defined(__CUDA_ARCH__)
+#define PIPELSTM_UNROLL _Pragma("unroll")
+#else
+#define PIPELSTM_UNROLL
+#endif
+
+namespace pipelstm {
+namespace kernels {
+namespace indexing {
+
+// Storage type <-> math type. The identity by default, so the host harness can
+// instantiate everything with float and double; 16-bit types compute in float.
+template <typename T>
+struct Storage {
+  using compute_t = T;
+  static PIPELSTM_HD compute_t load(T v) { return v; }
+  static PIPELSTM_HD T store(compute_t v) { return v; }
+};
+
+#if defined(__CUDACC__)
+template <>
+struct Storage<__half> {
+  using compute_t = float;
+  static PIPELSTM_HD float load(__half v) { return __half2float(v); }
+  static PIPELSTM_HD __half store(float v) { return __float2half_rn(v); }
+};
+
+template <>
+struct Storage<__nv_bfloat16> {
+  using compute_t = float;
+  static PIPELSTM_HD float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static PIPELSTM_HD __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+#endif
+
+// VEC elements moved as one access (16 bytes for the CUDA kernels).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  static_assert(VEC > 0 && (VEC & (VEC - 1)) == 0, "VEC must be a power of two");
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+PIPELSTM_HD Pack<T, VEC> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+PIPELSTM_HD void store_pack(T* p, const Pack<T, VEC>& x) {
+  *reinterpret_cast<Pack<T, VEC>*>(p) = x;
+}
+
+// Row and first column of work item `idx`. 64-bit throughout: B * 4H may pass
+// 2^31 (the device compiler takes a 32-bit division fast path when it can).
+struct ItemIndex {
+  int64_t row;
+  int64_t col;
+};
+
+template <int VEC>
+PIPELSTM_HD ItemIndex item_index(int64_t idx, int64_t hidden) {
+  const int64_t per_row = hidden / VEC;
+  const int64_t row = idx / per_row;
+  return {row, (idx - row * per_row) * VEC};
+}
+
+// Number of work items; with VEC > 1 only valid when hidden % VEC == 0.
+template <int VEC>
+inline int64_t num_items(int64_t batch, int64_t hidden) {
+  return batch * (hidden / VEC);
+}
+
+// Launch shape: grid-stride loop, so the grid is capped and each thread may
+// take several items. The cap fills any current GPU many times over.
+constexpr int kBlockSize = 256;
+constexpr int64_t kMaxBlocks = 65535;
+
+inline int64_t grid_blocks(int64_t items, int64_t max_blocks = kMaxBlocks) {
+  const int64_t blocks = (items + kBlockSize - 1) / kBlockSize;
+  return blocks < max_blocks ? blocks : max_blocks;
+}
+
+template <typename T, int VEC>
+inline bool aligned_for(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * VEC) == 0;  // null is aligned
+}
+
+// Host-side choice of the vector path: every row and gate block then starts
+// on a Pack boundary, so all of one item's accesses are aligned.
+template <typename T, int VEC>
+inline bool can_vectorize(const PointwiseForwardArgs<T>& a) {
+  return a.hidden % VEC == 0 && aligned_for<T, VEC>(a.gates) &&
+         aligned_for<T, VEC>(a.hidden_gates) && aligned_for<T, VEC>(a.bias_ih) &&
+         aligned_for<T, VEC>(a.bias_hh) && aligned_for<T, VEC>(a.c_prev) &&
+         aligned_for<T, VEC>(a.act_gates) && aligned_for<T, VEC>(a.c) &&
+         aligned_for<T, VEC>(a.h);
+}
+
+template <typename T, int VEC>
+inline bool can_vectorize(const PointwiseBackwardArgs<T>& a) {
+  return a.hidden % VEC == 0 && aligned_for<T, VEC>(a.grad_h) &&
+         aligned_for<T, VEC>(a.grad_c) && aligned_for<T, VEC>(a.act_gates) &&
+         aligned_for<T, VEC>(a.c_prev) && aligned_for<T, VEC>(a.c) &&
+         aligned_for<T, VEC>(a.grad_gates) && aligned_for<T, VEC>(a.grad_c_prev);
+}
+
+// Same formulas and summation order as the CPU loops. act_gates may alias
+// gates: the item reads all its inputs before its first store, and no other
+// item touches the same elements.
+template <typename T, int VEC, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
+PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
+  using S = Storage<T>;
+  using C = typename S::compute_t;
+  using P = Pack<T, VEC>;
+  const int64_t H = a.hidden;
+  const ItemIndex it = item_index<VEC>(idx, H);
+  const int64_t g0 = it.row * 4 * H + it.col;  // gate k starts at g0 + k * H
+  const int64_t s0 = it.row * H + it.col;
+
+  C pre[4][VEC];
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const P x = load_pack<T, VEC>(a.gates + g0 + k * H);
+    P hg{}, bi{}, bh{};
+    if constexpr (kHiddenGates) hg = load_pack<T, VEC>(a.hidden_gates + g0 + k * H);
+    if constexpr (kBiasIh) bi = load_pack<T, VEC>(a.bias_ih + k * H + it.col);
+    if constexpr (kBiasHh) bh = load_pack<T, VEC>(a.bias_hh + k * H + it.col);
+    PIPELSTM_UNROLL
+    for (int e = 0; e < VEC; ++e) {
+      C v = S::load(x.v[e]);
+      if constexpr (kHiddenGates) v += S::load(hg.v[e]);
+      if constexpr (kBiasIh) v += S::load(bi.v[e]);
+      if constexpr (kBiasHh) v += S::load(bh.v[e]);
+      pre[k][e] = v;
+    }
+  }
+  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+
+  P act[4], c, h;
+  PIPELSTM_UNROLL
+  for (int e = 0; e < VEC; ++e) {
+    const auto r = math::cell_forward(pre[0][e], pre[1][e], pre[2][e], pre[3][e],
+                                      S::load(cp.v[e]));
+    act[0].v[e] = S::store(r.i);
+    act[1].v[e] = S::store(r.f);
+    act[2].v[e] = S::store(r.g);
+    act[3].v[e] = S::store(r.o);
+    c.v[e] = S::store(r.c);
+    h.v[e] = S::store(r.h);
+  }
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.act_gates + g0 + k * H, act[k]);
+  store_pack<T, VEC>(a.c + s0, c);
+  store_pack<T, VEC>(a.h + s0, h);
+}
+
+// grad_c_prev may alias grad_c, for the same reason as above.
+template <typename T, int VEC, bool kGradH, bool kGradC>
+PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
+  using S = Storage<T>;
+  using C = typename S::compute_t;
+  using P = Pack<T, VEC>;
+  const int64_t H = a.hidden;
+  const ItemIndex it = item_index<VEC>(idx, H);
+  const int64_t g0 = it.row * 4 * H + it.col;
+  const int64_t s0 = it.row * H + it.col;
+
+  P gh{}, gc{};
+  if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
+  if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + s0);
+  P act[4];
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + g0 + k * H);
+  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  const P cc = load_pack<T, VEC>(a.c + s0);
+
+  P dg[4], dcp;
+  PIPELSTM_UNROLL
+  for (int e = 0; e < VEC; ++e) {
+    const C grad_h = kGradH ? S::load(gh.v[e]) : C(0);
+    const C grad_c = kGradC ? S::load(gc.v[e]) : C(0);
+    const auto r = math::cell_backward(grad_h, grad_c, S::load(act[0].v[e]),
+                                       S::load(act[1].v[e]), S::load(act[2].v[e]),
+                                       S::load(act[3].v[e]), S::load(cp.v[e]),
+                                       S::load(cc.v[e]));
+    dg[0].v[e] = S::store(r.d_i);
+    dg[1].v[e] = S::store(r.d_f);
+    dg[2].v[e] = S::store(r.d_g);
+    dg[3].v[e] = S::store(r.d_o);
+    dcp.v[e] = S::store(r.d_c_prev);
+  }
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
+  store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
+}
+
+}  // namespace indexing
+}  // namespace kernels
+}  // namespace pipelstm

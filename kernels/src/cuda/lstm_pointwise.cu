@@ -1,0 +1,114 @@
+// CUDA kernels of the fused LSTM pointwise step.
+//
+// Each kernel is a grid-stride loop over work items; the per-item body lives
+// in lstm_pointwise_indexing.h so the host harness can test the indexing
+// without a GPU. Optional pointers become template flags so the loop has no
+// branches, and the 16-byte vector path is chosen on the host.
+#include "pipelstm/kernels/lstm_pointwise_cuda.h"
+
+#include <type_traits>
+
+#include "pipelstm/kernels/lstm_pointwise_indexing.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace {
+
+using indexing::kBlockSize;
+
+template <typename T, int VEC, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
+__global__ void __launch_bounds__(kBlockSize)
+    forward_kernel(const PointwiseForwardArgs<T> a, int64_t items) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items; i += stride) {
+    indexing::forward_item<T, VEC, kHiddenGates, kBiasIh, kBiasHh>(a, i);
+  }
+}
+
+template <typename T, int VEC, bool kGradH, bool kGradC>
+__global__ void __launch_bounds__(kBlockSize)
+    backward_kernel(const PointwiseBackwardArgs<T> a, int64_t items) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items; i += stride) {
+    indexing::backward_item<T, VEC, kGradH, kGradC>(a, i);
+  }
+}
+
+// Calls f(std::integral_constant<bool, b>{}): runtime flag to template flag.
+template <typename F>
+void with_flag(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+template <typename T, int VEC>
+void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
+  const int64_t items = indexing::num_items<VEC>(a.batch, a.hidden);
+  const dim3 grid(static_cast<unsigned>(indexing::grid_blocks(items)));
+  with_flag(a.hidden_gates != nullptr, [&](auto hid) {
+    with_flag(a.bias_ih != nullptr, [&](auto bih) {
+      with_flag(a.bias_hh != nullptr, [&](auto bhh) {
+        forward_kernel<T, VEC, decltype(hid)::value, decltype(bih)::value, decltype(bhh)::value>
+            <<<grid, kBlockSize, 0, stream>>>(a, items);
+      });
+    });
+  });
+}
+
+template <typename T, int VEC>
+void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
+  const int64_t items = indexing::num_items<VEC>(a.batch, a.hidden);
+  const dim3 grid(static_cast<unsigned>(indexing::grid_blocks(items)));
+  with_flag(a.grad_h != nullptr, [&](auto gh) {
+    with_flag(a.grad_c != nullptr, [&](auto gc) {
+      backward_kernel<T, VEC, decltype(gh)::value, decltype(gc)::value>
+          <<<grid, kBlockSize, 0, stream>>>(a, items);
+    });
+  });
+}
+
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);  // one 16-byte access per tensor per item
+
+}  // namespace
+
+template <typename T>
+cudaError_t pointwise_forward_cuda(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
+  if (a.batch <= 0 || a.hidden <= 0) return cudaSuccess;  // an empty grid is a launch error
+  if (indexing::can_vectorize<T, kVec<T>>(a)) {
+    launch_forward<T, kVec<T>>(a, stream);
+  } else {
+    launch_forward<T, 1>(a, stream);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t pointwise_backward_cuda(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
+  if (a.batch <= 0 || a.hidden <= 0) return cudaSuccess;
+  if (indexing::can_vectorize<T, kVec<T>>(a)) {
+    launch_backward<T, kVec<T>>(a, stream);
+  } else {
+    launch_backward<T, 1>(a, stream);
+  }
+  return cudaGetLastError();
+}
+
+template cudaError_t pointwise_forward_cuda<float>(const PointwiseForwardArgs<float>&,
+                                                   cudaStream_t);
+template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwardArgs<__half>&,
+                                                    cudaStream_t);
+template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
+    const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
+template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
+                                                    cudaStream_t);
+template cudaError_t pointwise_backward_cuda<__half>(const PointwiseBackwardArgs<__half>&,
+                                                     cudaStream_t);
+template cudaError_t pointwise_backward_cuda<__nv_bfloat16>(
+    const PointwiseBackwardArgs<__nv_bfloat16>&, cudaStream_t);
+
+}  // namespace kernels
+}  // namespace pipelstm

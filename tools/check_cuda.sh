@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Compile-only check of the CUDA kernel sources (no GPU or torch needed):
+# every kernels/src/cuda/*.cu for sm_80 and sm_90 with all warnings as errors,
+# plus the public CUDA header through the plain host compiler.
+# Run from the repository root.
+set -euo pipefail
+
+NVCC="${NVCC:-/usr/local/bin/nvcc}"
+CXX="${CXX:-g++}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+flags=(-std=c++17 -O3
+       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+       -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+       -I kernels/include)
+
+status=0
+shopt -s nullglob
+sources=(kernels/src/cuda/*.cu)
+if [[ ${#sources[@]} -eq 0 ]]; then
+  echo "FAIL no .cu files under kernels/src/cuda" >&2
+  exit 1
+fi
+for src in "${sources[@]}"; do
+  obj="$tmp/$(basename "$src" .cu).o"
+  start=$SECONDS
+  if "$NVCC" "${flags[@]}" -c "$src" -o "$obj" 2>"$tmp/log"; then
+    echo "OK   $src ($((SECONDS - start))s)"
+  else
+    cat "$tmp/log" >&2
+    echo "FAIL $src"
+    status=1
+  fi
+done
+
+# The CUDA entry-point header must stay usable from g++-compiled sources.
+hdr=kernels/include/pipelstm/kernels/lstm_pointwise_cuda.h
+if echo "#include \"pipelstm/kernels/lstm_pointwise_cuda.h\"" |
+   "$CXX" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I kernels/include \
+     -I "$CUDA_HOME/include" -x c++ - 2>"$tmp/log"; then
+  echo "OK   $hdr ($CXX)"
+else
+  cat "$tmp/log" >&2
+  echo "FAIL $hdr ($CXX)"
+  status=1
+fi
+exit $status

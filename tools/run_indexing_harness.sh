@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Build and run the host harness of the CUDA work-item indexing (g++ only, no
+# CUDA or torch): kernels/tests/indexing_harness.cpp against the CPU loops.
+# Run from the repository root.
+set -euo pipefail
+
+CXX="${CXX:-g++}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+"$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
+  kernels/tests/indexing_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
+  -o "$tmp/indexing_harness"
+"$tmp/indexing_harness"
