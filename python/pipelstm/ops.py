@@ -71,6 +71,24 @@ def lstm_layer(
 # --- fake kernels: shapes only ---------------------------------------------
 
 
+def _check_like(op: str, ref_name: str, ref: Tensor, **tensors: Optional[Tensor]) -> None:
+    """Same checks as csrc/checks.cpp: every given tensor has ref's dtype and device.
+
+    Mixed meta/real devices dispatch here rather than to the C++ kernel.
+    """
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        torch._check(
+            t.dtype == ref.dtype,
+            lambda: f"pipelstm::{op}: expected `{name}` to have the dtype of `{ref_name}` ({ref.dtype}), got {t.dtype}",
+        )
+        torch._check(
+            t.device == ref.device,
+            lambda: f"pipelstm::{op}: expected `{name}` on the device of `{ref_name}` ({ref.device}), got {t.device}",
+        )
+
+
 def _layer_sizes(input: Tensor, w_ih: Tensor, w_hr: Optional[Tensor]):
     torch._check(input.dim() == 3, lambda: f"expected `input` of shape [T, B, I], got {tuple(input.shape)}")
     T, B, _ = input.shape
@@ -87,17 +105,20 @@ def _workspace_numel(T, B, H, projected: bool):
 def _(input_gates, hidden_gates, cx, b_ih, b_hh):
     torch._check(cx.dim() == 2, lambda: f"expected `cx` of shape [B, H], got {tuple(cx.shape)}")
     B, H = cx.shape
+    _check_like("lstm_cell_forward", "cx", cx, input_gates=input_gates, hidden_gates=hidden_gates, b_ih=b_ih, b_hh=b_hh)
     torch._check(input_gates.shape == (B, 4 * H), lambda: "expected `input_gates` of shape [B, 4H]")
     return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 4 * H)
 
 
 @torch.library.register_fake("pipelstm::lstm_cell_backward")
 def _(grad_hy, grad_cy, cx, cy, workspace):
+    _check_like("lstm_cell_backward", "cx", cx, grad_hy=grad_hy, grad_cy=grad_cy, cy=cy, workspace=workspace)
     return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape)
 
 
 @torch.library.register_fake("pipelstm::lstm_layer_forward")
 def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    _check_like("lstm_layer_forward", "input", input, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, w_hr=w_hr, h0=h0, c0=c0)
     T, B, H, P = _layer_sizes(input, w_ih, w_hr)
     return (
         input.new_empty(T, B, P),
@@ -109,6 +130,10 @@ def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
 
 @torch.library.register_fake("pipelstm::lstm_layer_backward")
 def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+    _check_like(
+        "lstm_layer_backward", "input", input, grad_output=grad_output, grad_h_n=grad_h_n, grad_c_n=grad_c_n,
+        h0=h0, c0=c0, w_ih=w_ih, w_hh=w_hh, w_hr=w_hr, output=output, workspace=workspace,
+    )
     T, B, H, P = _layer_sizes(input, w_ih, w_hr)
     return (
         input.new_empty(input.shape),

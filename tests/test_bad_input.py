@@ -1,0 +1,132 @@
+"""Bad input to every op: a RuntimeError naming the argument, never a crash."""
+
+import pytest
+import torch
+
+import pipelstm  # noqa: F401
+
+ops = torch.ops.pipelstm
+T, B, I, H, P = 4, 3, 5, 6, 2
+
+
+def layer_args(**override):
+    a = dict(
+        input=torch.randn(T, B, I),
+        h0=torch.randn(B, P),
+        c0=torch.randn(B, H),
+        w_ih=torch.randn(4 * H, I),
+        w_hh=torch.randn(4 * H, P),
+        b_ih=torch.randn(4 * H),
+        b_hh=torch.randn(4 * H),
+        w_hr=torch.randn(P, H),
+        reverse=False,
+    )
+    a.update(override)
+    return a
+
+
+LAYER_CASES = {
+    "input rank": (dict(input=torch.randn(T, I)), r"`input`.*3-D \[T, B, I\]"),
+    "no time steps": (dict(input=torch.randn(0, B, I)), r"`input` with at least one time step"),
+    "w_ih input size": (dict(w_ih=torch.randn(4 * H, I + 1)), r"`w_ih` of shape \[24, 5\]"),
+    "w_ih not 4H": (dict(w_ih=torch.randn(4 * H + 1, I)), r"`w_ih` of shape \[4H, I\]"),
+    "w_hh shape": (dict(w_hh=torch.randn(4 * H, H)), r"`w_hh` of shape \[24, 2\]"),
+    "h0 batch": (dict(h0=torch.randn(B + 1, P)), r"`h0` of shape \[3, 2\]"),
+    "c0 size": (dict(c0=torch.randn(B, P)), r"`c0` of shape \[3, 6\]"),
+    "b_ih size": (dict(b_ih=torch.randn(H)), r"`b_ih` of shape \[24\]"),
+    "w_hr shape": (dict(w_hr=torch.randn(P, H + 1)), r"`w_hr` of shape \[2, 6\]"),
+    "h0 dtype": (dict(h0=torch.randn(B, P, dtype=torch.float64)), r"`h0` to have the dtype of `input`"),
+    "w_hh dtype": (dict(w_hh=torch.randn(4 * H, P, dtype=torch.float64)), r"`w_hh` to have the dtype"),
+    "integer input": (
+        dict(input=torch.ones(T, B, I, dtype=torch.int32)),
+        r"`input` must be float32 or float64 on the CPU",
+    ),
+    "half on cpu": (
+        {k: v.half() for k, v in layer_args().items() if isinstance(v, torch.Tensor)},
+        r"`input` must be float32 or float64",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYER_CASES))
+def test_layer_forward(case):
+    override, pattern = LAYER_CASES[case]
+    with pytest.raises(RuntimeError, match=pattern):
+        ops.lstm_layer_forward(**layer_args(**override))
+
+
+def test_layer_forward_device_mismatch():
+    # Mixed meta/cpu dispatches to the fake kernel, which must refuse too.
+    with pytest.raises(RuntimeError, match=r"`h0`.*device"):
+        ops.lstm_layer_forward(**layer_args(h0=torch.randn(B, P, device="meta")))
+
+
+def _forward():
+    a = layer_args()
+    out, h_n, c_n, ws = ops.lstm_layer_forward(**a)
+    return a, out, h_n, c_n, ws
+
+
+BACKWARD_CASES = {
+    "workspace size": ("workspace", lambda ws, out: ws[:-1], r"`workspace` of shape"),
+    "grad_output shape": ("grad_output", lambda ws, out: torch.randn(T, B, H), r"`grad_output` of shape \[4, 3, 2\]"),
+    "grad_h_n shape": ("grad_h_n", lambda ws, out: torch.randn(B, H), r"`grad_h_n` of shape \[3, 2\]"),
+    "grad_c_n dtype": ("grad_c_n", lambda ws, out: torch.randn(B, H).double(), r"`grad_c_n` to have the dtype"),
+    "output shape": ("output", lambda ws, out: out[:-1], r"`output` of shape \[4, 3, 2\]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BACKWARD_CASES))
+def test_layer_backward(case):
+    a, out, h_n, c_n, ws = _forward()
+    kw = dict(
+        grad_output=torch.randn_like(out),
+        grad_h_n=None,
+        grad_c_n=None,
+        input=a["input"],
+        h0=a["h0"],
+        c0=a["c0"],
+        w_ih=a["w_ih"],
+        w_hh=a["w_hh"],
+        w_hr=a["w_hr"],
+        output=out,
+        workspace=ws,
+        reverse=False,
+    )
+    name, make, pattern = BACKWARD_CASES[case]
+    kw[name] = make(ws, out)
+    with pytest.raises(RuntimeError, match=pattern):
+        ops.lstm_layer_backward(**kw)
+
+
+CELL_CASES = {
+    "cx rank": (dict(cx=torch.randn(B * H)), r"`cx` to be 2-D \[B, H\]"),
+    "input_gates shape": (dict(input_gates=torch.randn(B, 4 * H + 1)), r"`input_gates` of shape \[3, 24\]"),
+    "hidden_gates batch": (dict(hidden_gates=torch.randn(B + 1, 4 * H)), r"`hidden_gates` of shape \[3, 24\]"),
+    "b_hh size": (dict(b_hh=torch.randn(H)), r"`b_hh` of shape \[24\]"),
+    "dtype mix": (dict(input_gates=torch.randn(B, 4 * H).double()), r"`input_gates` to have the dtype of `cx`"),
+}
+
+
+@pytest.mark.parametrize("case", list(CELL_CASES))
+def test_cell_forward(case):
+    a = dict(
+        input_gates=torch.randn(B, 4 * H),
+        hidden_gates=torch.randn(B, 4 * H),
+        cx=torch.randn(B, H),
+        b_ih=torch.randn(4 * H),
+        b_hh=torch.randn(4 * H),
+    )
+    override, pattern = CELL_CASES[case]
+    a.update(override)
+    with pytest.raises(RuntimeError, match=pattern):
+        ops.lstm_cell_forward(**a)
+
+
+def test_cell_backward_workspace_shape():
+    cx = torch.randn(B, H)
+    hy, cy, ws = ops.lstm_cell_forward(torch.randn(B, 4 * H), torch.randn(B, 4 * H), cx, None, None)
+    with pytest.raises(RuntimeError, match=r"`workspace` of shape \[3, 24\]"):
+        ops.lstm_cell_backward(hy, None, cx, cy, ws[:, :-1])
+    with pytest.raises(RuntimeError, match=r"`grad_hy` of shape \[3, 6\]"):
+        ops.lstm_cell_backward(hy[:, :-1], None, cx, cy, ws)
