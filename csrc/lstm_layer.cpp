@@ -1,37 +1,75 @@
-// One direction of one LSTM layer over a whole sequence.
+// One direction of one LSTM layer over a whole sequence, dense or packed.
 //
 // Forward: one GEMM projects the input of every step (biases folded in);
 // then per step one recurrent GEMM accumulated in place into that step's
 // gates, one fused pointwise call, and (with a projection) one GEMM for
-// h = w_hr * h_raw. Backward mirrors it per step, then computes every weight
-// gradient with one GEMM over all steps.
+// h = h_raw @ w_hr^T. Backward mirrors it per step, then computes every
+// weight gradient with one GEMM over all steps.
+//
+// Both layouts share one core over rows: a dense [T, B, *] tensor is the
+// packed layout with B rows at every step. A packed step only touches the
+// rows of sequences still running, so padding costs nothing.
 #include <ATen/ATen.h>
 
 #include "checks.h"
+#include "layer_steps.h"
 #include "lstm_ops.h"
 #include "pointwise_backend.h"
 
 namespace pipelstm {
+
+LayerSteps dense_steps(int64_t T, int64_t B) {
+  LayerSteps s;
+  s.batch.assign(T, B);
+  s.offset.resize(T);
+  for (int64_t t = 0; t < T; ++t) s.offset[t] = t * B;
+  s.max_batch = B;
+  s.rows = T * B;
+  s.dense = true;
+  return s;
+}
+
+LayerSteps packed_steps(const char* op, const at::Tensor& batch_sizes) {
+  TORCH_CHECK(batch_sizes.dim() == 1 && batch_sizes.device().is_cpu() &&
+                  batch_sizes.scalar_type() == at::kLong,
+              "pipelstm::", op, ": expected `batch_sizes` to be a 1-D int64 CPU tensor, got ",
+              batch_sizes.dim(), "-D ", batch_sizes.scalar_type(), " on ", batch_sizes.device());
+  TORCH_CHECK(batch_sizes.numel() > 0, "pipelstm::", op,
+              ": expected `batch_sizes` with at least one time step");
+  const auto sizes = batch_sizes.contiguous();
+  const int64_t* b = sizes.const_data_ptr<int64_t>();
+  LayerSteps s;
+  s.dense = true;
+  for (int64_t t = 0; t < sizes.numel(); ++t) {
+    TORCH_CHECK(b[t] > 0 && (t == 0 || b[t] <= b[t - 1]), "pipelstm::", op,
+                ": expected `batch_sizes` positive and non-increasing, got ", batch_sizes);
+    s.batch.push_back(b[t]);
+    s.offset.push_back(s.rows);
+    s.rows += b[t];
+    s.dense = s.dense && b[t] == b[0];
+  }
+  s.max_batch = b[0];
+  return s;
+}
+
 namespace {
 
 struct LayerShape {
-  int64_t T, B, I, H, P;
+  int64_t I, H, P;
   bool projected;
 
-  int64_t workspace_numel() const { return T * B * H * (projected ? 6 : 5); }
+  int64_t workspace_numel(int64_t rows) const { return rows * H * (projected ? 6 : 5); }
 };
 
-LayerShape check_layer(const char* op, const Tensor& input, const Tensor& h0, const Tensor& c0,
-                       const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr) {
-  check_dim(op, "input", input, 3, "[T, B, I]");
+// Checks the weights and states against `input` ([rows, I] or [T, B, I];
+// `batch` sequences) and returns the sizes.
+LayerShape check_weights(const char* op, const Tensor& input, int64_t batch, const Tensor& h0,
+                         const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                         const OptTensor& w_hr) {
   check_dim(op, "w_ih", w_ih, 2, "[4H, I]");
   check_supported_dtype(op, "input", input);
   LayerShape s{};
-  s.T = input.size(0);
-  s.B = input.size(1);
-  s.I = input.size(2);
-  TORCH_CHECK(s.T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
-              input.sizes());
+  s.I = input.size(-1);
   TORCH_CHECK(w_ih.size(0) % 4 == 0 && w_ih.size(0) > 0, "pipelstm::", op,
               ": expected `w_ih` of shape [4H, I] with H > 0, got ", w_ih.sizes());
   s.H = w_ih.size(0) / 4;
@@ -46,8 +84,8 @@ LayerShape check_layer(const char* op, const Tensor& input, const Tensor& h0, co
   }
   check_shape(op, "w_ih", w_ih, {4 * s.H, s.I});
   check_shape(op, "w_hh", w_hh, {4 * s.H, s.P});
-  check_shape(op, "h0", h0, {s.B, s.P});
-  check_shape(op, "c0", c0, {s.B, s.H});
+  check_shape(op, "h0", h0, {batch, s.P});
+  check_shape(op, "c0", c0, {batch, s.H});
   check_same_kind(op, "w_ih", w_ih, "input", input);
   check_same_kind(op, "w_hh", w_hh, "input", input);
   check_same_kind(op, "h0", h0, "input", input);
@@ -55,16 +93,241 @@ LayerShape check_layer(const char* op, const Tensor& input, const Tensor& h0, co
   return s;
 }
 
-// Byte offset helpers over a dense buffer of rows.
-const void* at_row(const Tensor& t, int64_t elements) {
-  return static_cast<const char*>(t.const_data_ptr()) + elements * t.element_size();
-}
-void* at_row_mut(const Tensor& t, int64_t elements) {
-  return static_cast<char*>(t.mutable_data_ptr()) + elements * t.element_size();
+void check_biases(const char* op, const Tensor& input, const LayerShape& s,
+                  const OptTensor& b_ih, const OptTensor& b_hh) {
+  for (const auto& [name, bias] : {std::pair{"b_ih", &b_ih}, std::pair{"b_hh", &b_hh}}) {
+    if (bias->has_value()) {
+      check_shape(op, name, **bias, {4 * s.H});
+      check_same_kind(op, name, **bias, "input", input);
+    }
+  }
 }
 
-// The step processed at position `p` of the recurrence.
-int64_t step_at(int64_t p, int64_t T, bool reverse) { return reverse ? T - 1 - p : p; }
+void check_grads(const char* op, const Tensor& input, const LayerShape& s, int64_t rows,
+                 int64_t batch, const Tensor& output, const OptTensor& grad_output,
+                 const OptTensor& grad_h_n, const OptTensor& grad_c_n, const Tensor& workspace) {
+  const auto& out_sizes = output.sizes();
+  check_same_kind(op, "output", output, "input", input);
+  check_shape(op, "workspace", workspace, {s.workspace_numel(rows)});
+  check_same_kind(op, "workspace", workspace, "input", input);
+  if (grad_output.has_value()) {
+    TORCH_CHECK(grad_output->sizes() == out_sizes, "pipelstm::", op,
+                ": expected `grad_output` of shape ", out_sizes, ", got ", grad_output->sizes());
+    check_same_kind(op, "grad_output", *grad_output, "input", input);
+  }
+  if (grad_h_n.has_value()) {
+    check_shape(op, "grad_h_n", *grad_h_n, {batch, s.P});
+    check_same_kind(op, "grad_h_n", *grad_h_n, "input", input);
+  }
+  if (grad_c_n.has_value()) {
+    check_shape(op, "grad_c_n", *grad_c_n, {batch, s.H});
+    check_same_kind(op, "grad_c_n", *grad_c_n, "input", input);
+  }
+}
+
+const void* row_ptr(const Tensor& t, int64_t row, int64_t width) {
+  return static_cast<const char*>(t.const_data_ptr()) + row * width * t.element_size();
+}
+void* row_ptr_mut(const Tensor& t, int64_t row, int64_t width) {
+  return static_cast<char*>(t.mutable_data_ptr()) + row * width * t.element_size();
+}
+
+// The workspace's parts, each [rows, width].
+struct Workspace {
+  Tensor gates, cells, raw_h;  // activated gates, c of each step, h before projection
+
+  Workspace(const Tensor& ws, int64_t rows, const LayerShape& s) {
+    const int64_t H = s.H;
+    gates = ws.narrow(0, 0, rows * 4 * H).view({rows, 4 * H});
+    cells = ws.narrow(0, rows * 4 * H, rows * H).view({rows, H});
+    if (s.projected) raw_h = ws.narrow(0, rows * 5 * H, rows * H).view({rows, H});
+  }
+};
+
+struct ForwardResult {
+  Tensor output, h_n, c_n, workspace;  // output and workspace by rows
+};
+
+// x: [rows, I] dense; h0 [B, P], c0 [B, H].
+ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
+                           const Tensor& x, const Tensor& h0, const Tensor& c0,
+                           const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
+                           const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
+  const int64_t T = steps.steps(), N = steps.rows, H = s.H, P = s.P;
+  const auto opts = x.options();
+  ForwardResult r;
+  r.workspace = at::empty({s.workspace_numel(N)}, opts);
+  r.output = at::empty({N, P}, opts);
+  r.h_n = at::empty({steps.max_batch, P}, opts);
+  r.c_n = at::empty({steps.max_batch, H}, opts);
+  if (N == 0) return r;
+  Workspace ws(r.workspace, N, s);
+
+  // Input projection of all steps at once, both biases folded in.
+  if (b_ih.has_value() || b_hh.has_value()) {
+    const Tensor bias = b_ih.has_value() && b_hh.has_value() ? *b_ih + *b_hh
+                        : b_ih.has_value()                   ? *b_ih
+                                                             : *b_hh;
+    at::addmm_out(ws.gates, bias, x, w_ih.t());
+  } else {
+    at::mm_out(ws.gates, x, w_ih.t());
+  }
+
+  const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
+  const Tensor w_hh_t = w_hh.t();
+  const auto& pointwise = pointwise_backend(x.device().type());
+  const auto dtype = x.scalar_type();
+  int64_t prev = -1;
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+    const int64_t cont = steps.continuing(p, reverse);
+    Tensor gates_t = ws.gates.narrow(0, row0, rows);
+    // Rows [0, cont) go on from the previous step, the rest start from h0/c0.
+    if (cont > 0) {
+      gates_t.narrow(0, 0, cont).addmm_(r.output.narrow(0, steps.offset[prev], cont), w_hh_t);
+    }
+    if (rows > cont) {
+      gates_t.narrow(0, cont, rows - cont).addmm_(h_init.narrow(0, cont, rows - cont), w_hh_t);
+    }
+    const Tensor& h_out = s.projected ? ws.raw_h : r.output;
+    const int64_t h_width = s.projected ? H : P;
+    for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
+      if (end <= begin) continue;
+      StepForward step;
+      step.batch = end - begin;
+      step.hidden = H;
+      step.gates = row_ptr(ws.gates, row0 + begin, 4 * H);
+      step.act_gates = row_ptr_mut(ws.gates, row0 + begin, 4 * H);
+      step.c_prev = begin < cont ? row_ptr(ws.cells, steps.offset[prev] + begin, H)
+                                 : row_ptr(c_init, begin, H);
+      step.c = row_ptr_mut(ws.cells, row0 + begin, H);
+      step.h = row_ptr_mut(h_out, row0 + begin, h_width);
+      pointwise.forward(dtype, step);
+    }
+    if (s.projected) {
+      Tensor out_t = r.output.narrow(0, row0, rows);
+      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
+    }
+    // Sequences that end at this step leave their final state.
+    const int64_t on = steps.going_on(p, reverse);
+    if (rows > on) {
+      r.h_n.narrow(0, on, rows - on).copy_(r.output.narrow(0, row0 + on, rows - on));
+      r.c_n.narrow(0, on, rows - on).copy_(ws.cells.narrow(0, row0 + on, rows - on));
+    }
+    prev = t;
+  }
+  return r;
+}
+
+struct BackwardResult {
+  Tensor grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr;
+};
+
+// sum over steps of grad_gates_t^T @ h_prev_t, where h_prev_t is the hidden
+// state each row of step t started from. Dense: one GEMM over the steps that
+// follow another (plain views) plus one for h0. Packed: gather, one GEMM.
+Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
+                             const Tensor& output, const Tensor& h0, bool reverse) {
+  const int64_t T = steps.steps(), B = steps.max_batch;
+  if (steps.dense) {
+    const int64_t first = LayerSteps::step_at(0, T, reverse);
+    Tensor grad = at::mm(grad_gates.narrow(0, first * B, B).t(), h0);
+    if (T > 1) {
+      const int64_t rest = (T - 1) * B;
+      const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
+      const Tensor h = reverse ? output.narrow(0, B, rest) : output.narrow(0, 0, rest);
+      grad.addmm_(dg.t(), h);
+    }
+    return grad;
+  }
+  Tensor h_prev = at::empty({steps.rows, output.size(1)}, output.options());
+  int64_t prev = -1;
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], cont = steps.continuing(p, reverse);
+    Tensor dst = h_prev.narrow(0, steps.offset[t], rows);
+    if (cont > 0) dst.narrow(0, 0, cont).copy_(output.narrow(0, steps.offset[prev], cont));
+    if (rows > cont) dst.narrow(0, cont, rows - cont).copy_(h0.narrow(0, cont, rows - cont));
+    prev = t;
+  }
+  return at::mm(grad_gates.t(), h_prev);
+}
+
+BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
+                             const OptTensor& grad_output, const OptTensor& grad_h_n,
+                             const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                             const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                             const OptTensor& w_hr, const Tensor& output,
+                             const Tensor& workspace, bool reverse) {
+  const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch, H = s.H, P = s.P;
+  const auto opts = x.options();
+  const Workspace ws(workspace.contiguous(), N, s);
+  const Tensor out = output.contiguous();
+  const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
+  // Strided (for example expanded) gradients are read in place, not copied.
+  const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
+  // w_hh^T stored densely: the per-step GEMM dg @ w_hh then runs as an "NT"
+  // GEMM, measurably faster in MKL for these thin shapes.
+  const Tensor w_hh_t = w_hh.t().contiguous();
+
+  Tensor grad_gates = at::empty({N, 4 * H}, opts);
+  // Per-sequence gradient state. Row i holds the gradient of the h (and c)
+  // that row i's next processed step started from: grad_h_n/grad_c_n for
+  // sequences not yet reached, and grad_h0/grad_c0 once all steps are done.
+  Tensor grad_h_state = grad_h_n.has_value() ? grad_h_n->contiguous().clone() : at::zeros({B, P}, opts);
+  Tensor grad_c_state = grad_c_n.has_value() ? grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
+  // Total gradient of each step's h: kept for all rows when projecting
+  // (w_hr's gradient is one GEMM over them), else one buffer reused.
+  Tensor grad_h_all = s.projected ? at::empty({N, P}, opts) : Tensor();
+  Tensor grad_h_buf = s.projected ? Tensor() : at::empty({B, P}, opts);
+  Tensor grad_raw_h = s.projected ? at::empty({B, H}, opts) : Tensor();
+
+  const auto& pointwise = pointwise_backend(x.device().type());
+  const auto dtype = x.scalar_type();
+  for (int64_t p = T - 1; p >= 0 && N > 0; --p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+    const int64_t cont = steps.continuing(p, reverse);
+    const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
+    Tensor grad_h_rec = grad_h_state.narrow(0, 0, rows);
+    Tensor grad_h = s.projected ? grad_h_all.narrow(0, row0, rows) : grad_h_buf.narrow(0, 0, rows);
+    if (grad_out.defined()) {
+      at::add_out(grad_h, grad_out.narrow(0, row0, rows), grad_h_rec);
+    } else {
+      grad_h.copy_(grad_h_rec);
+    }
+    Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
+    if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
+    for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
+      if (end <= begin) continue;
+      StepBackward step;
+      step.batch = end - begin;
+      step.hidden = H;
+      step.grad_h = row_ptr(grad_raw, begin, H);
+      step.grad_c = row_ptr(grad_c_state, begin, H);
+      step.act_gates = row_ptr(ws.gates, row0 + begin, 4 * H);
+      step.c_prev = begin < cont ? row_ptr(ws.cells, steps.offset[prev] + begin, H)
+                                 : row_ptr(c_init, begin, H);
+      step.c = row_ptr(ws.cells, row0 + begin, H);
+      step.grad_gates = row_ptr_mut(grad_gates, row0 + begin, 4 * H);
+      step.grad_c_prev = row_ptr_mut(grad_c_state, begin, H);
+      pointwise.backward(dtype, step);
+    }
+    at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh_t.t());
+  }
+
+  // Weight gradients: one GEMM each over all steps.
+  BackwardResult r;
+  r.grad_input = at::mm(grad_gates, w_ih);
+  r.grad_w_ih = at::mm(grad_gates.t(), x);
+  r.grad_w_hh = recurrent_weight_grad(steps, grad_gates, out, h_init, reverse);
+  r.grad_bias = grad_gates.sum(0);
+  r.grad_w_hr = s.projected ? at::mm(grad_h_all.t(), ws.raw_h) : at::empty({0}, opts);
+  r.grad_h0 = grad_h_state;
+  r.grad_c0 = grad_c_state;
+  return r;
+}
 
 }  // namespace
 
@@ -73,63 +336,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
     bool reverse) {
   constexpr const char* op = "lstm_layer_forward";
-  const LayerShape s = check_layer(op, input, h0, c0, w_ih, w_hh, w_hr);
-  for (const auto& [name, bias] : {std::pair{"b_ih", &b_ih}, std::pair{"b_hh", &b_hh}}) {
-    if (bias->has_value()) {
-      check_shape(op, name, **bias, {4 * s.H});
-      check_same_kind(op, name, **bias, "input", input);
-    }
-  }
-  const auto T = s.T, B = s.B, H = s.H, P = s.P;
-  const auto opts = input.options();
-
-  Tensor workspace = at::empty({s.workspace_numel()}, opts);
-  Tensor gates = workspace.narrow(0, 0, T * B * 4 * H).view({T, B, 4 * H});
-  Tensor cells = workspace.narrow(0, T * B * 4 * H, T * B * H).view({T, B, H});
-  Tensor raw_h = s.projected ? workspace.narrow(0, T * B * 5 * H, T * B * H).view({T, B, H})
-                             : Tensor();
-  Tensor output = at::empty({T, B, P}, opts);
-  if (B == 0) {
-    return {output, at::empty({B, P}, opts), at::empty({B, H}, opts), workspace};
-  }
-
-  // Input projection of all steps at once, both biases folded in.
-  const Tensor x = input.contiguous().view({T * B, s.I});
-  Tensor gates_2d = gates.view({T * B, 4 * H});
-  if (b_ih.has_value() || b_hh.has_value()) {
-    const Tensor bias = b_ih.has_value() && b_hh.has_value() ? *b_ih + *b_hh
-                        : b_ih.has_value()                   ? *b_ih
-                                                             : *b_hh;
-    at::addmm_out(gates_2d, bias, x, w_ih.t());
-  } else {
-    at::mm_out(gates_2d, x, w_ih.t());
-  }
-
-  const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
-  const Tensor w_hh_t = w_hh.t();
-  const auto& pointwise = pointwise_backend(input.device().type());
-  StepForward step;
-  step.batch = B;
-  step.hidden = H;
-  int64_t prev = -1;
-  for (int64_t p = 0; p < T; ++p) {
-    const int64_t t = step_at(p, T, reverse);
-    const Tensor h_prev = p == 0 ? h_init : output.select(0, prev);
-    Tensor gates_t = gates.select(0, t);
-    gates_t.addmm_(h_prev, w_hh_t);
-    step.gates = gates_t.const_data_ptr();
-    step.act_gates = gates_t.mutable_data_ptr();
-    step.c_prev = p == 0 ? c_init.const_data_ptr() : at_row(cells, prev * B * H);
-    step.c = at_row_mut(cells, t * B * H);
-    step.h = s.projected ? at_row_mut(raw_h, t * B * H) : at_row_mut(output, t * B * P);
-    pointwise.forward(input.scalar_type(), step);
-    if (s.projected) {
-      Tensor out_t = output.select(0, t);
-      at::mm_out(out_t, raw_h.select(0, t), w_hr->t());
-    }
-    prev = t;
-  }
-  return {output, output.select(0, prev).clone(), cells.select(0, prev).clone(), workspace};
+  check_dim(op, "input", input, 3, "[T, B, I]");
+  const int64_t T = input.size(0), B = input.size(1);
+  TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
+              input.sizes());
+  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
+  check_biases(op, input, s, b_ih, b_hh);
+  const auto x = input.contiguous().view({T * B, s.I});
+  auto r = forward_core(dense_steps(T, B), s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+  return {r.output.view({T, B, s.P}), r.h_n, r.c_n, r.workspace};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward(
@@ -138,90 +353,54 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
     bool reverse) {
   constexpr const char* op = "lstm_layer_backward";
-  const LayerShape s = check_layer(op, input, h0, c0, w_ih, w_hh, w_hr);
-  const auto T = s.T, B = s.B, I = s.I, H = s.H, P = s.P;
-  check_shape(op, "output", output, {T, B, P});
-  check_shape(op, "workspace", workspace, {s.workspace_numel()});
-  check_same_kind(op, "output", output, "input", input);
-  check_same_kind(op, "workspace", workspace, "input", input);
-  if (grad_output.has_value()) {
-    check_shape(op, "grad_output", *grad_output, {T, B, P});
-    check_same_kind(op, "grad_output", *grad_output, "input", input);
-  }
-  if (grad_h_n.has_value()) {
-    check_shape(op, "grad_h_n", *grad_h_n, {B, P});
-    check_same_kind(op, "grad_h_n", *grad_h_n, "input", input);
-  }
-  if (grad_c_n.has_value()) {
-    check_shape(op, "grad_c_n", *grad_c_n, {B, H});
-    check_same_kind(op, "grad_c_n", *grad_c_n, "input", input);
-  }
-  const auto opts = input.options();
+  check_dim(op, "input", input, 3, "[T, B, I]");
+  const int64_t T = input.size(0), B = input.size(1);
+  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {T, B, s.P});
+  check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
+  const OptTensor grad_out =
+      grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt;
+  auto r = backward_core(dense_steps(T, B), s, grad_out, grad_h_n, grad_c_n,
+                         input.contiguous().view({T * B, s.I}), h0, c0, w_ih, w_hh, w_hr,
+                         output.reshape({T * B, s.P}), workspace, reverse);
+  return {r.grad_input.view({T, B, s.I}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+          r.grad_bias, r.grad_w_hr};
+}
 
-  const Tensor ws = workspace.contiguous();
-  const Tensor gates = ws.narrow(0, 0, T * B * 4 * H).view({T, B, 4 * H});
-  const Tensor cells = ws.narrow(0, T * B * 4 * H, T * B * H).view({T, B, H});
-  const Tensor raw_h =
-      s.projected ? ws.narrow(0, T * B * 5 * H, T * B * H).view({T, B, H}) : Tensor();
-  const Tensor out = output.contiguous();
-  const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
-  const Tensor grad_out = grad_output.has_value() ? grad_output->contiguous() : Tensor();
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse) {
+  constexpr const char* op = "lstm_packed_layer_forward";
+  check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
+  const LayerSteps steps = packed_steps(op, batch_sizes);
+  TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
+              steps.rows, " rows (the sum of `batch_sizes`), got ", input.size(0));
+  const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_biases(op, input, s, b_ih, b_hh);
+  auto r = forward_core(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+                        reverse);
+  return {r.output, r.h_n, r.c_n, r.workspace};
+}
 
-  Tensor grad_gates = at::empty({T, B, 4 * H}, opts);
-  // The gradient of h flowing back from the next processed step, and of c.
-  Tensor grad_h_rec = grad_h_n.has_value() ? grad_h_n->contiguous().clone() : at::zeros({B, P}, opts);
-  Tensor grad_c = grad_c_n.has_value() ? grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
-  // Per-step total gradient of h: kept for all steps when projecting (w_hr's
-  // gradient is one GEMM over them), else one buffer reused.
-  Tensor grad_h_all = s.projected ? at::empty({T, B, P}, opts) : Tensor();
-  Tensor grad_h_step = s.projected ? Tensor() : at::empty({B, P}, opts);
-  Tensor grad_raw_h = s.projected ? at::empty({B, H}, opts) : Tensor();
-
-  const auto& pointwise = pointwise_backend(input.device().type());
-  StepBackward step;
-  step.batch = B;
-  step.hidden = H;
-  for (int64_t p = T - 1; p >= 0 && B > 0; --p) {
-    const int64_t t = step_at(p, T, reverse);
-    Tensor grad_h = s.projected ? grad_h_all.select(0, t) : grad_h_step;
-    if (grad_out.defined()) {
-      at::add_out(grad_h, grad_out.select(0, t), grad_h_rec);
-    } else {
-      grad_h.copy_(grad_h_rec);
-    }
-    if (s.projected) at::mm_out(grad_raw_h, grad_h, *w_hr);
-    step.grad_h = s.projected ? grad_raw_h.const_data_ptr() : grad_h.const_data_ptr();
-    step.grad_c = grad_c.const_data_ptr();
-    step.act_gates = at_row(gates, t * B * 4 * H);
-    step.c_prev = p == 0 ? c_init.const_data_ptr()
-                         : at_row(cells, step_at(p - 1, T, reverse) * B * H);
-    step.c = at_row(cells, t * B * H);
-    step.grad_gates = at_row_mut(grad_gates, t * B * 4 * H);
-    step.grad_c_prev = grad_c.mutable_data_ptr();
-    pointwise.backward(input.scalar_type(), step);
-    at::mm_out(grad_h_rec, grad_gates.select(0, t), w_hh);
-  }
-
-  // Weight gradients: one GEMM each over all steps.
-  const Tensor dg = grad_gates.view({T * B, 4 * H});
-  const Tensor x = input.contiguous().view({T * B, I});
-  Tensor grad_input = at::mm(dg, w_ih).view({T, B, I});
-  Tensor grad_w_ih = at::mm(dg.t(), x);
-  // Step t saw h_prev = output of the previously processed step, h0 first.
-  Tensor grad_w_hh;
-  const int64_t first = step_at(0, T, reverse);
-  if (T > 1) {
-    const Tensor dg_rec = reverse ? grad_gates.narrow(0, 0, T - 1) : grad_gates.narrow(0, 1, T - 1);
-    const Tensor h_prev = reverse ? out.narrow(0, 1, T - 1) : out.narrow(0, 0, T - 1);
-    grad_w_hh = at::mm(dg_rec.reshape({(T - 1) * B, 4 * H}).t(), h_prev.reshape({(T - 1) * B, P}));
-    grad_w_hh.addmm_(grad_gates.select(0, first).t(), h_init);
-  } else {
-    grad_w_hh = at::mm(grad_gates.select(0, first).t(), h_init);
-  }
-  Tensor grad_bias = dg.sum(0);
-  Tensor grad_w_hr = s.projected ? at::mm(grad_h_all.view({T * B, P}).t(), raw_h.reshape({T * B, H}))
-                                 : at::empty({0}, opts);
-  return {grad_input, grad_h_rec, grad_c, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr};
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace, bool reverse) {
+  constexpr const char* op = "lstm_packed_layer_backward";
+  check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
+  const LayerSteps steps = packed_steps(op, batch_sizes);
+  TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
+              steps.rows, " rows (the sum of `batch_sizes`), got ", input.size(0));
+  const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {steps.rows, s.P});
+  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
+              workspace);
+  auto r = backward_core(steps, s, grad_output, grad_h_n, grad_c_n, input.contiguous(), h0, c0,
+                         w_ih, w_hh, w_hr, output, workspace, reverse);
+  return {r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh, r.grad_bias,
+          r.grad_w_hr};
 }
 
 }  // namespace pipelstm

@@ -44,4 +44,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
     bool reverse);
 
+// The same over a PackedSequence: input [rows, I] holds batch_sizes[t] rows
+// per step (sequences sorted by decreasing length); only real steps are
+// computed. h0/c0/h_n/c_n have batch_sizes[0] rows, each sequence's h_n/c_n
+// taken at its own last step. output is [rows, P].
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse);
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace, bool reverse);
+
 }  // namespace pipelstm

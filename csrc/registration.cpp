@@ -20,4 +20,14 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, Tensor grad_h0, "
       "Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
       "Tensor grad_w_hr)");
+  m.def(
+      "lstm_packed_layer_forward(Tensor input, Tensor batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "
+      "(Tensor output, Tensor h_n, Tensor c_n, Tensor workspace)");
+  m.def(
+      "lstm_packed_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor? w_hr, Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, "
+      "Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
+      "Tensor grad_w_hr)");
 }

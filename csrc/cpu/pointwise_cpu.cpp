@@ -4,7 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "../lstm_ops.h"
+#include "../device_kernels.h"
 #include "../pointwise_backend.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 
@@ -76,10 +76,7 @@ const bool registered = [] {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pipelstm, CPU, m) {
-  m.impl("lstm_cell_forward", &lstm_cell_forward);
-  m.impl("lstm_cell_backward", &lstm_cell_backward);
-  m.impl("lstm_layer_forward", &lstm_layer_forward);
-  m.impl("lstm_layer_backward", &lstm_layer_backward);
+  register_device_kernels(m);
 }
 
 }  // namespace pipelstm

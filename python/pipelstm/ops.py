@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["lstm_cell", "lstm_layer"]
+__all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 
 _ops = torch.ops.pipelstm
 
@@ -64,6 +64,36 @@ def lstm_layer(
     """
     output, h_n, c_n, _ = _ops.lstm_layer_forward(
         input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
+    )
+    return output, h_n, c_n
+
+
+def lstm_packed_layer(
+    input: Tensor,
+    batch_sizes: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Optional[Tensor] = None,
+    b_hh: Optional[Tensor] = None,
+    w_hr: Optional[Tensor] = None,
+    reverse: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`lstm_layer` over the rows of a ``PackedSequence``.
+
+    Args:
+        input: ``PackedSequence.data``, ``[rows, I]``: ``batch_sizes[t]`` rows
+            per step, sequences sorted by decreasing length.
+        batch_sizes: ``PackedSequence.batch_sizes`` (1-D int64, CPU).
+        h0, c0: ``[batch_sizes[0], P]`` and ``[batch_sizes[0], H]``.
+
+    Returns:
+        ``(output [rows, P], h_n, c_n)``, each sequence's final state taken
+        at its own last step. Padding is never computed.
+    """
+    output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
+        input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
     return output, h_n, c_n
 
@@ -146,12 +176,49 @@ def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, 
     )
 
 
+@torch.library.register_fake("pipelstm::lstm_packed_layer_forward")
+def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    _check_like("lstm_packed_layer_forward", "input", input, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, w_hr=w_hr, h0=h0, c0=c0)
+    rows, B = input.shape[0], h0.shape[0]
+    H = w_ih.shape[0] // 4
+    P = w_hr.shape[0] if w_hr is not None else H
+    return (
+        input.new_empty(rows, P),
+        input.new_empty(B, P),
+        input.new_empty(B, H),
+        input.new_empty(rows * H * (6 if w_hr is not None else 5)),
+    )
+
+
+@torch.library.register_fake("pipelstm::lstm_packed_layer_backward")
+def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+    H = w_ih.shape[0] // 4
+    return (
+        input.new_empty(input.shape),
+        input.new_empty(h0.shape),
+        input.new_empty(c0.shape),
+        input.new_empty(w_ih.shape),
+        input.new_empty(w_hh.shape),
+        input.new_empty(4 * H),
+        input.new_empty(w_hr.shape) if w_hr is not None else input.new_empty(0),
+    )
+
+
 # --- autograd ----------------------------------------------------------------
+
+
+def _no_zero_fill_for_unused_outputs(ctx, workspace: Tensor) -> None:
+    # Without this autograd would allocate and zero a gradient for the
+    # (large) workspace and for every unused output; the backward ops take
+    # None for "no gradient" instead.
+    ctx.mark_non_differentiable(workspace)
+    ctx.set_materialize_grads(False)
 
 
 def _cell_setup_context(ctx, inputs, output):
     _, _, cx, b_ih, b_hh = inputs
     _, cy, workspace = output
+    _no_zero_fill_for_unused_outputs(ctx, workspace)
     ctx.save_for_backward(cx, cy, workspace)
     ctx.has_b_ih = b_ih is not None
     ctx.has_b_hh = b_hh is not None
@@ -176,9 +243,14 @@ torch.library.register_autograd(
 
 
 def _layer_setup_context(ctx, inputs, output):
-    input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse = inputs
+    *inputs, reverse = inputs
+    packed = len(inputs) == 9  # the packed op has batch_sizes after input
+    batch_sizes = inputs.pop(1) if packed else None
+    input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = inputs
     out, _, _, workspace = output
+    _no_zero_fill_for_unused_outputs(ctx, workspace)
     ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, out, workspace)
+    ctx.batch_sizes = batch_sizes
     ctx.reverse = reverse
     ctx.has_b_ih = b_ih is not None
     ctx.has_b_hh = b_hh is not None
@@ -186,12 +258,19 @@ def _layer_setup_context(ctx, inputs, output):
 
 def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
     input, h0, c0, w_ih, w_hh, w_hr, out, workspace = ctx.saved_tensors
-    grads = _ops.lstm_layer_backward(
-        grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, out, workspace, ctx.reverse
-    )
+    if ctx.batch_sizes is None:
+        grads = _ops.lstm_layer_backward(
+            grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, out, workspace, ctx.reverse
+        )
+    else:
+        grads = _ops.lstm_packed_layer_backward(
+            grad_output, grad_h_n, grad_c_n, input, ctx.batch_sizes, h0, c0, w_ih, w_hh, w_hr, out, workspace,
+            ctx.reverse,
+        )
     grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr = grads
     return (
         grad_input,
+        *((None,) if ctx.batch_sizes is not None else ()),
         grad_h0,
         grad_c0,
         grad_w_ih,
@@ -203,6 +282,5 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
     )
 
 
-torch.library.register_autograd(
-    "pipelstm::lstm_layer_forward", _layer_backward, setup_context=_layer_setup_context
-)
+for _name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
+    torch.library.register_autograd(_name, _layer_backward, setup_context=_layer_setup_context)

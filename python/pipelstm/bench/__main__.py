@@ -1,0 +1,15 @@
+import sys
+
+from . import layer
+
+BENCHMARKS = {"layer": layer.main}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
+        sys.exit(f"usage: python -m pipelstm.bench {{{','.join(BENCHMARKS)}}} [options]")
+    BENCHMARKS[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""``python -m pipelstm.bench layer``: the layer op against torch.nn.LSTM.
+
+Forward + backward of one layer, and of a stack of layers built from the
+op, against nn.LSTM with the same weights and data, fp32 on the CPU.
+"""
+
+import argparse
+from typing import List, Tuple
+
+import torch
+from torch import nn
+
+from ..ops import lstm_layer
+from .timing import gemm_gflops, interleaved_medians
+
+__all__ = ["main"]
+
+SIZES = [(100, 64, 512, 512), (256, 32, 1024, 1024)]  # T, B, I, H
+QUICK_SIZES = [(8, 4, 16, 16)]
+
+
+def stack_forward(model: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
+    """Runs nn.LSTM's weights layer by layer through the pipelstm op."""
+    B, H = x.shape[1], model.hidden_size
+    zeros = x.new_zeros(B, H)
+    for k in range(model.num_layers):
+        w = [getattr(model, f"{n}_l{k}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        x, _, _ = lstm_layer(x, zeros, zeros, *w)
+    return x
+
+
+def flops(T: int, B: int, I: int, H: int, layers: int) -> float:
+    """GEMM FLOPs of forward + backward (backward = twice the forward)."""
+    forward = 2 * T * B * 4 * H * (I + H) + (layers - 1) * 2 * T * B * 4 * H * (2 * H)
+    return 3 * forward
+
+
+def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List[int], repeats: int) -> List[dict]:
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        gemm = gemm_gflops()
+        for T, B, I, H in sizes:
+            for L in layers:
+                torch.manual_seed(0)
+                model = nn.LSTM(I, H, num_layers=L)
+                x = torch.randn(T, B, I, requires_grad=True)
+
+                def ours():
+                    stack_forward(model, x).sum().backward()
+
+                def peer():
+                    model(x)[0].sum().backward()
+
+                t = interleaved_medians({"pipelstm": ours, "nn.LSTM": peer}, repeats)
+                gflops = flops(T, B, I, H, L) / t["pipelstm"] / 1e9
+                rows.append(
+                    dict(threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],
+                         speedup=t["nn.LSTM"] / t["pipelstm"], gflops=gflops, gemm=gemm, of_gemm=gflops / gemm)
+                )
+                print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = (
+    "| threads | T | B | I=H | layers | pipelstm ms | nn.LSTM ms | speedup | GFLOP/s | mm GFLOP/s | of mm |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def format_row(r: dict) -> str:
+    return (
+        f"| {r['threads']} | {r['T']} | {r['B']} | {r['H']} | {r['layers']} | {r['ours'] * 1e3:.1f} | "
+        f"{r['peer'] * 1e3:.1f} | {r['speedup']:.2f}x | {r['gflops']:.1f} | {r['gemm']:.1f} | {r['of_gemm']:.2f} |"
+    )
+
+
+def main(argv=None) -> List[dict]:
+    p = argparse.ArgumentParser(prog="python -m pipelstm.bench layer", description=__doc__)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    args = p.parse_args(argv)
+    print(f"torch {torch.__version__}, fp32 CPU, forward+backward, median of {args.repeats}")
+    print(HEADER)
+    return run(QUICK_SIZES if args.quick else SIZES, args.threads, args.layers, args.repeats)
