@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Optional.h>
 
 #include <tuple>
@@ -12,6 +13,12 @@ namespace pipelstm {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
+
+// Each op's ATen calls run at the op's own dtype: under autocast a nested
+// at::mm would otherwise drop to bfloat16/float16 behind the op's back.
+struct NoAutocast {
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
+};
 
 // One fused step: gates = input_gates + hidden_gates (+ biases) [B, 4H],
 // cx [B, H] -> (hy [B, H], cy [B, H], workspace = activated gates [B, 4H]).

@@ -284,3 +284,11 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
 
 for _name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
     torch.library.register_autograd(_name, _layer_backward, setup_context=_layer_setup_context)
+
+
+# --- autocast ------------------------------------------------------------------
+# The CPU kernels compute in float32 or float64 only: under CPU autocast the
+# forward ops take their floating inputs in float32 (more accurate than the
+# bfloat16 nn.LSTM would use, and never a dtype mismatch).
+for _name in ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward"):
+    torch.library.register_autocast(f"pipelstm::{_name}", "cpu", torch.float32)

@@ -1,0 +1,198 @@
+"""``pipelstm.LSTM`` and ``pipelstm.LSTMCell``: drop-in ``torch.nn`` modules.
+
+They take the same arguments, create the same parameters (names, shapes,
+order, initialisation) and accept the same inputs as ``torch.nn.LSTM`` and
+``torch.nn.LSTMCell``, and compute with the fused pipelstm ops.
+
+``LSTM`` derives from ``torch.nn.RNNBase`` rather than ``torch.nn.LSTM`` on
+purpose: TorchDynamo graph-breaks on every instance of ``nn.LSTM``
+(subclasses included), while ``pipelstm.LSTM`` compiles whole.
+"""
+
+from typing import List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from . import ops
+
+__all__ = ["LSTM", "LSTMCell"]
+
+_State = Tuple[Tensor, Tensor]
+
+
+class LSTM(nn.RNNBase):
+    """A multi-layer LSTM with the interface of :class:`torch.nn.LSTM`.
+
+    Args: exactly those of :class:`torch.nn.LSTM` (``input_size, hidden_size,
+    num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None``).
+
+    Inputs and outputs: as :class:`torch.nn.LSTM`: ``(T, B, I)``, ``(B, T, I)``
+    with ``batch_first``, unbatched ``(T, I)``, or a ``PackedSequence``
+    (only the real steps of each sequence are computed), with an optional
+    ``(h_0, c_0)``; returns ``output, (h_n, c_n)``.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__("LSTM", *args, **kwargs)
+
+    # nn.LSTM's own checks, so that bad input fails with its exact errors.
+    get_expected_cell_size = nn.LSTM.get_expected_cell_size
+    check_forward_args = nn.LSTM.check_forward_args
+    permute_hidden = nn.LSTM.permute_hidden
+
+    def forward(
+        self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
+    ) -> Tuple[Union[Tensor, PackedSequence], _State]:
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            batch, is_batched = int(batch_sizes[0]), True
+        else:
+            data, batch_sizes, sorted_indices, unsorted_indices = input, None, None, None
+            if data.dim() not in (2, 3):
+                raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
+            is_batched = data.dim() == 3
+            batch_dim = 0 if self.batch_first else 1
+            if not is_batched:
+                data = data.unsqueeze(batch_dim)
+            batch = data.size(batch_dim)
+
+        hx = self._initial_state(data, batch, hx, is_batched)
+        self.check_forward_args(data, hx, batch_sizes)
+        self._check_parameters(data)
+        hx = self.permute_hidden(hx, sorted_indices)
+
+        if not packed and self.batch_first:
+            data = data.transpose(0, 1)
+        output, h_n, c_n = self._run_layers(data, batch_sizes, hx)
+        if packed:
+            return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self.permute_hidden(
+                (h_n, c_n), unsorted_indices
+            )
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        if not is_batched:
+            output = output.squeeze(batch_dim)
+            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
+        return output, (h_n, c_n)
+
+    # --- pieces of forward ---------------------------------------------------
+
+    def _initial_state(self, data: Tensor, batch: int, hx, is_batched: bool) -> _State:
+        directions = 2 if self.bidirectional else 1
+        if hx is None:
+            out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+            zeros = dict(dtype=data.dtype, device=data.device)
+            return (
+                torch.zeros(self.num_layers * directions, batch, out_size, **zeros),
+                torch.zeros(self.num_layers * directions, batch, self.hidden_size, **zeros),
+            )
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx):
+            raise RuntimeError(
+                f"LSTM: expected hx to be a tuple (h_0, c_0) of two tensors, got {type(hx).__name__}"
+                + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
+            )
+        want = 3 if is_batched else 2
+        if hx[0].dim() != want or hx[1].dim() != want:
+            kind = "batched 3-D" if is_batched else "unbatched 2-D"
+            raise RuntimeError(
+                f"For {kind} input, hx and cx should also be {want}-D but got "
+                f"({hx[0].dim()}-D, {hx[1].dim()}-D) tensors"
+            )
+        return (hx[0], hx[1]) if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
+
+    def _layer_weights(self, layer: int, reverse: bool) -> List[Optional[Tensor]]:
+        """[w_ih, w_hh, b_ih, b_hh, w_hr] of one layer and direction, looked up
+        by name each call so parametrizations and functional_call apply."""
+        sfx = f"_l{layer}" + ("_reverse" if reverse else "")
+        get = lambda name: getattr(self, name + sfx)  # noqa: E731
+        biases = [get("bias_ih"), get("bias_hh")] if self.bias else [None, None]
+        w_hr = get("weight_hr") if self.proj_size > 0 else None
+        return [get("weight_ih"), get("weight_hh"), *biases, w_hr]
+
+    def _check_parameters(self, data: Tensor) -> None:
+        # All layers up front, so a bad parameter deep in the stack fails
+        # before the first layer has run.
+        for layer in range(self.num_layers):
+            for reverse in (False, True)[: 2 if self.bidirectional else 1]:
+                for w in self._layer_weights(layer, reverse):
+                    if w is not None and w.device != data.device:
+                        raise RuntimeError(
+                            f"Input and parameter tensors are not at the same device, found input tensor at "
+                            f"{data.device} and parameter tensor at {w.device}"
+                        )
+
+    def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
+        h0, c0 = hx
+        directions = 2 if self.bidirectional else 1
+        h_n: List[Tensor] = []
+        c_n: List[Tensor] = []
+        x = data
+        for layer in range(self.num_layers):
+            outputs = []
+            for d in range(directions):
+                k = layer * directions + d
+                w = self._layer_weights(layer, d == 1)
+                if batch_sizes is None:
+                    out, h, c = ops.lstm_layer(x, h0[k], c0[k], *w, reverse=d == 1)
+                else:
+                    out, h, c = ops.lstm_packed_layer(x, batch_sizes, h0[k], c0[k], *w, reverse=d == 1)
+                outputs.append(out)
+                h_n.append(h)
+                c_n.append(c)
+            x = outputs[0] if directions == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, p=self.dropout, training=True)
+        return x, torch.stack(h_n), torch.stack(c_n)
+
+
+class LSTMCell(nn.RNNCellBase):
+    """One LSTM step with the interface of :class:`torch.nn.LSTMCell`.
+
+    Args: ``input_size, hidden_size, bias=True, device=None, dtype=None``.
+    Input ``(B, I)`` or unbatched ``(I)``, optional ``(h, c)``; returns
+    ``(h', c')``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(input_size, hidden_size, bias, num_chunks=4, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, hx: Optional[_State] = None) -> _State:
+        if input.dim() not in (1, 2):
+            raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
+        if hx is not None:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise RuntimeError(f"LSTMCell: expected hx to be a tuple (h, c) of two tensors, got {type(hx).__name__}")
+            for idx, value in enumerate(hx):
+                if value.dim() not in (1, 2):
+                    raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D instead")
+        is_batched = input.dim() == 2
+        if not is_batched:
+            input = input.unsqueeze(0)
+        if hx is None:
+            zeros = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
+            hx = (zeros, zeros)
+        elif not is_batched:
+            hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+        self._check_sizes(input, hx)
+        gates_i = F.linear(input, self.weight_ih)
+        gates_h = F.linear(hx[0], self.weight_hh)
+        h, c = ops.lstm_cell(gates_i, gates_h, hx[1], self.bias_ih, self.bias_hh)
+        if not is_batched:
+            h, c = h.squeeze(0), c.squeeze(0)
+        return h, c
+
+    def _check_sizes(self, input: Tensor, hx: _State) -> None:
+        if input.size(1) != self.input_size:
+            raise RuntimeError(f"input has inconsistent input_size: got {input.size(1)} expected {self.input_size}")
+        for idx, value in enumerate(hx):
+            if value.size(0) != input.size(0):
+                raise RuntimeError(
+                    f"Input batch size {input.size(0)} doesn't match hidden{idx} batch size {value.size(0)}"
+                )
+            if value.size(1) != self.hidden_size:
+                raise RuntimeError(f"hidden{idx} has inconsistent hidden_size: got {value.size(1)}, expected {self.hidden_size}")
