@@ -1,0 +1,93 @@
+"""Everything nn.LSTM rejects, pipelstm.LSTM rejects with the same exception type."""
+
+import pytest
+import torch
+from torch import nn
+
+import pipelstm
+
+KW = dict(input_size=3, hidden_size=4, num_layers=2)
+T, B = 5, 2
+
+
+def zeros(*s, **kw):
+    return torch.zeros(*s, **kw)
+
+
+FORWARD_CASES = {
+    "4-D input": (KW, lambda: (zeros(T, B, 3, 1),), r"Expected input to be 2D or 3D"),
+    "1-D input": (KW, lambda: (zeros(3),), r"Expected input to be 2D or 3D"),
+    "input_size mismatch": (KW, lambda: (zeros(T, B, 5),), r"input.size\(-1\) must be equal to input_size"),
+    "h0 layers": (KW, lambda: (zeros(T, B, 3), (zeros(1, B, 4), zeros(2, B, 4))), r"Expected hidden\[0\] size"),
+    "h0 batch differs": (KW, lambda: (zeros(T, B, 3), (zeros(2, B + 1, 4), zeros(2, B + 1, 4))), r"Expected hidden\[0\] size"),
+    "c0 size": (KW, lambda: (zeros(T, B, 3), (zeros(2, B, 4), zeros(2, B, 3))), r"Expected hidden\[1\] size"),
+    "2-D hx for batched input": (KW, lambda: (zeros(T, B, 3), (zeros(B, 4), zeros(B, 4))), r"should also be 3-D"),
+    "3-D hx for unbatched input": (KW, lambda: (zeros(T, 3), (zeros(2, 1, 4), zeros(2, 1, 4))), r"should also be 2-D"),
+    "hx not a tuple": (KW, lambda: (zeros(T, B, 3), zeros(2, B, 4)), r"hx"),
+    "input dtype": (KW, lambda: (zeros(T, B, 3, dtype=torch.float64),), r"input dtype \(torch.float64\) does not match weight dtype"),
+    "proj hx size": (dict(KW, proj_size=2), lambda: (zeros(T, B, 3), (zeros(2, B, 4), zeros(2, B, 4))), r"Expected hidden\[0\] size \(2, 2, 2\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+def test_forward_rejects_like_nn_lstm(case):
+    kw, make_args, pattern = FORWARD_CASES[case]
+    with pytest.raises(Exception) as ref_error:
+        nn.LSTM(**kw)(*make_args())
+    with pytest.raises(ref_error.type, match=pattern):
+        pipelstm.LSTM(**kw)(*make_args())
+
+
+def test_hidden_dtype_mismatch_is_rejected():
+    x = zeros(T, B, 3)
+    hx = (zeros(2, B, 4, dtype=torch.float64), zeros(2, B, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError) as ref_error:
+        nn.LSTM(**KW)(x, hx)
+    with pytest.raises(ref_error.type, match=r"`h0` to have the dtype of `input`"):
+        pipelstm.LSTM(**KW)(x, hx)
+
+
+def test_device_mismatch_is_rejected_before_any_work():
+    m = pipelstm.LSTM(**KW)
+    m.weight_ih_l1 = nn.Parameter(torch.zeros(16, 4, device="meta"))
+    with pytest.raises(RuntimeError, match=r"not at the same device.*cpu.*meta"):
+        m(zeros(T, B, 3))
+
+
+CONSTRUCTOR_CASES = {
+    "proj_size >= hidden_size": dict(input_size=3, hidden_size=4, proj_size=4),
+    "negative proj_size": dict(input_size=3, hidden_size=4, proj_size=-1),
+    "hidden_size 0": dict(input_size=3, hidden_size=0),
+    "num_layers 0": dict(input_size=3, hidden_size=4, num_layers=0),
+    "dropout > 1": dict(input_size=3, hidden_size=4, dropout=1.5),
+    "dropout < 0": dict(input_size=3, hidden_size=4, dropout=-0.1),
+    "hidden_size not int": dict(input_size=3, hidden_size=4.5),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTRUCTOR_CASES))
+def test_constructor_rejects_like_nn_lstm(case):
+    kw = CONSTRUCTOR_CASES[case]
+    with pytest.raises(Exception) as ref_error:
+        nn.LSTM(**kw)
+    with pytest.raises(ref_error.type) as ours:
+        pipelstm.LSTM(**kw)
+    assert str(ours.value) == str(ref_error.value)
+
+
+CELL_CASES = {
+    "3-D input": (lambda: (zeros(2, 3, 1),), r"Expected input to be 1D or 2D"),
+    "input_size": (lambda: (zeros(2, 5),), r"input has inconsistent input_size: got 5 expected 3"),
+    "hx batch": (lambda: (zeros(2, 3), (zeros(3, 4), zeros(3, 4))), r"doesn't match hidden0 batch size"),
+    "hx size": (lambda: (zeros(2, 3), (zeros(2, 4), zeros(2, 5))), r"hidden1 has inconsistent hidden_size"),
+    "hx 3-D": (lambda: (zeros(2, 3), (zeros(1, 2, 4), zeros(1, 2, 4))), r"Expected hx\[0\] to be 1D or 2D"),
+}
+
+
+@pytest.mark.parametrize("case", list(CELL_CASES))
+def test_cell_rejects_like_nn_lstm_cell(case):
+    make_args, pattern = CELL_CASES[case]
+    with pytest.raises(Exception) as ref_error:
+        nn.LSTMCell(3, 4)(*make_args())
+    with pytest.raises(ref_error.type, match=pattern):
+        pipelstm.LSTMCell(3, 4)(*make_args())
