@@ -15,6 +15,7 @@
 #include "layer_steps.h"
 #include "lstm_ops.h"
 #include "pointwise_backend.h"
+#include "prepared_linear.h"
 
 namespace pipelstm {
 
@@ -164,17 +165,16 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
   Workspace ws(r.workspace, N, s);
 
   // Input projection of all steps at once, both biases folded in.
+  Tensor bias;
   if (b_ih.has_value() || b_hh.has_value()) {
-    const Tensor bias = b_ih.has_value() && b_hh.has_value() ? *b_ih + *b_hh
-                        : b_ih.has_value()                   ? *b_ih
-                                                             : *b_hh;
-    at::addmm_out(ws.gates, bias, x, w_ih.t());
-  } else {
-    at::mm_out(ws.gates, x, w_ih.t());
+    bias = b_ih.has_value() && b_hh.has_value() ? *b_ih + *b_hh : b_ih.has_value() ? *b_ih : *b_hh;
   }
+  const Tensor input_gates = PreparedLinear(w_ih, N)(x, bias);
 
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
-  const Tensor w_hh_t = w_hh.t();
+  const PreparedLinear recurrent(w_hh, steps.max_batch);
+  const std::optional<PreparedLinear> projection =
+      s.projected ? std::optional<PreparedLinear>(std::in_place, *w_hr, steps.max_batch) : std::nullopt;
   const auto& pointwise = pointwise_backend(x.device().type());
   const auto dtype = x.scalar_type();
   int64_t prev = -1;
@@ -182,14 +182,16 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
     const int64_t t = LayerSteps::step_at(p, T, reverse);
     const int64_t rows = steps.batch[t], row0 = steps.offset[t];
     const int64_t cont = steps.continuing(p, reverse);
-    Tensor gates_t = ws.gates.narrow(0, row0, rows);
     // Rows [0, cont) go on from the previous step, the rest start from h0/c0.
-    if (cont > 0) {
-      gates_t.narrow(0, 0, cont).addmm_(r.output.narrow(0, steps.offset[prev], cont), w_hh_t);
+    Tensor h_prev;
+    if (cont == rows) {
+      h_prev = r.output.narrow(0, steps.offset[prev], rows);
+    } else if (cont == 0) {
+      h_prev = h_init.narrow(0, 0, rows);
+    } else {
+      h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
     }
-    if (rows > cont) {
-      gates_t.narrow(0, cont, rows - cont).addmm_(h_init.narrow(0, cont, rows - cont), w_hh_t);
-    }
+    const Tensor hidden_gates = recurrent(h_prev);
     const Tensor& h_out = s.projected ? ws.raw_h : r.output;
     const int64_t h_width = s.projected ? H : P;
     for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
@@ -197,7 +199,8 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
       StepForward step;
       step.batch = end - begin;
       step.hidden = H;
-      step.gates = row_ptr(ws.gates, row0 + begin, 4 * H);
+      step.gates = row_ptr(input_gates, row0 + begin, 4 * H);
+      step.hidden_gates = row_ptr(hidden_gates, begin, 4 * H);
       step.act_gates = row_ptr_mut(ws.gates, row0 + begin, 4 * H);
       step.c_prev = begin < cont ? row_ptr(ws.cells, steps.offset[prev] + begin, H)
                                  : row_ptr(c_init, begin, H);
@@ -205,9 +208,9 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
       step.h = row_ptr_mut(h_out, row0 + begin, h_width);
       pointwise.forward(dtype, step);
     }
-    if (s.projected) {
+    if (projection) {
       Tensor out_t = r.output.narrow(0, row0, rows);
-      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
+      projection->into(out_t, ws.raw_h.narrow(0, row0, rows));
     }
     // Sequences that end at this step leave their final state.
     const int64_t on = steps.going_on(p, reverse);
@@ -267,9 +270,11 @@ BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   // Strided (for example expanded) gradients are read in place, not copied.
   const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
-  // w_hh^T stored densely: the per-step GEMM dg @ w_hh then runs as an "NT"
-  // GEMM, measurably faster in MKL for these thin shapes.
-  const Tensor w_hh_t = w_hh.t().contiguous();
+  // dg @ w_hh as a linear with weight w_hh^T; stored densely, on the at::mm
+  // path this is an "NT" GEMM, measurably faster in MKL for these shapes.
+  const PreparedLinear recurrent_back(w_hh.t().contiguous(), B);
+  const std::optional<PreparedLinear> projection_back =
+      s.projected ? std::optional<PreparedLinear>(std::in_place, w_hr->t().contiguous(), B) : std::nullopt;
 
   Tensor grad_gates = at::empty({N, 4 * H}, opts);
   // Per-sequence gradient state. Row i holds the gradient of the h (and c)
@@ -298,7 +303,7 @@ BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
       grad_h.copy_(grad_h_rec);
     }
     Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
-    if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
+    if (projection_back) projection_back->into(grad_raw, grad_h);
     for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
       if (end <= begin) continue;
       StepBackward step;
@@ -314,12 +319,12 @@ BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
       step.grad_c_prev = row_ptr_mut(grad_c_state, begin, H);
       pointwise.backward(dtype, step);
     }
-    at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh_t.t());
+    recurrent_back.into(grad_h_rec, grad_gates.narrow(0, row0, rows));
   }
 
   // Weight gradients: one GEMM each over all steps.
   BackwardResult r;
-  r.grad_input = at::mm(grad_gates, w_ih);
+  r.grad_input = PreparedLinear(w_ih.t().contiguous(), N)(grad_gates);
   r.grad_w_ih = at::mm(grad_gates.t(), x);
   r.grad_w_hh = recurrent_weight_grad(steps, grad_gates, out, h_init, reverse);
   r.grad_bias = grad_gates.sum(0);
@@ -336,7 +341,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
     bool reverse) {
   constexpr const char* op = "lstm_layer_forward";
-  const NoAutocast no_autocast;
+  const OpGuard guard;
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
@@ -354,7 +359,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
     bool reverse) {
   constexpr const char* op = "lstm_layer_backward";
-  const NoAutocast no_autocast;
+  const OpGuard guard;
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
@@ -374,7 +379,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
     const OptTensor& w_hr, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_forward";
-  const NoAutocast no_autocast;
+  const OpGuard guard;
   check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
   const LayerSteps steps = packed_steps(op, batch_sizes);
   TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
@@ -392,7 +397,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
     const Tensor& workspace, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_backward";
-  const NoAutocast no_autocast;
+  const OpGuard guard;
   check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
   const LayerSteps steps = packed_steps(op, batch_sizes);
   TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
