@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Optional.h>
 
@@ -14,10 +15,13 @@ namespace pipelstm {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// Each op's ATen calls run at the op's own dtype: under autocast a nested
-// at::mm would otherwise drop to bfloat16/float16 behind the op's back.
-struct NoAutocast {
-  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
+// Held by every op while it runs. Its inner ATen calls are implementation
+// details: they record no autograd graph (the ops have their own formulas,
+// python/pipelstm/ops.py), and they run at the op's own dtype (under
+// autocast a nested at::mm would otherwise drop to bfloat16 behind its back).
+struct OpGuard {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };
 
 // One fused step: gates = input_gates + hidden_gates (+ biases) [B, 4H],

@@ -292,3 +292,18 @@ for _name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forwa
 # bfloat16 nn.LSTM would use, and never a dtype mismatch).
 for _name in ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward"):
     torch.library.register_autocast(f"pipelstm::{_name}", "cpu", torch.float32)
+
+
+# --- double backward -----------------------------------------------------------
+# The backward ops have no derivative of their own. Differentiating through
+# them (create_graph=True, then a second grad) raises this error instead of
+# silently returning zeros.
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "pipelstm: double backward (a gradient of a gradient, e.g. create_graph=True followed by a second "
+        "backward) through pipelstm's LSTM ops is not supported"
+    )
+
+
+for _name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward"):
+    torch.library.register_autograd(f"pipelstm::{_name}", _no_double_backward, setup_context=lambda ctx, inputs, output: None)
