@@ -1,8 +1,8 @@
 import sys
 
-from . import layer
+from . import layer, module
 
-BENCHMARKS = {"layer": layer.main}
+BENCHMARKS = {"layer": layer.main, "module": module.main}
 
 
 def main() -> None:

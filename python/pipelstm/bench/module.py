@@ -1,0 +1,77 @@
+"""``python -m pipelstm.bench module``: pipelstm.LSTM against torch.nn.LSTM.
+
+Forward + backward of the whole module with the same weights and data,
+fp32 on the CPU: dense input with 1 and 4 layers, bidirectional, and a
+PackedSequence whose lengths are drawn uniformly from [T/2, T].
+"""
+
+import argparse
+from typing import List
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from ..lstm import LSTM
+from .timing import interleaved_medians
+
+__all__ = ["main"]
+
+CASES = [
+    dict(name="1 layer", layers=1, bidirectional=False, packed=False),
+    dict(name="4 layers", layers=4, bidirectional=False, packed=False),
+    dict(name="bidirectional", layers=1, bidirectional=True, packed=False),
+    dict(name="packed", layers=1, bidirectional=False, packed=True),
+]
+
+
+def make_input(T: int, B: int, I: int, packed: bool):
+    """A leaf tensor, or a PackedSequence whose data is a leaf."""
+    if not packed:
+        return torch.randn(T, B, I, requires_grad=True)
+    lengths = torch.randint(T // 2, T + 1, (B,))
+    seq = pack_padded_sequence(torch.randn(T, B, I), lengths, enforce_sorted=False)
+    seq.data.requires_grad_()
+    return seq
+
+
+def run(T: int, B: int, I: int, H: int, threads: List[int], repeats: int) -> List[dict]:
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        for case in CASES:
+            torch.manual_seed(0)
+            kw = dict(num_layers=case["layers"], bidirectional=case["bidirectional"])
+            peer = nn.LSTM(I, H, **kw)
+            ours = LSTM(I, H, **kw)
+            ours.load_state_dict(peer.state_dict())
+            inp = make_input(T, B, I, case["packed"])
+
+            def step(model):
+                out = model(inp)[0]
+                (out.data if case["packed"] else out).sum().backward()
+
+            t = interleaved_medians({"ours": lambda: step(ours), "peer": lambda: step(peer)}, repeats)
+            rows.append(dict(threads=n_threads, case=case["name"], ours=t["ours"], peer=t["peer"],
+                             speedup=t["peer"] / t["ours"]))
+            print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = "| threads | case | pipelstm.LSTM ms | nn.LSTM ms | speedup |\n|---|---|---|---|---|"
+
+
+def format_row(r: dict) -> str:
+    return f"| {r['threads']} | {r['case']} | {r['ours'] * 1e3:.1f} | {r['peer'] * 1e3:.1f} | {r['speedup']:.2f}x |"
+
+
+def main(argv=None) -> List[dict]:
+    p = argparse.ArgumentParser(prog="python -m pipelstm.bench module", description=__doc__)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    args = p.parse_args(argv)
+    T, B, I, H = (8, 4, 16, 16) if args.quick else (100, 64, 512, 512)
+    print(f"torch {torch.__version__}, fp32 CPU, forward+backward, T={T} B={B} I=H={H}, median of {args.repeats}")
+    print(HEADER)
+    return run(T, B, I, H, args.threads, args.repeats)
