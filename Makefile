@@ -10,6 +10,9 @@ export MAX_JOBS
 
 .PHONY: all venv build test pytest check-cuda indexing-harness demo bench clean
 
+# Optional fragments (for example mk/cuda.mk: the CUDA-build variant).
+-include mk/*.mk
+
 all: build
 
 $(VENV)/.deps: requirements-dev.txt
