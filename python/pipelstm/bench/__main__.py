@@ -1,8 +1,8 @@
 import sys
 
-from . import layer, module
+from . import floors, layer, module
 
-BENCHMARKS = {"layer": layer.main, "module": module.main}
+BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main}
 
 
 def main() -> None:
