@@ -167,6 +167,7 @@ def main(argv=None) -> dict:
     lr = args.lr
     start = time.time()
     for epoch in range(1, args.epochs + 1):
+        epoch_start = time.time()
         model.train()
         hidden = model.init_hidden(args.batch_size)
         for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
@@ -186,7 +187,7 @@ def main(argv=None) -> dict:
                 recent = losses[-args.log_interval :]
                 tokens = (batch + 1) * data.numel()
                 print(f"| epoch {epoch} | batch {batch + 1} | loss {sum(recent) / len(recent):.2f} | "
-                      f"ppl {math.exp(sum(recent) / len(recent)):.1f} | {tokens / (time.time() - start):.0f} tok/s", flush=True)
+                      f"ppl {math.exp(sum(recent) / len(recent)):.1f} | {tokens / (time.time() - epoch_start):.0f} tok/s", flush=True)
         val_loss = evaluate(model, val_data, args.bptt, 10, criterion)
         val_losses.append(val_loss)
         print(f"| end of epoch {epoch} | valid loss {val_loss:.2f} | valid ppl {math.exp(val_loss):.1f}", flush=True)
