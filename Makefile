@@ -37,7 +37,7 @@ check-cuda:
 indexing-harness:
 	bash tools/run_indexing_harness.sh
 
-test: pytest check-cuda indexing-harness
+test: pytest check-cuda indexing-harness test-cuda-build
 
 # The main job: a word-level LSTM language model on a corpus every Python
 # ships (pydoc's topics), trained with pipelstm.LSTM; validation perplexity

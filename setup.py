@@ -4,12 +4,16 @@ Environment:
   PIPELSTM_CUDA   auto (default) | on | off: build the CUDA kernels.
   MAX_JOBS        parallel compile jobs (default: all cores).
   CMAKE_BUILD_TYPE  Release (default) or Debug.
+  TORCH_CUDA_ARCH_LIST  CUDA architectures, e.g. "8.0;9.0+PTX" (default:
+                  sm_80, sm_86, sm_89, sm_90 and PTX for sm_90).
+  PIPELSTM_BUILD_DIR  the CMake build folder (default build/cmake-pyXY).
 
 Build without isolation (``pip install --no-build-isolation .``) so the
 extension is compiled against the torch it will run with.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +31,12 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        # A fixed folder, so that rebuilds (editable installs too) are incremental.
-        build_dir = ROOT / "build" / f"cmake-py{sys.version_info.major}{sys.version_info.minor}"
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
+        # A fixed folder, so that rebuilds (editable installs too) are
+        # incremental; PIPELSTM_BUILD_DIR keeps builds against different
+        # torch installs apart.
+        default_dir = ROOT / "build" / f"cmake-py{sys.version_info.major}{sys.version_info.minor}"
+        build_dir = Path(os.environ.get("PIPELSTM_BUILD_DIR", default_dir)).resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         config = [
             "cmake",
@@ -37,13 +44,17 @@ class CMakeBuild(build_ext):
             "-G",
             "Ninja",
             f"-DPython3_EXECUTABLE={sys.executable}",
-            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir / 'lib'}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
             f"-DPIPELSTM_CUDA={os.environ.get('PIPELSTM_CUDA', 'auto')}",
         ]
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.run(config, cwd=build_dir, check=True)
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+        # Copied out of the build folder, so builds against different torch
+        # installs (separate build folders) never hand each other a stale file.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build_dir / "lib" / target.name, target)
 
 
 setup(

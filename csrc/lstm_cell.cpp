@@ -12,7 +12,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
                                                      const Tensor& cx, const OptTensor& b_ih,
                                                      const OptTensor& b_hh) {
   constexpr const char* op = "lstm_cell_forward";
-  const OpGuard guard;
+  const OpGuard guard(cx);
   check_dim(op, "input_gates", input_gates, 2, "[B, 4H]");
   check_dim(op, "cx", cx, 2, "[B, H]");
   const int64_t B = cx.size(0), H = cx.size(1);
@@ -56,7 +56,7 @@ std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const Op
                                               const Tensor& cx, const Tensor& cy,
                                               const Tensor& workspace) {
   constexpr const char* op = "lstm_cell_backward";
-  const OpGuard guard;
+  const OpGuard guard(cx);
   check_dim(op, "cx", cx, 2, "[B, H]");
   const int64_t B = cx.size(0), H = cx.size(1);
   check_supported_dtype(op, "cx", cx);

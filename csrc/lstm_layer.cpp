@@ -341,7 +341,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
     bool reverse) {
   constexpr const char* op = "lstm_layer_forward";
-  const OpGuard guard;
+  const OpGuard guard(input);
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
@@ -359,7 +359,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
     bool reverse) {
   constexpr const char* op = "lstm_layer_backward";
-  const OpGuard guard;
+  const OpGuard guard(input);
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
@@ -379,7 +379,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
     const OptTensor& w_hr, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_forward";
-  const OpGuard guard;
+  const OpGuard guard(input);
   check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
   const LayerSteps steps = packed_steps(op, batch_sizes);
   TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
@@ -397,7 +397,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
     const Tensor& workspace, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_backward";
-  const OpGuard guard;
+  const OpGuard guard(input);
   check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
   const LayerSteps steps = packed_steps(op, batch_sizes);
   TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/DeviceGuard.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Optional.h>
@@ -15,11 +16,14 @@ namespace pipelstm {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// Held by every op while it runs. Its inner ATen calls are implementation
-// details: they record no autograd graph (the ops have their own formulas,
-// python/pipelstm/ops.py), and they run at the op's own dtype (under
-// autocast a nested at::mm would otherwise drop to bfloat16 behind its back).
+// Held by every op while it runs: it makes `t`'s device current, and its
+// inner ATen calls are implementation details: they record no autograd graph
+// (the ops have their own formulas, python/pipelstm/ops.py), and they run at
+// the op's own dtype (under autocast a nested at::mm would otherwise drop to
+// bfloat16 behind its back).
 struct OpGuard {
+  explicit OpGuard(const Tensor& t) : device(at::device_of(t)) {}
+  c10::OptionalDeviceGuard device;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };

@@ -103,6 +103,10 @@ template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwardArgs<_
                                                     cudaStream_t);
 template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
     const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
+template cudaError_t pointwise_forward_cuda<double>(const PointwiseForwardArgs<double>&,
+                                                    cudaStream_t);
+template cudaError_t pointwise_backward_cuda<double>(const PointwiseBackwardArgs<double>&,
+                                                     cudaStream_t);
 template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
                                                     cudaStream_t);
 template cudaError_t pointwise_backward_cuda<__half>(const PointwiseBackwardArgs<__half>&,

@@ -4,7 +4,8 @@
 //
 // Both calls are asynchronous on `stream` and return the launch error
 // (cudaGetLastError after the launch), so callers can raise their own error.
-// Instantiated for float, __half and __nv_bfloat16; math is in float.
+// Instantiated for float, __half and __nv_bfloat16 (math in float) and for
+// double (math in double).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +29,10 @@ extern template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwar
                                                            cudaStream_t);
 extern template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
     const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
+extern template cudaError_t pointwise_forward_cuda<double>(const PointwiseForwardArgs<double>&,
+                                                           cudaStream_t);
+extern template cudaError_t pointwise_backward_cuda<double>(const PointwiseBackwardArgs<double>&,
+                                                            cudaStream_t);
 extern template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
                                                            cudaStream_t);
 extern template cudaError_t pointwise_backward_cuda<__half>(
