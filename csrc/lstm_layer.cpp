@@ -126,6 +126,15 @@ void check_grads(const char* op, const Tensor& input, const LayerShape& s, int64
   }
 }
 
+// The steps of a PackedSequence whose data is `input`.
+LayerSteps packed_input_steps(const char* op, const Tensor& input, const Tensor& batch_sizes) {
+  check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
+  LayerSteps steps = packed_steps(op, batch_sizes);
+  TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
+              steps.rows, " rows (the sum of `batch_sizes`), got ", input.size(0));
+  return steps;
+}
+
 const void* row_ptr(const Tensor& t, int64_t row, int64_t width) {
   return static_cast<const char*>(t.const_data_ptr()) + row * width * t.element_size();
 }
@@ -380,10 +389,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
     const OptTensor& w_hr, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_forward";
   const OpGuard guard(input);
-  check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
-  const LayerSteps steps = packed_steps(op, batch_sizes);
-  TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
-              steps.rows, " rows (the sum of `batch_sizes`), got ", input.size(0));
+  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
   const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
   auto r = forward_core(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
@@ -398,10 +404,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
     const Tensor& workspace, bool reverse) {
   constexpr const char* op = "lstm_packed_layer_backward";
   const OpGuard guard(input);
-  check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
-  const LayerSteps steps = packed_steps(op, batch_sizes);
-  TORCH_CHECK(input.size(0) == steps.rows, "pipelstm::", op, ": expected `input` with ",
-              steps.rows, " rows (the sum of `batch_sizes`), got ", input.size(0));
+  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
   const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_shape(op, "output", output, {steps.rows, s.P});
   check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,

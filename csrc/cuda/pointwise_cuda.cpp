@@ -9,6 +9,7 @@
 
 #include "../device_kernels.h"
 #include "../pointwise_backend.h"
+#include "../step_args.h"
 #include "pipelstm/kernels/lstm_pointwise_cuda.h"
 
 namespace pipelstm {
@@ -16,32 +17,13 @@ namespace {
 
 template <typename T>
 void forward_typed(const StepForward& s) {
-  kernels::PointwiseForwardArgs<T> a;
-  a.gates = static_cast<const T*>(s.gates);
-  a.hidden_gates = static_cast<const T*>(s.hidden_gates);
-  a.bias_ih = static_cast<const T*>(s.bias_ih);
-  a.bias_hh = static_cast<const T*>(s.bias_hh);
-  a.c_prev = static_cast<const T*>(s.c_prev);
-  a.act_gates = static_cast<T*>(s.act_gates);
-  a.c = static_cast<T*>(s.c);
-  a.h = static_cast<T*>(s.h);
-  a.batch = s.batch;
-  a.hidden = s.hidden;
+  const auto a = typed_args<T>(s);
   C10_CUDA_CHECK(kernels::pointwise_forward_cuda<T>(a, at::cuda::getCurrentCUDAStream()));
 }
 
 template <typename T>
 void backward_typed(const StepBackward& s) {
-  kernels::PointwiseBackwardArgs<T> a;
-  a.grad_h = static_cast<const T*>(s.grad_h);
-  a.grad_c = static_cast<const T*>(s.grad_c);
-  a.act_gates = static_cast<const T*>(s.act_gates);
-  a.c_prev = static_cast<const T*>(s.c_prev);
-  a.c = static_cast<const T*>(s.c);
-  a.grad_gates = static_cast<T*>(s.grad_gates);
-  a.grad_c_prev = static_cast<T*>(s.grad_c_prev);
-  a.batch = s.batch;
-  a.hidden = s.hidden;
+  const auto a = typed_args<T>(s);
   C10_CUDA_CHECK(kernels::pointwise_backward_cuda<T>(a, at::cuda::getCurrentCUDAStream()));
 }
 
