@@ -36,9 +36,9 @@ for src in "${sources[@]}"; do
   fi
 done
 
-# The CUDA entry-point header must stay usable from g++-compiled sources.
-hdr=kernels/include/pipelstm/kernels/lstm_pointwise_cuda.h
-if echo "#include \"pipelstm/kernels/lstm_pointwise_cuda.h\"" |
+# The CUDA entry-point headers must stay usable from g++-compiled sources.
+for hdr in kernels/include/pipelstm/kernels/*_cuda.h; do
+if echo "#include \"${hdr#kernels/include/}\"" |
    "$CXX" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I kernels/include \
      -I "$CUDA_HOME/include" -x c++ - 2>"$tmp/log"; then
   echo "OK   $hdr ($CXX)"
@@ -47,4 +47,5 @@ else
   echo "FAIL $hdr ($CXX)"
   status=1
 fi
+done
 exit $status

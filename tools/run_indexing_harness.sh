@@ -12,3 +12,9 @@ trap 'rm -rf "$tmp"' EXIT
   kernels/tests/indexing_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
   -o "$tmp/indexing_harness"
 "$tmp/indexing_harness"
+
+# The persistent kernel's per-block body, scheduled as its grid barrier orders it.
+"$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
+  kernels/tests/persistent_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
+  -o "$tmp/persistent_harness"
+"$tmp/persistent_harness"

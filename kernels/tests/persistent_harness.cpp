@@ -1,0 +1,126 @@
+// Drives the persistent kernel's per-block body (lstm_persistent.h) on the
+// host, block by block and step by step as the grid-wide barrier orders
+// them, with the warp's 32 lanes summed in a loop, and compares every output
+// with the CPU pointwise loops fed by a plain recurrent GEMM.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "pipelstm/kernels/lstm_persistent.h"
+#include "pipelstm/kernels/lstm_pointwise.h"
+
+using namespace pipelstm::kernels;
+
+struct Identity {
+  float operator()(float v) const { return v; }
+};
+
+// The kernel's schedule on the host: `blocks` blocks of `units` units each.
+void run_persistent(const PersistentForwardArgs<float>& a, int64_t blocks) {
+  const int64_t H = a.hidden, B = a.batch;
+  const int64_t units = persistent::units_per_block(H, blocks);
+  std::vector<std::vector<float>> slices(blocks);
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t j0 = g * units, mine = j0 < H ? std::min(units, H - j0) : 0;
+    slices[g].resize(mine * 4 * H);
+    for (int64_t u = 0; u < mine; ++u)
+      for (int k = 0; k < 4; ++k)
+        for (int64_t i = 0; i < H; ++i)
+          slices[g][persistent::slice_row(u, k) * H + i] = a.w_hh[(k * H + j0 + u) * H + i];
+  }
+  for (int64_t p = 0; p < a.steps; ++p) {
+    const int64_t t = persistent::step_at(p, a.steps, a.reverse);
+    for (int64_t g = 0; g < blocks; ++g) {
+      const int64_t j0 = g * units, mine = j0 < H ? std::min(units, H - j0) : 0;
+      for (int64_t item = 0; item < B * mine; ++item) {
+        const int64_t b = item / mine, u = item % mine;
+        const float* h_row = persistent::h_prev_row(a, p, b);
+        float dot[4];
+        for (int k = 0; k < 4; ++k) {
+          dot[k] = 0.0f;
+          for (int lane = 0; lane < 32; ++lane)
+            dot[k] += persistent::partial_dot(&slices[g][persistent::slice_row(u, k) * H], h_row,
+                                              H, lane, 32, Identity());
+        }
+        persistent::finish_unit(a, t, p, b, j0 + u, dot, Identity(), Identity());
+      }
+    }
+  }
+}
+
+// Reference: per step a plain GEMM into the gates, then the CPU loops.
+void run_reference(const PersistentForwardArgs<float>& a) {
+  const int64_t H = a.hidden, B = a.batch;
+  std::vector<float> gates(B * 4 * H);
+  for (int64_t p = 0; p < a.steps; ++p) {
+    const int64_t t = persistent::step_at(p, a.steps, a.reverse);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* h = persistent::h_prev_row(a, p, b);
+      for (int64_t r = 0; r < 4 * H; ++r) {
+        double acc = 0;
+        for (int64_t i = 0; i < H; ++i) acc += double(a.w_hh[r * H + i]) * h[i];
+        gates[b * 4 * H + r] = a.input_gates[(t * B + b) * 4 * H + r] + float(acc);
+      }
+    }
+    const int64_t prev = p == 0 ? -1 : persistent::step_at(p - 1, a.steps, a.reverse);
+    PointwiseForwardArgs<float> s;
+    s.gates = gates.data();
+    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
+    s.act_gates = a.act_gates + t * B * 4 * H;
+    s.c = a.cells + t * B * H;
+    s.h = a.output + t * B * H;
+    s.batch = B;
+    s.hidden = H;
+    pointwise_forward_cpu<float>(s, 0, B);
+  }
+}
+
+int main() {
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  int passed = 0, failed = 0;
+  const int64_t sizes[][4] = {{1, 1, 1, 1}, {5, 3, 7, 4}, {4, 2, 33, 8}, {3, 4, 64, 132}, {6, 1, 20, 3}};
+  for (const auto& sz : sizes) {
+    for (bool reverse : {false, true}) {
+      const int64_t T = sz[0], B = sz[1], H = sz[2], blocks = sz[3];
+      auto vec = [&](int64_t n) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = normal(rng);
+        return v;
+      };
+      const auto xg = vec(T * B * 4 * H), w = vec(4 * H * H), h0 = vec(B * H), c0 = vec(B * H);
+      std::vector<float> out[2], act[2], cells[2];
+      for (int run = 0; run < 2; ++run) {
+        out[run].assign(T * B * H, NAN);
+        act[run].assign(T * B * 4 * H, NAN);
+        cells[run].assign(T * B * H, NAN);
+        PersistentForwardArgs<float> a;
+        a.input_gates = xg.data();
+        a.w_hh = w.data();
+        a.h0 = h0.data();
+        a.c0 = c0.data();
+        a.output = out[run].data();
+        a.act_gates = act[run].data();
+        a.cells = cells[run].data();
+        a.steps = T;
+        a.batch = B;
+        a.hidden = H;
+        a.reverse = reverse;
+        if (run == 0) run_persistent(a, blocks); else run_reference(a);
+      }
+      double worst = 0;
+      for (auto* pair : {out, act, cells})
+        for (size_t i = 0; i < pair[0].size(); ++i)
+          worst = std::max(worst, std::isnan(pair[0][i]) ? INFINITY
+                                                           : std::fabs(double(pair[0][i]) - pair[1][i]) /
+                                                                 std::max(1.0, std::fabs(double(pair[1][i]))));
+      const bool ok = worst <= 1e-5;
+      (ok ? passed : failed)++;
+      if (!ok) std::printf("FAIL T=%ld B=%ld H=%ld blocks=%ld reverse=%d: error %g\n", long(T), long(B),
+                           long(H), long(blocks), int(reverse), worst);
+    }
+  }
+  std::printf("persistent: %d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
