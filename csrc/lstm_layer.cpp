@@ -11,6 +11,9 @@
 // rows of sequences still running, so padding costs nothing.
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "checks.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
@@ -126,6 +129,16 @@ void check_grads(const char* op, const Tensor& input, const LayerShape& s, int64
   }
 }
 
+// PIPELSTM_PERSISTENT=1 opts in to the persistent recurrent kernel where the
+// backend has one and it fits (CUDA; opt-in until measured on a GPU).
+bool persistent_kernel_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("PIPELSTM_PERSISTENT");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return requested;
+}
+
 // The steps of a PackedSequence whose data is `input`.
 LayerSteps packed_input_steps(const char* op, const Tensor& input, const Tensor& batch_sizes) {
   check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)");
@@ -181,10 +194,35 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
   const Tensor input_gates = PreparedLinear(w_ih, N)(x, bias);
 
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
+  const auto& pointwise = pointwise_backend(x.device().type());
+  // Small batches only: there the per-step GEMM is latency-bound; larger
+  // batches keep cuBLAS (tensor cores) per step.
+  constexpr int64_t kPersistentMaxBatch = 64;
+  if (steps.dense && !s.projected && steps.max_batch <= kPersistentMaxBatch &&
+      pointwise.sequence_forward && persistent_kernel_requested()) {
+    const Tensor w = w_hh.contiguous();
+    SequenceForward seq;
+    seq.input_gates = input_gates.const_data_ptr();
+    seq.w_hh = w.const_data_ptr();
+    seq.h0 = h_init.const_data_ptr();
+    seq.c0 = c_init.const_data_ptr();
+    seq.output = r.output.mutable_data_ptr();
+    seq.act_gates = ws.gates.mutable_data_ptr();
+    seq.cells = ws.cells.mutable_data_ptr();
+    seq.steps = T;
+    seq.batch = steps.max_batch;
+    seq.hidden = H;
+    seq.reverse = reverse;
+    if (pointwise.sequence_forward(x.scalar_type(), seq)) {
+      const int64_t last = LayerSteps::step_at(T - 1, T, reverse) * steps.max_batch;
+      r.h_n.copy_(r.output.narrow(0, last, steps.max_batch));
+      r.c_n.copy_(ws.cells.narrow(0, last, steps.max_batch));
+      return r;
+    }
+  }
   const PreparedLinear recurrent(w_hh, steps.max_batch);
   const std::optional<PreparedLinear> projection =
       s.projected ? std::optional<PreparedLinear>(std::in_place, *w_hr, steps.max_batch) : std::nullopt;
-  const auto& pointwise = pointwise_backend(x.device().type());
   const auto dtype = x.scalar_type();
   int64_t prev = -1;
   for (int64_t p = 0; p < T; ++p) {

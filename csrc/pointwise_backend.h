@@ -37,9 +37,28 @@ struct StepBackward {
   int64_t hidden = 0;
 };
 
+// A whole dense sequence in one persistent kernel (no projection); see
+// kernels/.../lstm_persistent.h for the layouts.
+struct SequenceForward {
+  const void* input_gates = nullptr;
+  const void* w_hh = nullptr;
+  const void* h0 = nullptr;
+  const void* c0 = nullptr;
+  void* output = nullptr;
+  void* act_gates = nullptr;
+  void* cells = nullptr;
+  int64_t steps = 0;
+  int64_t batch = 0;
+  int64_t hidden = 0;
+  bool reverse = false;
+};
+
 struct PointwiseBackend {
   void (*forward)(at::ScalarType dtype, const StepForward& step) = nullptr;
   void (*backward)(at::ScalarType dtype, const StepBackward& step) = nullptr;
+  // Optional: runs the whole sequence and returns true, or returns false
+  // (nothing done) when the kernel does not fit this dtype or size.
+  bool (*sequence_forward)(at::ScalarType dtype, const SequenceForward& seq) = nullptr;
 };
 
 // Called once by each backend from a static initializer.
