@@ -55,18 +55,25 @@ if(NOT PIPELSTM_CUDA MATCHES "^(auto|on)$")
   message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA must be auto, on or off, got '${PIPELSTM_CUDA}'")
 endif()
 
-include(CheckLanguage)
-if(TORCH_CUDA_VERSION)
-  check_language(CUDA)
-endif()
-
-set(_why "")
 if(NOT TORCH_CUDA_VERSION)
   set(_why "the installed torch is a CPU-only build (torch.version.cuda is None)")
-elseif(NOT CMAKE_CUDA_COMPILER)
-  set(_why "torch was built with CUDA ${TORCH_CUDA_VERSION} but no CUDA compiler (nvcc) was found; set CUDA_HOME")
+  if(PIPELSTM_CUDA STREQUAL "on")
+    message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA=on, but ${_why}.")
+  endif()
+  message(STATUS "pipelstm: CPU-only build: ${_why}")
+  return()
 endif()
-if(_why)
+
+# The compiler CMake would use: CUDACXX, else the toolkit's, else nvcc on PATH.
+if(DEFINED ENV{CUDACXX})
+  set(_nvcc "$ENV{CUDACXX}")
+elseif(CMAKE_CUDA_COMPILER)
+  set(_nvcc "${CMAKE_CUDA_COMPILER}")
+else()
+  find_program(_nvcc nvcc)
+endif()
+if(NOT _nvcc OR NOT EXISTS "${_nvcc}")
+  set(_why "torch was built with CUDA ${TORCH_CUDA_VERSION} but no CUDA compiler (nvcc) was found; set CUDA_HOME")
   if(PIPELSTM_CUDA STREQUAL "on")
     message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA=on, but ${_why}.")
   endif()
@@ -75,18 +82,20 @@ if(_why)
 endif()
 
 # torch's CUDA major must be nvcc's: kernels built with another major do not
-# link against torch's runtime libraries reliably.
-execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --version OUTPUT_VARIABLE _nvcc_out)
+# link against torch's runtime libraries reliably. Checked before CMake
+# probes the compiler, so the message names the versions.
+execute_process(COMMAND "${_nvcc}" --version OUTPUT_VARIABLE _nvcc_out)
 string(REGEX MATCH "release ([0-9]+)\\.([0-9]+)" _ "${_nvcc_out}")
 set(_nvcc_major "${CMAKE_MATCH_1}")
 set(_nvcc_version "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
 if(NOT _nvcc_major STREQUAL _torch_cuda_major)
   message(FATAL_ERROR
-    "pipelstm: torch was built with CUDA ${TORCH_CUDA_VERSION} but nvcc (${CMAKE_CUDA_COMPILER}) is CUDA "
+    "pipelstm: torch was built with CUDA ${TORCH_CUDA_VERSION} but nvcc (${_nvcc}) is CUDA "
     "${_nvcc_version}. Install a CUDA ${_torch_cuda_major}.x compiler (the CUDA toolkit, or "
     "`pip install nvidia-cuda-nvcc` of that major, then set CUDA_HOME to its folder), "
     "or build without CUDA: PIPELSTM_CUDA=off.")
 endif()
+set(CMAKE_CUDA_COMPILER "${_nvcc}")
 
 set(PIPELSTM_WITH_CUDA ON)
 enable_language(CUDA)

@@ -6,7 +6,8 @@
 // mkldnn::_linear_pointwise per call): with the weight kept in oneDNN's
 // blocked layout, the thin per-step GEMMs run much closer to the machine's
 // GEMM rate than a plain at::mm, which repacks the weight on every call.
-// Elsewhere (float64, CUDA, torch without oneDNN, oneDNN disabled through
+// Elsewhere (float64, CUDA, small GEMMs where oneDNN's per-call overhead
+// dominates, torch without oneDNN, oneDNN disabled through
 // torch.backends.mkldnn) it is at::mm.
 #pragma once
 

@@ -121,3 +121,21 @@ def test_empty_batch():
     args = _make(3, 0, 4, 5, 0, True, torch.float32, requires_grad=False)
     out, h_n, c_n = lstm_layer(**args)
     assert out.shape == (3, 0, 5) and h_n.shape == (0, 5) and c_n.shape == (0, 5)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_fp32_at_sizes_that_take_the_onednn_gemm_path(reverse):
+    # B * 4H * H = 16.7M multiply-adds per step: above PreparedLinear's
+    # threshold, so on a CPU torch with oneDNN the GEMMs go through it.
+    T, B, I, H = 3, 64, 256, 256
+    args = _make(T, B, I, H, 0, True, torch.float32)
+    args64 = {k: (v.detach().double().requires_grad_() if v is not None else None) for k, v in args.items()}
+    out, h_n, c_n = lstm_layer(**args, reverse=reverse)
+    out_r, h_r, c_r = lstm_layer(**args64, reverse=reverse)
+    for a, b in [(out, out_r), (h_n, h_r), (c_n, c_r)]:
+        assert rel_error(a, b) <= 1e-5
+    g = torch.randn_like(out_r)
+    grads = torch.autograd.grad((out * g.float()).sum(), _leaves(args))
+    grads_r = torch.autograd.grad((out_r * g).sum(), _leaves(args64))
+    for a, b in zip(grads, grads_r):
+        assert rel_error(a, b) <= 1e-5

@@ -35,16 +35,17 @@ def flops(T: int, B: int, I: int, H: int, layers: int) -> float:
     return 3 * forward
 
 
-def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List[int], repeats: int) -> List[dict]:
+def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List[int], repeats: int,
+        device: str = "cpu") -> List[dict]:
     rows = []
     for n_threads in threads:
         torch.set_num_threads(n_threads)
-        gemm = gemm_gflops()
+        gemm = gemm_gflops(device=device)
         for T, B, I, H in sizes:
             for L in layers:
                 torch.manual_seed(0)
-                model = nn.LSTM(I, H, num_layers=L)
-                x = torch.randn(T, B, I, requires_grad=True)
+                model = nn.LSTM(I, H, num_layers=L).to(device)
+                x = torch.randn(T, B, I, device=device, requires_grad=True)
 
                 def ours():
                     stack_forward(model, x).sum().backward()
@@ -52,7 +53,7 @@ def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List
                 def peer():
                     model(x)[0].sum().backward()
 
-                t = interleaved_medians({"pipelstm": ours, "nn.LSTM": peer}, repeats)
+                t = interleaved_medians({"pipelstm": ours, "nn.LSTM": peer}, repeats, device=device)
                 gflops = flops(T, B, I, H, L) / t["pipelstm"] / 1e9
                 rows.append(
                     dict(threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],
@@ -81,7 +82,15 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (against cuDNN there; TF32 off)")
     args = p.parse_args(argv)
-    print(f"torch {torch.__version__}, fp32 CPU, forward+backward, median of {args.repeats}")
+    if torch.device(args.device).type == "cuda":
+        if not torch.cuda.is_available():
+            p.error("--device cuda needs a GPU; none is visible here")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        args.threads = args.threads[:1]  # host threads do not matter there
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"torch {torch.__version__}, fp32 {where}, forward+backward, median of {args.repeats}")
     print(HEADER)
-    return run(QUICK_SIZES if args.quick else SIZES, args.threads, args.layers, args.repeats)
+    return run(QUICK_SIZES if args.quick else SIZES, args.threads, args.layers, args.repeats, args.device)
