@@ -4,10 +4,14 @@
 
 namespace pipelstm {
 bool built_with_cuda();
+namespace pipeline {
+void init_bindings(pybind11::module_& m);
+}
 }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pipelstm native library: fused LSTM ops (torch.ops.pipelstm.*)";
   m.def("built_with_cuda", &pipelstm::built_with_cuda,
         "Whether the CUDA kernels were compiled into this build.");
+  pipelstm::pipeline::init_bindings(m);
 }

@@ -5,8 +5,9 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.pipelstm.*)
 from . import ops
 from .lstm import LSTM, LSTMCell
+from .pipeline import Pipeline
 
-__all__ = ["LSTM", "LSTMCell", "ops", "built_with_cuda"]
+__all__ = ["LSTM", "LSTMCell", "Pipeline", "ops", "built_with_cuda"]
 __version__ = "0.1.0"
 
 

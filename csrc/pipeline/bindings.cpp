@@ -1,0 +1,99 @@
+// pipelstm._C.pipeline: the engine for Python (python/pipelstm/pipeline.py).
+// Every call that runs the engine releases the GIL: the stage workers never
+// need it, and other Python threads keep running meanwhile.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include "engine.h"
+
+namespace py = pybind11;
+
+namespace pipelstm::pipeline {
+
+void init_bindings(py::module_& parent) {
+  auto m = parent.def_submodule("pipeline", "The pipeline engine (see pipelstm.Pipeline).");
+
+  py::enum_<UnitKind>(m, "UnitKind")
+      .value("lstm", UnitKind::Lstm)
+      .value("embedding", UnitKind::Embedding)
+      .value("linear", UnitKind::Linear)
+      .value("dropout", UnitKind::Dropout);
+
+  py::class_<UnitSpec>(m, "UnitSpec")
+      .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
+                       bool scale_grad_by_freq, double p, int64_t state_index) {
+             UnitSpec u;
+             u.kind = kind;
+             u.name = std::move(name);
+             u.padding_idx = padding_idx;
+             u.scale_grad_by_freq = scale_grad_by_freq;
+             u.p = p;
+             u.state_index = state_index;
+             return u;
+           }),
+           py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
+           py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
+           py::arg("state_index") = -1)
+      .def_readonly("name", &UnitSpec::name);
+
+  py::class_<StageSpec>(m, "StageSpec")
+      .def(py::init([](const std::string& device, std::vector<UnitSpec> units, int threads) {
+             StageSpec s;
+             s.device = c10::Device(device);
+             s.units = std::move(units);
+             s.threads = threads;
+             return s;
+           }),
+           py::arg("device"), py::arg("units"), py::arg("threads") = 0);
+
+  py::class_<TraceEvent>(m, "TraceEvent")
+      .def_readonly("stage", &TraceEvent::stage)
+      .def_readonly("phase", &TraceEvent::phase)
+      .def_readonly("micro_batch", &TraceEvent::micro_batch)
+      .def_readonly("chunk", &TraceEvent::chunk)
+      .def_readonly("start_ns", &TraceEvent::start_ns)
+      .def_readonly("end_ns", &TraceEvent::end_ns);
+
+  py::class_<Run, std::shared_ptr<Run>>(m, "Run")
+      .def_property_readonly("output", &Run::output)
+      .def_property_readonly("h_n", &Run::h_n)
+      .def_property_readonly("c_n", &Run::c_n)
+      .def(
+          "backward",
+          [](Run& run, const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
+             const std::vector<OptTensor>& grad_c_n) {
+            BackwardResult r;
+            {
+              py::gil_scoped_release no_gil;
+              r = run.backward(grad_output, grad_h_n, grad_c_n);
+            }
+            return py::make_tuple(r.grad_input, r.grad_h0, r.grad_c0, r.grad_params);
+          },
+          py::arg("grad_output"), py::arg("grad_h_n"), py::arg("grad_c_n"),
+          "-> (grad_input, grad_h0 per layer, grad_c0 per layer, grads per unit)");
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
+      .def(py::init([](std::vector<StageSpec> stages) {
+        return std::make_shared<Engine>(std::move(stages));
+      }))
+      .def(
+          "forward",
+          [](Engine& e, const at::Tensor& input, const std::vector<OptTensor>& h0,
+             const std::vector<OptTensor>& c0, const std::vector<UnitParams>& params,
+             int64_t chunks, int64_t micro_batches, bool training, bool keep_for_backward) {
+            py::gil_scoped_release no_gil;
+            return e.forward(input, h0, c0, params, chunks, micro_batches, training,
+                             keep_for_backward);
+          },
+          py::arg("input"), py::arg("h0"), py::arg("c0"), py::arg("params"), py::arg("chunks"),
+          py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"))
+      .def("trace", &Engine::trace)
+      .def("inject_fault", &Engine::inject_fault, py::arg("unit"), py::arg("phase"),
+           py::arg("micro_batch"), py::arg("chunk"))
+      .def("clear_faults", &Engine::clear_faults)
+      .def_property_readonly("num_units", &Engine::num_units)
+      .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);
+}
+
+}  // namespace pipelstm::pipeline

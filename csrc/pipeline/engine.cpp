@@ -1,0 +1,742 @@
+// The pipeline engine (see engine.h and docs/pipeline.md).
+//
+// Work items are (micro-batch m, time chunk k). Stage s runs its items in a
+// fixed order: forward k = 0..K-1, m = 0..M-1 (the hidden state of each
+// micro-batch carries from chunk k-1 to chunk k inside the stage), taking
+// each item's input from the slot stage s-1 filled. Backward runs the items
+// in the reverse order, the gradient of the hidden state carried from chunk
+// k+1 to chunk k. Both dependencies of the wavefront therefore hold: stage s
+// starts (m, k) only after stage s-1 finished it (it waits on the slot) and
+// after it finished (m, k-1) itself (program order).
+#include "engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "../lstm_ops.h"
+
+namespace pipelstm::pipeline {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* kind_name(UnitKind k) {
+  switch (k) {
+    case UnitKind::Lstm: return "LSTM layer";
+    case UnitKind::Embedding: return "Embedding";
+    case UnitKind::Linear: return "Linear";
+    case UnitKind::Dropout: return "Dropout";
+  }
+  return "?";
+}
+
+// Sizes of `n` items split into `parts` as torch.tensor_split does: the
+// first n % parts get one more.
+std::vector<int64_t> split_sizes(int64_t n, int64_t parts) {
+  std::vector<int64_t> s(parts, n / parts);
+  for (int64_t i = 0; i < n % parts; ++i) ++s[i];
+  return s;
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> o(sizes.size(), 0);
+  for (size_t i = 1; i < sizes.size(); ++i) o[i] = o[i - 1] + sizes[i - 1];
+  return o;
+}
+
+// A tensor handed from one stage to the next. On an accelerator, `event`
+// marks when it is ready on the producer's stream.
+struct Slot {
+  Tensor value;
+  bool ready = false;
+  std::optional<c10::Event> event;
+};
+
+// Shared by the workers of one pass: the slots between stages, and the
+// first error (which wakes everyone up).
+struct Sync {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool failed = false;
+  std::string error;
+
+  void fail(const std::string& msg) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!failed) {
+        failed = true;
+        error = msg;
+      }
+    }
+    cv.notify_all();
+  }
+
+  // Waits until `slot` is ready; false if the pass failed meanwhile.
+  bool wait(Slot& slot) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return slot.ready || failed; });
+    return slot.ready && !failed;
+  }
+
+  void put(Slot& slot, Tensor value, std::optional<c10::Event> event) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      slot.value = std::move(value);
+      slot.event = std::move(event);
+      slot.ready = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// Makes `t` (produced on this thread's current stream of `device`) safe to
+// use from another stream: an event to wait on.
+std::optional<c10::Event> ready_event(const c10::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  c10::Event ev(device.type());
+  ev.record(impl.getStream(device));
+  return ev;
+}
+
+// Before using a slot's tensor on this thread's current stream.
+void acquire(Slot& slot) {
+  if (!slot.event.has_value() || !slot.value.defined()) return;
+  const c10::Device device = slot.value.device();
+  c10::impl::VirtualGuardImpl impl(device.type());
+  const c10::Stream stream = impl.getStream(device);
+  slot.event->block(stream);
+  impl.recordDataPtrOnStream(slot.value.storage().data_ptr(), stream);
+}
+
+Tensor to_device(const Tensor& t, const c10::Device& device) {
+  if (!t.defined() || t.device() == device) return t;
+  // Non-blocking only into an accelerator (its stream orders the copy);
+  // into host memory the copy must have finished before the CPU reads it.
+  return t.to(device, /*non_blocking=*/!device.is_cpu());
+}
+
+// What one worker thread holds for its whole pass.
+class WorkerScope {
+ public:
+  WorkerScope(const at::ThreadLocalState& tls, const StageSpec& stage) : tls_guard_(tls) {
+    at::internal::lazy_init_num_threads();
+    if (stage.threads > 0) at::set_num_threads(stage.threads);
+    if (!stage.device.is_cpu()) {
+      c10::impl::VirtualGuardImpl impl(stage.device.type());
+      stream_guard_.emplace(impl.getStreamFromGlobalPool(stage.device));
+    }
+  }
+
+ private:
+  at::ThreadLocalStateGuard tls_guard_;
+  // The pass computes its own gradients: no autograd graph, no autocast.
+  c10::AutoGradMode no_grad_{false};
+  at::AutoDispatchBelowADInplaceOrView below_autograd_;
+  std::optional<c10::StreamGuard> stream_guard_;
+};
+
+// Runs body(s) on one thread per stage and joins them all. The first
+// exception (each body names its stage and unit) is rethrown here.
+template <typename Body>
+void run_workers(const std::vector<StageSpec>& stages, Sync& sync, Body body) {
+  const at::ThreadLocalState tls;
+  const int caller_threads = at::get_num_threads();
+  std::vector<std::thread> threads;
+  threads.reserve(stages.size());
+  for (size_t s = 0; s < stages.size(); ++s) {
+    threads.emplace_back([&, s] {
+      try {
+        WorkerScope scope(tls, stages[s]);
+        body(static_cast<int>(s));
+      } catch (const std::exception& e) {
+        sync.fail(std::string("pipelstm.Pipeline: stage ") + std::to_string(s) + ": " + e.what());
+      } catch (...) {
+        sync.fail("pipelstm.Pipeline: stage " + std::to_string(s) + ": unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // at::set_num_threads in a worker also sets the process-wide default that
+  // new threads start from; put the caller's back.
+  for (const auto& st : stages) {
+    if (st.threads > 0) {
+      at::set_num_threads(caller_threads);
+      break;
+    }
+  }
+  if (sync.failed) throw std::runtime_error(sync.error);
+}
+
+std::string describe_failure(int s, const StageSpec& stage, const UnitSpec* unit,
+                             int64_t unit_index, const char* phase, int64_t m, int64_t k,
+                             const std::exception& e) {
+  std::ostringstream os;
+  os << "pipelstm.Pipeline: stage " << s << " (" << stage.device << ")";
+  if (unit != nullptr) {
+    os << ", unit " << unit_index << " '" << unit->name << "' (" << kind_name(unit->kind) << ")";
+  }
+  os << ", " << phase << " of micro-batch " << m << ", chunk " << k << " failed: ";
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    os << ce->what_without_backtrace();
+  } else {
+    os << e.what();
+  }
+  return os.str();
+}
+
+const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what) {
+  TORCH_CHECK(t.has_value() && t->defined(), "missing parameter ", what, " of unit '", u.name, "'");
+  return *t;
+}
+
+}  // namespace
+
+// Everything one forward pass keeps for its backward.
+struct RunState {
+  std::shared_ptr<Engine> engine;
+  int64_t K = 1, M = 1;
+  std::vector<int64_t> t_sizes, b_sizes;
+  bool training = false;
+  bool index_input = false;
+  c10::Device input_device{c10::kCPU};
+  std::vector<int64_t> input_sizes;
+  std::vector<UnitParams> params;
+  std::vector<int64_t> first_unit;  // per stage, global index of its first unit
+  // saved[s][m * K + k][j]: the tensors unit j of stage s saved for (m, k).
+  std::vector<std::vector<std::vector<std::vector<Tensor>>>> saved;
+  std::vector<OptTensor> h0_given, c0_given;  // to shape the gradients
+  std::vector<Tensor> h0_parts, c0_parts;     // [layer * M + m]
+  Tensor output;
+  std::vector<Tensor> h_n, c_n;
+  bool kept = false;
+  bool backward_done = false;
+};
+
+Engine::Engine(std::vector<StageSpec> stages) : stages_(std::move(stages)) {
+  TORCH_CHECK(!stages_.empty(), "pipelstm.Pipeline: at least one stage is needed");
+  for (const auto& st : stages_) {
+    TORCH_CHECK(!st.units.empty(), "pipelstm.Pipeline: every stage needs at least one unit");
+    for (const auto& u : st.units) {
+      ++num_units_;
+      if (u.kind == UnitKind::Lstm) {
+        TORCH_CHECK(u.state_index == num_lstm_,
+                    "pipelstm.Pipeline: LSTM layers must be numbered in order");
+        ++num_lstm_;
+      }
+    }
+  }
+}
+
+std::vector<TraceEvent> Engine::trace() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<TraceEvent> all = forward_trace_;
+  all.insert(all.end(), backward_trace_.begin(), backward_trace_.end());
+  return all;
+}
+
+void Engine::set_trace(std::vector<TraceEvent> events, bool forward) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (forward) {
+    forward_trace_ = std::move(events);
+    backward_trace_.clear();
+  } else {
+    backward_trace_ = std::move(events);
+  }
+}
+
+void Engine::inject_fault(int64_t unit, const std::string& phase, int64_t m, int64_t k) {
+  TORCH_CHECK(phase == "forward" || phase == "backward", "phase must be forward or backward");
+  std::lock_guard<std::mutex> lock(mutex_);
+  faults_.push_back({unit, phase, m, k});
+}
+
+void Engine::clear_faults() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  faults_.clear();
+}
+
+std::vector<Engine::Fault> Engine::faults() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return faults_;
+}
+
+namespace {
+
+void check_fault(const std::vector<Engine::Fault>& faults, int64_t unit, const char* phase,
+                 int64_t m, int64_t k) {
+  for (const auto& f : faults) {
+    TORCH_CHECK(!(f.unit == unit && f.phase == phase && f.m == m && f.k == k),
+                "injected fault (testing)");
+  }
+}
+
+// One unit forward on x; returns the output and fills `saved`.
+Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
+                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved) {
+  switch (u.kind) {
+    case UnitKind::Lstm: {
+      auto [out, h_n, c_n, ws] =
+          lstm_layer_forward(x, h, c, need(p[0], u, "w_ih"), need(p[1], u, "w_hh"), p[2], p[3],
+                             p[4], /*reverse=*/false);
+      if (keep) saved = {x, h, c, out, ws};
+      h = h_n;
+      c = c_n;
+      return out;
+    }
+    case UnitKind::Embedding: {
+      TORCH_CHECK(x.scalar_type() == at::kLong || x.scalar_type() == at::kInt,
+                  "Embedding expects integer indices, got ", x.scalar_type());
+      if (keep) saved = {x};
+      return at::embedding(need(p[0], u, "weight"), x, u.padding_idx, u.scale_grad_by_freq,
+                           /*sparse=*/false);
+    }
+    case UnitKind::Linear: {
+      if (keep) saved = {x};
+      return at::linear(x, need(p[0], u, "weight"), p[1]);
+    }
+    case UnitKind::Dropout: {
+      if (!training || u.p == 0.0) return x;
+      Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
+      if (u.p >= 1.0) {
+        mask.zero_();
+      } else {
+        mask.bernoulli_(1.0 - u.p).div_(1.0 - u.p);
+      }
+      if (keep) saved = {mask};
+      return x * mask;
+    }
+  }
+  TORCH_CHECK(false, "unknown unit kind");
+}
+
+// One unit backward: g (the gradient of its output, possibly undefined) ->
+// the gradient of its input; parameter gradients added into `acc`.
+Tensor unit_backward(const UnitSpec& u, const UnitParams& p, const Tensor& g,
+                     const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
+                     std::vector<Tensor>& acc) {
+  auto add = [&acc](size_t i, const Tensor& t) {
+    if (!t.defined()) return;
+    if (acc[i].defined()) {
+      acc[i].add_(t);
+    } else {
+      acc[i] = t;
+    }
+  };
+  switch (u.kind) {
+    case UnitKind::Lstm: {
+      const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &out = saved[3],
+                   &ws = saved[4];
+      if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
+      auto [gx, gh0, gc0, gw_ih, gw_hh, gb, gw_hr] = lstm_layer_backward(
+          g.defined() ? OptTensor(g) : std::nullopt, grad_h, grad_c, x, h0, c0, *p[0], *p[1],
+          p[4], out, ws, /*reverse=*/false);
+      grad_h = gh0;
+      grad_c = gc0;
+      add(0, gw_ih);
+      add(1, gw_hh);
+      if (p[2].has_value()) add(2, gb);
+      if (p[3].has_value()) add(3, p[2].has_value() ? gb.clone() : gb);
+      if (p[4].has_value()) add(4, gw_hr);
+      return gx;
+    }
+    case UnitKind::Embedding: {
+      if (!g.defined()) return Tensor();
+      const Tensor& w = *p[0];
+      add(0, at::embedding_dense_backward(g, saved[0], w.size(0), u.padding_idx,
+                                          u.scale_grad_by_freq));
+      return Tensor();
+    }
+    case UnitKind::Linear: {
+      if (!g.defined()) return Tensor();
+      const Tensor& x = saved[0];
+      const Tensor& w = *p[0];
+      const Tensor g2 = g.reshape({-1, w.size(0)});
+      add(0, at::mm(g2.t(), x.reshape({-1, w.size(1)})));
+      if (p[1].has_value()) add(1, g2.sum(0));
+      return at::matmul(g, w);
+    }
+    case UnitKind::Dropout: {
+      if (!g.defined() || saved.empty()) return g;
+      return g * saved[0];
+    }
+  }
+  TORCH_CHECK(false, "unknown unit kind");
+}
+
+}  // namespace
+
+std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptTensor>& h0,
+                                     const std::vector<OptTensor>& c0,
+                                     const std::vector<UnitParams>& params, int64_t chunks,
+                                     int64_t micro_batches, bool training,
+                                     bool keep_for_backward) {
+  const int64_t S = static_cast<int64_t>(stages_.size());
+  TORCH_CHECK(static_cast<int64_t>(params.size()) == num_units_, "pipelstm.Pipeline: expected ",
+              num_units_, " parameter lists, got ", params.size());
+  TORCH_CHECK(static_cast<int64_t>(h0.size()) == num_lstm_ &&
+                  static_cast<int64_t>(c0.size()) == num_lstm_,
+              "pipelstm.Pipeline: expected an initial state for each of the ", num_lstm_,
+              " LSTM layers");
+  TORCH_CHECK(input.dim() >= 2, "pipelstm.Pipeline: expected input of shape [T, B, ...], got ",
+              input.sizes());
+  TORCH_CHECK(chunks > 0 && micro_batches > 0,
+              "pipelstm.Pipeline: chunks and micro_batches must be positive");
+  const int64_t T = input.size(0), B = input.size(1);
+  TORCH_CHECK(T > 0 && B > 0, "pipelstm.Pipeline: expected a non-empty input, got ",
+              input.sizes());
+
+  auto st = std::make_shared<RunState>();
+  st->engine = shared_from_this();
+  st->K = std::min(chunks, T);
+  st->M = std::min(micro_batches, B);
+  const int64_t K = st->K, M = st->M;
+  st->t_sizes = split_sizes(T, K);
+  st->b_sizes = split_sizes(B, M);
+  const auto t_off = offsets_of(st->t_sizes), b_off = offsets_of(st->b_sizes);
+  st->training = training;
+  st->kept = keep_for_backward;
+  st->index_input = !at::isFloatingType(input.scalar_type());
+  st->input_device = input.device();
+  st->input_sizes = input.sizes().vec();
+  st->params = params;
+  st->h0_given = h0;
+  st->c0_given = c0;
+  st->saved.assign(S, std::vector<std::vector<std::vector<Tensor>>>(M * K));
+  int64_t u0 = 0;
+  for (const auto& stage : stages_) {
+    st->first_unit.push_back(u0);
+    u0 += static_cast<int64_t>(stage.units.size());
+  }
+
+  // Initial states, split by micro-batch, on the device of their layer.
+  st->h0_parts.resize(num_lstm_ * M);
+  st->c0_parts.resize(num_lstm_ * M);
+  for (const auto& stage : stages_) {
+    for (const auto& u : stage.units) {
+      if (u.kind != UnitKind::Lstm) continue;
+      const int64_t l = u.state_index;
+      const UnitParams& p = params[st->first_unit[&stage - stages_.data()] +
+                                   (&u - stage.units.data())];
+      const Tensor& w_ih = need(p[0], u, "w_ih");
+      const int64_t H = w_ih.size(0) / 4;
+      const int64_t P = p[4].has_value() ? p[4]->size(0) : H;
+      for (int64_t m = 0; m < M; ++m) {
+        auto part = [&](const OptTensor& given, int64_t width) {
+          if (given.has_value()) {
+            return to_device(given->narrow(0, b_off[m], st->b_sizes[m]), stage.device)
+                .contiguous();
+          }
+          return at::zeros({st->b_sizes[m], width}, w_ih.options().device(stage.device));
+        };
+        st->h0_parts[l * M + m] = part(h0[l], P);
+        st->c0_parts[l * M + m] = part(c0[l], H);
+      }
+    }
+  }
+
+  // Slots: channel s feeds stage s; channel S is the output.
+  std::vector<std::vector<Slot>> channel(S + 1);
+  for (auto& c : channel) c = std::vector<Slot>(M * K);
+  const Tensor x_in = to_device(input, stages_[0].device);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      Slot& slot = channel[0][m * K + k];
+      slot.value = x_in.narrow(0, t_off[k], st->t_sizes[k]).narrow(1, b_off[m], st->b_sizes[m]);
+      slot.ready = true;
+    }
+  }
+  std::vector<Tensor> h_final(num_lstm_ * M), c_final(num_lstm_ * M);
+  std::vector<std::vector<TraceEvent>> traces(S);
+  const auto faults = this->faults();
+  Sync sync;
+
+  run_workers(stages_, sync, [&](int s) {
+    const StageSpec& stage = stages_[s];
+    const int64_t n_units = static_cast<int64_t>(stage.units.size());
+    const c10::Device next_device = s + 1 < S ? stages_[s + 1].device : stage.device;
+    // Carried hidden state per (unit, micro-batch).
+    std::vector<Tensor> h(n_units * M), c(n_units * M);
+    for (int64_t j = 0; j < n_units; ++j) {
+      const auto& u = stage.units[j];
+      if (u.kind != UnitKind::Lstm) continue;
+      for (int64_t m = 0; m < M; ++m) {
+        h[j * M + m] = st->h0_parts[u.state_index * M + m];
+        c[j * M + m] = st->c0_parts[u.state_index * M + m];
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t m = 0; m < M; ++m) {
+        Slot& in = channel[s][m * K + k];
+        if (!sync.wait(in)) return;
+        int64_t j = -1;
+        try {
+          acquire(in);
+          const int64_t t0 = now_ns();
+          Tensor x = in.value;
+          in.value = Tensor();  // the stage owns it now
+          auto& saved = st->saved[s][m * K + k];
+          saved.resize(n_units);
+          for (j = 0; j < n_units; ++j) {
+            const int64_t gu = st->first_unit[s] + j;
+            check_fault(faults, gu, "forward", m, k);
+            x = unit_forward(stage.units[j], params[gu], x, training, keep_for_backward,
+                             h[j * M + m], c[j * M + m], saved[j]);
+          }
+          j = -1;
+          traces[s].push_back({s, "forward", static_cast<int>(m), static_cast<int>(k), t0, now_ns()});
+          if (k == K - 1) {
+            for (int64_t jj = 0; jj < n_units; ++jj) {
+              const auto& u = stage.units[jj];
+              if (u.kind != UnitKind::Lstm) continue;
+              h_final[u.state_index * M + m] = h[jj * M + m];
+              c_final[u.state_index * M + m] = c[jj * M + m];
+            }
+          }
+          if (next_device != stage.device) {
+            const int64_t t1 = now_ns();
+            x = to_device(x, next_device);
+            traces[s].push_back({s, "transfer", static_cast<int>(m), static_cast<int>(k), t1, now_ns()});
+          }
+          sync.put(channel[s + 1][m * K + k], std::move(x), ready_event(next_device));
+        } catch (const std::exception& e) {
+          sync.fail(describe_failure(s, stage, j >= 0 ? &stage.units[j] : nullptr,
+                                     j >= 0 ? st->first_unit[s] + j : -1, "forward", m, k, e));
+          return;
+        }
+      }
+    }
+  });
+
+  std::vector<TraceEvent> all;
+  for (auto& t : traces) all.insert(all.end(), t.begin(), t.end());
+  set_trace(std::move(all), /*forward=*/true);
+
+  // Assemble: time chunks along dim 0, then micro-batches along dim 1.
+  const c10::Device out_device = stages_.back().device;
+  std::vector<Tensor> per_m;
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<Tensor> per_k;
+    for (int64_t k = 0; k < K; ++k) {
+      Slot& slot = channel[S][m * K + k];
+      if (slot.event.has_value()) slot.event->block(c10::impl::VirtualGuardImpl(out_device.type()).getStream(out_device));
+      per_k.push_back(slot.value);
+    }
+    per_m.push_back(K == 1 ? per_k[0] : at::cat(per_k, 0));
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    c10::AutoGradMode no_grad(false);
+    st->output = M == 1 ? per_m[0] : at::cat(per_m, 1);
+    for (int64_t l = 0; l < num_lstm_; ++l) {
+      std::vector<Tensor> hs(h_final.begin() + l * M, h_final.begin() + (l + 1) * M);
+      std::vector<Tensor> cs(c_final.begin() + l * M, c_final.begin() + (l + 1) * M);
+      st->h_n.push_back(M == 1 ? hs[0] : at::cat(hs, 0));
+      st->c_n.push_back(M == 1 ? cs[0] : at::cat(cs, 0));
+    }
+  }
+  if (!keep_for_backward) {
+    st->saved.clear();
+    st->params.clear();
+  }
+  return std::make_shared<Run>(st);
+}
+
+Tensor Run::output() const { return state_->output; }
+std::vector<Tensor> Run::h_n() const { return state_->h_n; }
+std::vector<Tensor> Run::c_n() const { return state_->c_n; }
+
+BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
+                             const std::vector<OptTensor>& grad_c_n) {
+  RunState& st = *state_;
+  TORCH_CHECK(st.kept, "pipelstm.Pipeline: this forward pass kept nothing for backward");
+  TORCH_CHECK(!st.backward_done,
+              "pipelstm.Pipeline: backward through the same pipelined forward twice is not "
+              "supported (its saved activations are freed after the first backward)");
+  Engine& engine = *st.engine;
+  const auto& stages = engine.stages();
+  const int64_t S = static_cast<int64_t>(stages.size()), K = st.K, M = st.M;
+  const int64_t L = engine.num_lstm_layers();
+  TORCH_CHECK(static_cast<int64_t>(grad_h_n.size()) == L &&
+                  static_cast<int64_t>(grad_c_n.size()) == L,
+              "pipelstm.Pipeline: expected a (possibly None) gradient for each LSTM layer's state");
+  const auto t_off = offsets_of(st.t_sizes), b_off = offsets_of(st.b_sizes);
+
+  // Per LSTM layer and micro-batch: the gradient of the final state.
+  std::vector<OptTensor> gh_parts(L * M), gc_parts(L * M);
+  std::vector<c10::Device> layer_device(L, c10::Device(c10::kCPU));
+  for (const auto& stage : stages) {
+    for (const auto& u : stage.units) {
+      if (u.kind == UnitKind::Lstm) layer_device[u.state_index] = stage.device;
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t m = 0; m < M; ++m) {
+      if (grad_h_n[l].has_value() && grad_h_n[l]->defined()) {
+        gh_parts[l * M + m] = to_device(grad_h_n[l]->narrow(0, b_off[m], st.b_sizes[m]), layer_device[l]);
+      }
+      if (grad_c_n[l].has_value() && grad_c_n[l]->defined()) {
+        gc_parts[l * M + m] = to_device(grad_c_n[l]->narrow(0, b_off[m], st.b_sizes[m]), layer_device[l]);
+      }
+    }
+  }
+
+  std::vector<std::vector<Slot>> channel(S + 1);
+  for (auto& c : channel) c = std::vector<Slot>(M * K);
+  Tensor g_out;
+  if (grad_output.has_value() && grad_output->defined()) g_out = to_device(*grad_output, stages.back().device);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      Slot& slot = channel[S][m * K + k];
+      if (g_out.defined()) {
+        slot.value = g_out.narrow(0, t_off[k], st.t_sizes[k]).narrow(1, b_off[m], st.b_sizes[m]);
+      }
+      slot.ready = true;
+    }
+  }
+  // Parameter gradients per unit, accumulated in each stage's fixed order.
+  std::vector<std::vector<Tensor>> acc(engine.num_units());
+  for (int64_t u = 0; u < engine.num_units(); ++u) acc[u].resize(st.params[u].size());
+  std::vector<OptTensor> gh0(L * M), gc0(L * M);
+  std::vector<std::vector<TraceEvent>> traces(S);
+  const auto faults = engine.faults();
+  Sync sync;
+  st.backward_done = true;
+
+  run_workers(stages, sync, [&](int s) {
+    const StageSpec& stage = stages[s];
+    const int64_t n_units = static_cast<int64_t>(stage.units.size());
+    const c10::Device prev_device = s > 0 ? stages[s - 1].device : st.input_device;
+    std::vector<OptTensor> gh(n_units * M), gc(n_units * M);
+    for (int64_t j = 0; j < n_units; ++j) {
+      const auto& u = stage.units[j];
+      if (u.kind != UnitKind::Lstm) continue;
+      for (int64_t m = 0; m < M; ++m) {
+        gh[j * M + m] = gh_parts[u.state_index * M + m];
+        gc[j * M + m] = gc_parts[u.state_index * M + m];
+      }
+    }
+    for (int64_t k = K - 1; k >= 0; --k) {
+      for (int64_t m = M - 1; m >= 0; --m) {
+        Slot& in = channel[s + 1][m * K + k];
+        if (!sync.wait(in)) return;
+        int64_t j = -1;
+        try {
+          acquire(in);
+          const int64_t t0 = now_ns();
+          Tensor g = in.value;
+          in.value = Tensor();
+          auto& saved = st.saved[s][m * K + k];
+          for (j = n_units - 1; j >= 0; --j) {
+            const int64_t gu = st.first_unit[s] + j;
+            check_fault(faults, gu, "backward", m, k);
+            g = unit_backward(stage.units[j], st.params[gu], g, saved[j], gh[j * M + m],
+                              gc[j * M + m], acc[gu]);
+            saved[j].clear();  // free activations as soon as they are used
+          }
+          j = -1;
+          traces[s].push_back({s, "backward", static_cast<int>(m), static_cast<int>(k), t0, now_ns()});
+          if (k == 0) {
+            for (int64_t jj = 0; jj < n_units; ++jj) {
+              const auto& u = stage.units[jj];
+              if (u.kind != UnitKind::Lstm) continue;
+              gh0[u.state_index * M + m] = gh[jj * M + m];
+              gc0[u.state_index * M + m] = gc[jj * M + m];
+            }
+          }
+          if (s > 0 && g.defined() && prev_device != stage.device) {
+            const int64_t t1 = now_ns();
+            g = to_device(g, prev_device);
+            traces[s].push_back({s, "transfer", static_cast<int>(m), static_cast<int>(k), t1, now_ns()});
+          }
+          sync.put(channel[s][m * K + k], std::move(g),
+                   s > 0 ? ready_event(prev_device) : ready_event(stage.device));
+        } catch (const std::exception& e) {
+          sync.fail(describe_failure(s, stage, j >= 0 ? &stage.units[j] : nullptr,
+                                     j >= 0 ? st.first_unit[s] + j : -1, "backward", m, k, e));
+          return;
+        }
+      }
+    }
+  });
+  st.saved.clear();
+
+  std::vector<TraceEvent> all;
+  for (auto& t : traces) all.insert(all.end(), t.begin(), t.end());
+  engine.set_trace(std::move(all), /*forward=*/false);
+
+  at::AutoDispatchBelowADInplaceOrView below;
+  c10::AutoGradMode no_grad(false);
+  BackwardResult r;
+  if (!st.index_input) {
+    const c10::Device d0 = stages[0].device;
+    bool any = false;
+    at::ScalarType dtype = at::kFloat;
+    for (auto& slot : channel[0]) {
+      if (slot.event.has_value()) {
+        slot.event->block(c10::impl::VirtualGuardImpl(d0.type()).getStream(d0));
+      }
+      if (slot.value.defined()) {
+        any = true;
+        dtype = slot.value.scalar_type();
+      }
+    }
+    if (any) {
+      std::vector<Tensor> per_m;
+      for (int64_t m = 0; m < M; ++m) {
+        std::vector<Tensor> per_k;
+        for (int64_t k = 0; k < K; ++k) {
+          Tensor t = channel[0][m * K + k].value;
+          if (!t.defined()) {  // no gradient reached this piece
+            std::vector<int64_t> shape = st.input_sizes;
+            shape[0] = st.t_sizes[k];
+            shape[1] = st.b_sizes[m];
+            t = at::zeros(shape, at::TensorOptions().device(d0).dtype(dtype));
+          }
+          per_k.push_back(t);
+        }
+        per_m.push_back(K == 1 ? per_k[0] : at::cat(per_k, 0));
+      }
+      r.grad_input = M == 1 ? per_m[0] : at::cat(per_m, 1);
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    auto gather = [&](std::vector<OptTensor>& parts) -> OptTensor {
+      std::vector<Tensor> ts;
+      for (int64_t m = 0; m < M; ++m) {
+        if (!parts[l * M + m].has_value()) return std::nullopt;
+        ts.push_back(*parts[l * M + m]);
+      }
+      return M == 1 ? ts[0] : at::cat(ts, 0);
+    };
+    r.grad_h0.push_back(gather(gh0));
+    r.grad_c0.push_back(gather(gc0));
+  }
+  for (auto& a : acc) {
+    std::vector<OptTensor> g;
+    for (auto& t : a) g.push_back(t.defined() ? OptTensor(t) : std::nullopt);
+    r.grad_params.push_back(std::move(g));
+  }
+  st.params.clear();
+  return r;
+}
+
+}  // namespace pipelstm::pipeline

@@ -1,0 +1,121 @@
+// The pipeline engine: units (LSTM layers and time-local layers) grouped into
+// stages, one device and one worker thread per stage, run as a wavefront over
+// K time chunks x M micro-batches; backward is the reverse wavefront.
+//
+// See docs/pipeline.md for the design and the schedule. Everything here is
+// plain ATen: the worker threads never touch Python or the GIL.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pipelstm::pipeline {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+enum class UnitKind { Lstm, Embedding, Linear, Dropout };
+
+struct UnitSpec {
+  UnitKind kind;
+  std::string name;  // for messages and traces, e.g. "1.l2 (LSTM layer 2)"
+  // Embedding
+  int64_t padding_idx = -1;
+  bool scale_grad_by_freq = false;
+  // Dropout
+  double p = 0.0;
+  // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)
+  int64_t state_index = -1;
+};
+
+struct StageSpec {
+  c10::Device device{c10::kCPU};
+  std::vector<UnitSpec> units;
+  int threads = 0;  // intra-op threads of the stage's worker; 0 leaves it alone
+};
+
+// Per unit, its parameters in a fixed order (absent ones nullopt):
+//   Lstm: w_ih, w_hh, b_ih, b_hh, w_hr;  Embedding: weight;
+//   Linear: weight, bias;  Dropout: none.
+using UnitParams = std::vector<OptTensor>;
+
+struct TraceEvent {
+  int stage;
+  std::string phase;  // "forward", "backward", "transfer"
+  int micro_batch, chunk;
+  int64_t start_ns, end_ns;  // steady clock
+};
+
+struct ForwardResult;
+struct RunState;
+
+struct BackwardResult {
+  OptTensor grad_input;                 // [T, B, I]; nullopt for index input
+  std::vector<OptTensor> grad_h0, grad_c0;  // per LSTM layer
+  std::vector<std::vector<OptTensor>> grad_params;  // per unit, as UnitParams
+};
+
+// A pipelined forward pass that can be differentiated once.
+class Run {
+ public:
+  explicit Run(std::shared_ptr<RunState> state) : state_(std::move(state)) {}
+  Tensor output() const;
+  std::vector<Tensor> h_n() const;
+  std::vector<Tensor> c_n() const;
+  // Releases what forward saved; a second call raises.
+  BackwardResult backward(const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
+                          const std::vector<OptTensor>& grad_c_n);
+
+ private:
+  std::shared_ptr<RunState> state_;
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  explicit Engine(std::vector<StageSpec> stages);
+
+  // input: [T, B] int64 (when the first unit is an Embedding) or [T, B, I];
+  // h0/c0: per LSTM layer, [B, P] / [B, H] (nullopt: zeros); params: per unit
+  // in stage order. chunks/micro_batches are clamped to T and B.
+  // Runs the forward pass; raises naming the stage and unit that failed.
+  std::shared_ptr<Run> forward(const Tensor& input, const std::vector<OptTensor>& h0,
+                               const std::vector<OptTensor>& c0,
+                               const std::vector<UnitParams>& params, int64_t chunks,
+                               int64_t micro_batches, bool training, bool keep_for_backward);
+
+  const std::vector<StageSpec>& stages() const { return stages_; }
+  int64_t num_units() const { return num_units_; }
+  int64_t num_lstm_layers() const { return num_lstm_; }
+
+  // What ran last (forward, then the backward of a run of this engine).
+  std::vector<TraceEvent> trace() const;
+
+  // Testing: make unit `unit` (global index) raise in `phase` at (m, k).
+  void inject_fault(int64_t unit, const std::string& phase, int64_t micro_batch, int64_t chunk);
+  void clear_faults();
+
+  // Shared with the runs (internal).
+  struct Fault {
+    int64_t unit;
+    std::string phase;
+    int64_t m, k;
+  };
+  void set_trace(std::vector<TraceEvent> events, bool forward);
+  std::vector<Fault> faults() const;
+
+ private:
+  std::vector<StageSpec> stages_;
+  int64_t num_units_ = 0, num_lstm_ = 0;
+  mutable std::mutex mutex_;
+  std::vector<TraceEvent> forward_trace_, backward_trace_;
+  std::vector<Fault> faults_;
+};
+
+}  // namespace pipelstm::pipeline

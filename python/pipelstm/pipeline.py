@@ -1,0 +1,590 @@
+"""``pipelstm.Pipeline``: a sequential LSTM model split into stages on devices.
+
+The model is a ``torch.nn.Sequential`` of ``Embedding``, ``pipelstm.LSTM`` or
+``nn.LSTM``, ``Dropout``, ``Linear`` (and ``Identity``). It is flattened into
+*units* (every layer of a multi-layer LSTM is a unit of its own, and so is
+the dropout between two of its layers), and the units are split into
+contiguous *stages*, one device each. The C++ engine (``csrc/pipeline``) runs
+the stages in one worker thread each, outside the GIL, as a wavefront over
+``chunks`` time chunks x ``micro_batches`` micro-batches; ``loss.backward()``
+runs the reverse wavefront. See docs/pipeline.md.
+
+All units run natively in C++ (LSTM layers on the fused layer ops,
+``Embedding`` as ``at::embedding``, ``Linear`` as ``at::linear``, ``Dropout``
+as a Bernoulli mask), so the workers never take the GIL.
+"""
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import _C, ops
+
+__all__ = ["Pipeline", "partition"]
+
+_engine = _C.pipeline
+_State = Tuple[Tensor, Tensor]
+
+
+@dataclass
+class _Unit:
+    kind: str  # "lstm", "embedding", "linear", "dropout"
+    name: str
+    module: nn.Module
+    param_names: List[Optional[str]]
+    layer: int = -1  # LSTM: index among all LSTM layers of the model
+    input_size: int = 0
+    hidden_size: int = 0
+    proj_size: int = 0
+    p: float = 0.0
+    out_size: int = 0
+    cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
+    act_bytes: float = 0.0  # saved for backward, per token (or in all, with a sample)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def params(self) -> List[Optional[Tensor]]:
+        return [None if n is None else getattr(self.module, n) for n in self.param_names]
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.params() if p is not None)
+
+
+def _flatten(model: nn.Sequential) -> List[_Unit]:
+    units: List[_Unit] = []
+    layer = 0
+    for name, child in model.named_children():
+        if isinstance(child, nn.Identity):
+            continue
+        if isinstance(child, nn.RNNBase):
+            if child.mode != "LSTM":
+                raise ValueError(f"Pipeline: module {name!r} is a {child.mode}; only LSTMs are supported")
+            if child.bidirectional:
+                raise ValueError(
+                    f"Pipeline: module {name!r} is a bidirectional LSTM, which cannot be pipelined over time "
+                    "chunks (its reverse direction needs the end of the sequence before the start); "
+                    "use unidirectional LSTMs"
+                )
+            H, P = child.hidden_size, child.proj_size
+            for l in range(child.num_layers):
+                sfx = f"_l{l}"
+                names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
+                names += [f"bias_ih{sfx}", f"bias_hh{sfx}"] if child.bias else [None, None]
+                names += [f"weight_hr{sfx}"] if P > 0 else [None]
+                units.append(_Unit(
+                    "lstm", f"{name}.l{l}", child, names, layer=layer,
+                    input_size=child.input_size if l == 0 else (P or H), hidden_size=H, proj_size=P,
+                    out_size=P or H,
+                ))
+                layer += 1
+                if child.dropout > 0 and l < child.num_layers - 1:
+                    units.append(_Unit("dropout", f"{name}.dropout{l}", child, [], p=child.dropout, out_size=P or H))
+        elif isinstance(child, nn.Embedding):
+            if child.max_norm is not None or child.sparse:
+                raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
+            units.append(_Unit("embedding", name, child, ["weight"], out_size=child.embedding_dim))
+        elif isinstance(child, nn.Linear):
+            units.append(_Unit(
+                "linear", name, child, ["weight", "bias" if child.bias is not None else None],
+                input_size=child.in_features, out_size=child.out_features,
+            ))
+        elif isinstance(child, nn.Dropout):
+            units.append(_Unit("dropout", name, child, [], p=child.p))
+        else:
+            raise ValueError(
+                f"Pipeline: module {name!r} ({type(child).__name__}) is not supported; a pipeline is a "
+                "Sequential of Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear and Identity"
+            )
+    if not units:
+        raise ValueError("Pipeline: the model has no units")
+    return units
+
+
+def _check_device(d) -> torch.device:
+    try:
+        dev = torch.device(d)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"Pipeline: unknown device {d!r} ({e})") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"Pipeline: device {d!r} is not available (no CUDA device on this machine)")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"Pipeline: unknown device {d!r} ({torch.cuda.device_count()} CUDA devices)")
+        return torch.device("cuda", index)
+    raise ValueError(f"Pipeline: unsupported device {d!r}; use 'cpu' or 'cuda:N'")
+
+
+def partition(costs: Sequence[float], stages: int) -> List[int]:
+    """Splits ``costs`` into ``stages`` contiguous non-empty runs minimising the
+    largest run's sum (the slowest stage); returns the run lengths.
+
+    Dynamic programming over (stage, units so far), O(stages * n^2); among
+    equally good splits the one with the earliest, smallest stages first.
+    """
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"cannot split {n} units into {stages} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    INF = float("inf")
+    # best[s][i]: the smallest possible slowest stage splitting units[:i] into s stages
+    best = [[INF] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):
+                v = max(best[s - 1][j], prefix[i] - prefix[j])
+                if v < best[s][i] - 1e-15 * max(1.0, abs(v)):
+                    best[s][i], cut[s][i] = v, j
+    sizes, i = [], n
+    for s in range(stages, 0, -1):
+        j = cut[s][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
+
+
+class _PipelineFunction(torch.autograd.Function):
+    """The whole pipelined forward as one autograd node; its backward is the
+    engine's pipelined backward, returning the gradients of the input, the
+    initial states and every parameter (each on its own stage's device)."""
+
+    @staticmethod
+    def forward(ctx, pipe: "Pipeline", layout, input: Tensor, *tensors: Optional[Tensor]):
+        L, unit_counts = layout
+        h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
+        params = pipe._unflatten(tensors[2 * L :], unit_counts)
+        run = pipe._engine.forward(
+            input, h0, c0, params, pipe.chunks, pipe.micro_batches, pipe.training, True
+        )
+        ctx.run, ctx.layout = run, layout
+        ctx.input_device, ctx.input_float = input.device, input.is_floating_point()
+        ctx.state_devices = [None if t is None else t.device for t in tensors[: 2 * L]]
+        ctx.param_devices = [None if t is None else t.device for t in tensors[2 * L :]]
+        ctx.set_materialize_grads(False)
+        return (run.output, *run.h_n, *run.c_n)
+
+    @staticmethod
+    def backward(ctx, grad_output, *grad_states):
+        L, unit_counts = ctx.layout
+        run = ctx.run
+        del ctx.run  # the saved activations go with it
+        grad_input, gh0, gc0, gparams = run.backward(
+            grad_output, list(grad_states[:L]), list(grad_states[L:])
+        )
+        if grad_input is not None:
+            grad_input = grad_input.to(ctx.input_device) if ctx.input_float else None
+        states = [
+            None if g is None or d is None else g.to(d) for g, d in zip(list(gh0) + list(gc0), ctx.state_devices)
+        ]
+        # gparams has an entry per parameter slot; keep those the forward got.
+        flat = []
+        for unit_grads, count in zip(gparams, unit_counts):
+            flat.extend(g for g, present in zip(unit_grads, count) if present)
+        return (None, None, grad_input, *states, *flat)
+
+
+class Pipeline(nn.Module):
+    """A ``Sequential`` LSTM model pipelined over devices, time chunks and micro-batches.
+
+    Args:
+        module: ``nn.Sequential`` of ``Embedding``, ``pipelstm.LSTM``/``nn.LSTM``
+            (unidirectional), ``Dropout``, ``Linear`` and ``Identity``. Its
+            submodules become this module's (same names, so ``state_dict()`` is
+            the unsplit model's), their parameters moved to their stage's device.
+        devices: one device per stage, e.g. ``["cpu", "cpu"]`` or ``["cuda:0", "cuda:1"]``.
+        chunks: K, the number of time chunks (clamped to the sequence length).
+        micro_batches: M, the number of micro-batches (clamped to the batch).
+        balance: ``"auto"``, or the number of units per stage, e.g. ``[2, 3]``.
+        sample: an input to profile the units on for ``balance="auto"``;
+            without one, a FLOP cost model balances.
+        threads: intra-op threads per CPU stage (an int or one per stage);
+            default: ``torch.get_num_threads()`` shared among the CPU stages.
+
+    ``forward(input, hx=None)`` takes ``[T, B]`` indices (first unit an
+    Embedding) or ``[T, B, I]`` features (``[B, T, ...]`` when the LSTMs are
+    ``batch_first``) and optional ``(h_0, c_0)`` of shape ``[L, B, P]`` and
+    ``[L, B, H]`` over all L LSTM layers; it returns ``output, (h_n, c_n)``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Sequential,
+        devices: Sequence[Union[str, torch.device]],
+        chunks: int = 1,
+        micro_batches: int = 1,
+        balance: Union[str, Sequence[int]] = "auto",
+        sample: Optional[Tensor] = None,
+        threads: Union[None, int, Sequence[int]] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Sequential):
+            raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
+        for what, v in (("chunks", chunks), ("micro_batches", micro_batches)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Pipeline: {what} must be a positive int, got {v!r}")
+        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
+            raise ValueError(f"Pipeline: devices must be a non-empty list of devices, got {devices!r}")
+        self._devices = [_check_device(d) for d in devices]
+        units = _flatten(module)
+        S, n = len(self._devices), len(units)
+        if S > n:
+            raise ValueError(f"Pipeline: {S} stages but only {n} units ({', '.join(u.name for u in units)}); "
+                             "use at most as many devices as units")
+        lstms = {id(u.module): u.module for u in units if u.kind == "lstm"}.values()
+        batch_first = {m.batch_first for m in lstms}
+        if len(batch_first) > 1:
+            raise ValueError("Pipeline: all LSTMs must agree on batch_first")
+        self._batch_first = batch_first.pop() if batch_first else False
+        self.chunks, self.micro_batches = chunks, micro_batches
+        self._units = units
+        self._sample_shape = None
+        self._estimate_costs(sample)
+        if isinstance(balance, str):
+            if balance != "auto":
+                raise ValueError(f"Pipeline: balance must be 'auto' or a list of unit counts, got {balance!r}")
+            self.balance = partition([u.cost for u in units], S)
+        else:
+            balance = list(balance)
+            if len(balance) != S or any(not isinstance(b, int) or b < 1 for b in balance):
+                raise ValueError(f"Pipeline: balance {balance} must give a positive unit count for each of the {S} stages")
+            if sum(balance) != n:
+                raise ValueError(f"Pipeline: balance {balance} sums to {sum(balance)}, but the model has {n} units "
+                                 f"({', '.join(u.name for u in units)})")
+            self.balance = balance
+        self._stage_of: List[int] = [s for s, b in enumerate(self.balance) for _ in range(b)]
+        n_cpu = sum(d.type == "cpu" for d in self._devices)
+        if threads is None:
+            per = max(1, torch.get_num_threads() // max(1, n_cpu))
+            threads = [per if d.type == "cpu" else 0 for d in self._devices]
+        elif isinstance(threads, int):
+            threads = [threads if d.type == "cpu" else 0 for d in self._devices]
+        threads = list(threads)
+        if len(threads) != S:
+            raise ValueError(f"Pipeline: threads {threads} must give one count per stage ({S})")
+        self.threads = threads
+
+        # Parameters move to their stage's device (in place: the same Parameter objects).
+        with torch.no_grad():
+            for u, s in zip(units, self._stage_of):
+                u.device = self._devices[s]
+                for name in u.param_names:
+                    if name is not None:
+                        p = getattr(u.module, name)
+                        if p.device != u.device:
+                            p.data = p.data.to(u.device)
+        for name, child in module.named_children():
+            self.add_module(name, child)
+
+        specs, i = [], 0
+        for s, count in enumerate(self.balance):
+            stage_units = []
+            for u in units[i : i + count]:
+                kind = getattr(_engine.UnitKind, u.kind)
+                kw = {}
+                if u.kind == "embedding":
+                    pad = u.module.padding_idx
+                    kw = dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
+                elif u.kind == "dropout":
+                    kw = dict(p=float(u.p))
+                elif u.kind == "lstm":
+                    kw = dict(state_index=u.layer)
+                stage_units.append(_engine.UnitSpec(kind, u.name, **kw))
+            specs.append(_engine.StageSpec(str(self._devices[s]), stage_units, int(threads[s])))
+            i += count
+        self._engine = _engine.Engine(specs)
+        self._num_layers = sum(u.kind == "lstm" for u in units)
+
+    # --- running -----------------------------------------------------------------
+
+    def _unflatten(self, flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:
+        out, i = [], 0
+        for present in unit_counts:
+            params = []
+            for p in present:
+                params.append(flat[i] if p else None)
+                i += p
+            out.append(params)
+        return out
+
+    def forward(self, input: Tensor, hx=None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        if not isinstance(input, Tensor) or input.dim() < 2:
+            raise ValueError("Pipeline: expected input of shape [T, B] (indices) or [T, B, I] "
+                             "([B, T, ...] with batch_first)")
+        x = input.transpose(0, 1) if self._batch_first else input
+        L = self._num_layers
+        h0: List[Optional[Tensor]] = [None] * L
+        c0: List[Optional[Tensor]] = [None] * L
+        if hx is not None:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise ValueError("Pipeline: hx must be a tuple (h_0, c_0)")
+            for states, given in ((h0, hx[0]), (c0, hx[1])):
+                if len(given) != L:
+                    raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
+                for l in range(L):
+                    states[l] = given[l]
+        params = [u.params() for u in self._units]
+        unit_counts = [tuple(p is not None for p in ps) for ps in params]
+        flat = [p for ps in params for p in ps if p is not None]
+        needs_grad = torch.is_grad_enabled() and (
+            input.requires_grad or any(p.requires_grad for p in flat)
+            or any(t is not None and t.requires_grad for t in h0 + c0)
+        )
+        if needs_grad:
+            outs = _PipelineFunction.apply(self, (L, unit_counts), x, *h0, *c0, *flat)
+            out, h_n, c_n = outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
+        else:
+            run = self._engine.forward(
+                x, h0, c0, self._unflatten(flat, unit_counts), self.chunks, self.micro_batches, self.training, False
+            )
+            out, h_n, c_n = run.output, run.h_n, run.c_n
+        if self._batch_first:
+            out = out.transpose(0, 1)
+        return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))
+
+    @staticmethod
+    def _stack(states: List[Tensor], device: torch.device):
+        if not states:
+            return None
+        if len({tuple(s.shape) for s in states}) > 1:
+            return [s.to(device) for s in states]  # layers of different widths
+        return torch.stack([s.to(device) for s in states])
+
+    # --- plan and balance ----------------------------------------------------------
+
+    def _estimate_costs(self, sample: Optional[Tensor]) -> None:
+        if sample is None:
+            self._cost_unit = "MFLOP/token"
+            for u in self._units:
+                u.cost, u.act_bytes = _flop_model(u)
+            return
+        self._cost_unit = "ms"
+        x = sample.transpose(0, 1) if self._batch_first else sample
+        T, B = x.shape[0], x.shape[1]
+        self._sample_shape = (T, B)
+        for u in self._units:
+            x, u.cost, u.act_bytes = _profile(u, x)
+
+    @property
+    def plan(self) -> "Plan":
+        """The stages: device, units, estimated time, parameters, activation memory."""
+        return Plan(self)
+
+    # --- timeline ------------------------------------------------------------------
+
+    def trace(self) -> List[dict]:
+        """What ran in the last forward (and backward): one dict per span."""
+        return [
+            dict(stage=e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
+                 start_ns=e.start_ns, end_ns=e.end_ns)
+            for e in self._engine.trace()
+        ]
+
+    def timeline(self, path: str) -> Dict[str, object]:
+        """Writes the schedule that last ran as a Chrome trace (``path``, JSON;
+        open it in chrome://tracing or ui.perfetto.dev) and, if matplotlib is
+        installed, a Gantt chart next to it (same name, ``.png``).
+
+        Returns the paths written and the measured bubble (idle fraction of
+        the stages over each pass) with the theoretical (S-1)/(K*M+S-1).
+        """
+        events = self.trace()
+        if not events:
+            raise RuntimeError("Pipeline.timeline: nothing has run yet")
+        t0 = min(e["start_ns"] for e in events)
+        S = len(self.balance)
+        spans = [dict(e, idle=False) for e in events]
+        summary: Dict[str, object] = {}
+        for phase_group in ("forward", "backward"):
+            group = [e for e in events if (e["phase"] == "backward") == (phase_group == "backward")]
+            if not group:
+                continue
+            lo, hi = min(e["start_ns"] for e in group), max(e["end_ns"] for e in group)
+            idle_total = 0
+            for s in range(S):
+                mine = sorted((e for e in group if e["stage"] == s), key=lambda e: e["start_ns"])
+                cursor = lo
+                for e in mine + [dict(start_ns=hi, end_ns=hi)]:
+                    if e["start_ns"] > cursor:
+                        spans.append(dict(stage=s, phase="idle", micro_batch=-1, chunk=-1, start_ns=cursor,
+                                          end_ns=e["start_ns"], idle=True))
+                        idle_total += e["start_ns"] - cursor
+                    cursor = max(cursor, e["end_ns"])
+            summary[f"{phase_group}_bubble"] = idle_total / (S * (hi - lo)) if hi > lo else 0.0
+            summary[f"{phase_group}_ms"] = (hi - lo) / 1e6
+        K, M = self._effective_km()
+        summary["theoretical_bubble"] = (S - 1) / (K * M + S - 1)
+
+        trace = [
+            dict(name="thread_name", ph="M", pid=0, tid=s, args=dict(name=f"stage {s} ({self._devices[s]})"))
+            for s in range(S)
+        ]
+        for e in spans:
+            label = e["phase"] if e["idle"] else f"{e['phase']} m{e['micro_batch']} k{e['chunk']}"
+            trace.append(dict(
+                name=label, cat=e["phase"], ph="X", pid=0, tid=e["stage"],
+                ts=(e["start_ns"] - t0) / 1e3, dur=(e["end_ns"] - e["start_ns"]) / 1e3,
+                args=dict(micro_batch=e["micro_batch"], chunk=e["chunk"]),
+            ))
+        with open(path, "w") as f:
+            json.dump(dict(traceEvents=trace, displayTimeUnit="ms", otherData=summary), f)
+        summary["json"] = path
+        png = os.path.splitext(path)[0] + ".png"
+        if _gantt(spans, t0, S, self._devices, png):
+            summary["png"] = png
+        return summary
+
+    def _effective_km(self) -> Tuple[int, int]:
+        fwd = [e for e in self._engine.trace() if e.phase == "forward"]
+        if not fwd:
+            return self.chunks, self.micro_batches
+        return 1 + max(e.chunk for e in fwd), 1 + max(e.micro_batch for e in fwd)
+
+    def extra_repr(self) -> str:
+        return (f"devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
+                f"micro_batches={self.micro_batches}")
+
+
+class Plan:
+    """``Pipeline.plan``: one row per stage; ``print(model.plan)`` shows the table."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.unit_label = pipe._cost_unit
+        self.rows = []
+        i = 0
+        for s, count in enumerate(pipe.balance):
+            units = pipe._units[i : i + count]
+            i += count
+            self.rows.append(dict(
+                stage=s, device=str(pipe._devices[s]), units=[u.name for u in units],
+                est=sum(u.cost for u in units), params=sum(u.num_params() for u in units),
+                act_bytes=sum(u.act_bytes for u in units), threads=pipe.threads[s],
+            ))
+        self.per_token = pipe._sample_shape is None
+
+    def __str__(self) -> str:
+        est_head = f"est. time ({self.unit_label})" if self.unit_label == "ms" else f"est. cost ({self.unit_label})"
+        act_head = "activations/token" if self.per_token else "activations"
+        head = ["stage", "device", "threads", "units", est_head, "params", act_head]
+        body = [[
+            str(r["stage"]), r["device"], str(r["threads"]), ", ".join(r["units"]),
+            f"{r['est'] * (1e3 if self.unit_label == 'ms' else 1e-6):.3f}",
+            f"{r['params']:,}", _bytes(r["act_bytes"]),
+        ] for r in self.rows]
+        widths = [max(len(h), *(len(b[c]) for b in body)) for c, h in enumerate(head)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        return "\n".join([line(head), line(["-" * w for w in widths])] + [line(b) for b in body])
+
+    __repr__ = __str__
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _elt(u: _Unit) -> int:
+    ps = [p for p in u.params() if p is not None]
+    return ps[0].element_size() if ps else 4
+
+
+def _flop_model(u: _Unit) -> Tuple[float, float]:
+    """(forward + backward FLOPs per token, bytes saved for backward per token)."""
+    e = _elt(u)
+    if u.kind == "lstm":
+        H, P, I = u.hidden_size, u.out_size, u.input_size
+        fwd = 2 * 4 * H * (I + P) + (2 * P * H if u.proj_size else 0) + 20 * H
+        ws = 6 * H if u.proj_size else 5 * H
+        return 3.0 * fwd, float((I + P + ws) * e)
+    if u.kind == "linear":
+        return 3.0 * 2 * u.input_size * u.out_size, float(u.input_size * e)
+    if u.kind == "embedding":
+        return 2.0 * u.out_size, 8.0
+    return 3.0 * max(u.out_size, 1), float(max(u.out_size, 1) * e)
+
+
+def _unit_fn(u: _Unit):
+    p = u.params()
+    if u.kind == "lstm":
+        def fn(x):
+            B = x.shape[1]
+            h0 = x.new_zeros(B, u.out_size)
+            c0 = x.new_zeros(B, u.hidden_size)
+            return ops.lstm_layer(x, h0, c0, *p)[0]
+        return fn
+    if u.kind == "embedding":
+        m = u.module
+        return lambda x: F.embedding(x, p[0], m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
+    if u.kind == "linear":
+        return lambda x: F.linear(x, p[0], p[1])
+    return lambda x: F.dropout(x, u.p, training=True)
+
+
+def _profile(u: _Unit, x: Tensor, reps: int = 2) -> Tuple[Tensor, float, float]:
+    """Times forward + backward of one unit on x (on the unit's current
+    device); returns (its output, seconds, bytes of activations saved)."""
+    fn = _unit_fn(u)
+    best = math.inf
+    y = None
+    for _ in range(reps + 1):  # the first run warms up
+        xi = x.detach().requires_grad_(x.is_floating_point())
+        t = time.perf_counter()
+        y = fn(xi)
+        if y.requires_grad:
+            y.backward(torch.ones_like(y))
+        dt = time.perf_counter() - t
+        best = min(best, dt)
+    with torch.no_grad():
+        for w in u.params():
+            if w is not None:
+                w.grad = None
+    _, per_token = _flop_model(u)
+    tokens = x.shape[0] * x.shape[1]
+    return y.detach(), best, per_token * tokens
+
+
+_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "transfer": "#55a868", "idle": "#e5e5e5"}
+
+
+def _gantt(spans, t0: int, S: int, devices, path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * S))
+    for phase, color in _COLORS.items():
+        for s in range(S):
+            bars = [((e["start_ns"] - t0) / 1e6, (e["end_ns"] - e["start_ns"]) / 1e6)
+                    for e in spans if e["stage"] == s and e["phase"] == phase]
+            if bars:
+                ax.broken_barh(bars, (S - 1 - s - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.5,
+                               label=phase if s == 0 or not ax.get_legend_handles_labels()[1].count(phase) else None)
+    ax.set_yticks(range(S))
+    ax.set_yticklabels([f"stage {s} ({devices[s]})" for s in reversed(range(S))])
+    ax.set_xlabel("ms")
+    handles, labels = ax.get_legend_handles_labels()
+    seen = {}
+    for h, l in zip(handles, labels):
+        seen.setdefault(l, h)
+    ax.legend(seen.values(), seen.keys(), loc="upper right", ncol=4, fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
