@@ -178,8 +178,7 @@ class _PipelineFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *grad_states):
         L, unit_counts = ctx.layout
-        run = ctx.run
-        del ctx.run  # the saved activations go with it
+        run = ctx.run  # frees its saved activations as it goes; a second backward raises
         grad_input, gh0, gc0, gparams = run.backward(
             grad_output, list(grad_states[:L]), list(grad_states[L:])
         )
@@ -286,6 +285,7 @@ class Pipeline(nn.Module):
                             p.data = p.data.to(u.device)
         for name, child in module.named_children():
             self.add_module(name, child)
+        self.training = module.training
 
         specs, i = [], 0
         for s, count in enumerate(self.balance):
@@ -305,6 +305,12 @@ class Pipeline(nn.Module):
             i += count
         self._engine = _engine.Engine(specs)
         self._num_layers = sum(u.kind == "lstm" for u in units)
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
 
     # --- running -----------------------------------------------------------------
 

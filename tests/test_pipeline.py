@@ -1,0 +1,396 @@
+"""pipelstm.Pipeline: the pipelined model equals the same model on one device.
+
+Exactness (docs/pipeline.md): with one micro-batch, outputs and final states
+are bitwise those of the unsplit model run with the same number of threads;
+with several micro-batches the GEMMs see fewer rows and may round
+differently, and parameter gradients are sums over pieces in a different
+order, so those are compared within 1e-6 relative (max-abs) error.
+"""
+
+import contextlib
+import copy
+import json
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import pipelstm
+from pipelstm.pipeline import partition
+
+from reference import rel_error
+
+TOL = 1e-6
+
+
+@contextlib.contextmanager
+def num_threads(n):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def run_reference(model: nn.Sequential, x, hx=None):
+    """The unsplit model, as Pipeline reads the Sequential: LSTMs return a
+    tuple whose output goes on and whose final states are collected."""
+    hs, cs = [], []
+    layer = 0
+    for child in model:
+        if isinstance(child, nn.RNNBase):
+            n = child.num_layers
+            sub = None if hx is None else (hx[0][layer : layer + n], hx[1][layer : layer + n])
+            x, (h, c) = child(x, sub)
+            hs.append(h)
+            cs.append(c)
+            layer += n
+        else:
+            x = child(x)
+    return x, (torch.cat(hs), torch.cat(cs))
+
+
+def lm_model(V=37, E=6, H=8, O=5):
+    # units: 0, 1.l0, 1.l1, 1.l2, 2, 3
+    return nn.Sequential(nn.Embedding(V, E), pipelstm.LSTM(E, H, num_layers=3), nn.Dropout(0.25), nn.Linear(H, O))
+
+
+def proj_model(lstm_cls=pipelstm.LSTM, I=4):
+    # units: 0.l0, 0.l1, 1 (projected LSTM without biases, then a decoder)
+    return nn.Sequential(lstm_cls(I, 8, num_layers=2, proj_size=3, bias=False), nn.Linear(3, 2))
+
+
+def compare(model_fn, x, hx, balance, K, M, check_input_grad, bitwise=True):
+    torch.manual_seed(1)
+    base = model_fn()
+    ref, piped = copy.deepcopy(base), copy.deepcopy(base)
+    ref.eval(), piped.eval()  # dropout off
+    pipe = pipelstm.Pipeline(piped, devices=["cpu"] * len(balance), chunks=K, micro_batches=M, balance=balance,
+                             threads=1)
+    x_ref, x_pipe = x.clone(), x.clone()
+    if check_input_grad:
+        x_ref.requires_grad_(), x_pipe.requires_grad_()
+    hx_ref = hx_pipe = None
+    if hx is not None:
+        hx_ref = tuple(t.clone().requires_grad_() for t in hx)
+        hx_pipe = tuple(t.clone().requires_grad_() for t in hx)
+
+    with num_threads(1):
+        out_r, (h_r, c_r) = run_reference(ref, x_ref, hx_ref)
+    out_p, (h_p, c_p) = pipe(x_pipe, hx_pipe)
+
+    assert out_p.shape == out_r.shape and h_p.shape == h_r.shape and c_p.shape == c_r.shape
+    if M == 1 and bitwise:  # the same GEMM rows, the same per-row rounding
+        assert torch.equal(out_p, out_r)
+        assert torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
+    for a, b in ((out_p, out_r), (h_p, h_r), (c_p, c_r)):
+        assert rel_error(a, b) <= TOL
+
+    g_out, g_h, g_c = torch.randn_like(out_r), torch.randn_like(h_r), torch.randn_like(c_r)
+    with num_threads(1):
+        ((out_r * g_out).sum() + (h_r * g_h).sum() + (c_r * g_c).sum()).backward()
+    ((out_p * g_out).sum() + (h_p * g_h).sum() + (c_p * g_c).sum()).backward()
+
+    names_r = [n for n, _ in ref.named_parameters()]
+    names_p = [n for n, _ in pipe.named_parameters()]
+    assert names_p == names_r
+    for (n, p_r), p_p in zip(ref.named_parameters(), pipe.parameters()):
+        assert p_p.grad is not None, n
+        assert rel_error(p_p.grad, p_r.grad) <= TOL, n
+    if check_input_grad:
+        assert rel_error(x_pipe.grad, x_ref.grad) <= TOL
+    if hx is not None:
+        for a, b in zip(hx_pipe, hx_ref):
+            assert rel_error(a.grad, b.grad) <= TOL
+    return pipe
+
+
+LM_BALANCES = [[6], [1, 5], [3, 3], [2, 2, 2], [1, 1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("K", [1, 2, 7])
+@pytest.mark.parametrize("balance", LM_BALANCES, ids=lambda b: "-".join(map(str, b)))
+def test_language_model_matches_unsplit(balance, K, M):
+    T, B = 11, 5  # divisible by neither K nor M
+    x = torch.randint(0, 37, (T, B))
+    hx = (torch.randn(3, B, 8), torch.randn(3, B, 8))
+    compare(lm_model, x, hx, balance, K, M, check_input_grad=False)
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("K", [1, 2, 7])
+@pytest.mark.parametrize("balance", [[3], [1, 2], [2, 1], [1, 1, 1]], ids=lambda b: "-".join(map(str, b)))
+def test_projected_lstm_matches_unsplit(balance, K, M):
+    T, B = 9, 4
+    x = torch.randn(T, B, 4)
+    hx = (torch.randn(2, B, 3), torch.randn(2, B, 8))
+    compare(proj_model, x, hx, balance, K, M, check_input_grad=True)
+
+
+@pytest.mark.parametrize("K, M", [(1, 1), (7, 3)])
+def test_nn_lstm_model_matches_unsplit(K, M):
+    # The unsplit nn.LSTM runs torch's own kernels, the pipeline pipelstm's:
+    # equal within the tolerance, not bitwise.
+    T, B = 9, 4
+    x = torch.randn(T, B, 4)
+    hx = (torch.randn(2, B, 3), torch.randn(2, B, 8))
+    compare(lambda: proj_model(nn.LSTM), x, hx, [1, 2], K, M, check_input_grad=True, bitwise=False)
+
+
+def test_without_initial_state_and_only_state_loss():
+    torch.manual_seed(0)
+    base = lm_model()
+    pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu", "cpu"], chunks=3, micro_batches=2,
+                             balance=[2, 4], threads=1)
+    ref = copy.deepcopy(base).eval()
+    x = torch.randint(0, 37, (8, 4))
+    with num_threads(1):
+        _, (h_r, _) = run_reference(ref, x)
+        h_r.sum().backward()
+    _, (h_p, _) = pipe(x)
+    h_p.sum().backward()  # no gradient reaches the output: the decoder gets none
+    for (n, p_r), p_p in zip(ref.named_parameters(), pipe.parameters()):
+        if p_r.grad is None:
+            assert p_p.grad is None or not p_p.grad.any(), n
+        else:
+            assert rel_error(p_p.grad, p_r.grad) <= TOL, n
+
+
+def test_batch_first_and_no_grad():
+    torch.manual_seed(0)
+    base = nn.Sequential(pipelstm.LSTM(3, 6, num_layers=2, batch_first=True), nn.Linear(6, 2))
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=2, micro_batches=1, balance=[1, 2],
+                             threads=1)
+    x = torch.randn(4, 7, 3)
+    with torch.no_grad(), num_threads(1):
+        out_r, (h_r, c_r) = run_reference(base, x)
+    with torch.no_grad():
+        out_p, (h_p, c_p) = pipe(x)
+    assert out_p.shape == (4, 7, 2)
+    assert torch.equal(out_p, out_r) and torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
+
+
+def test_state_dict_is_the_unsplit_models():
+    base = lm_model()
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu", "cpu"], balance=[2, 2, 2])
+    sd, ref = pipe.state_dict(), base.state_dict()
+    assert list(sd.keys()) == list(ref.keys())
+    for k in ref:
+        assert torch.equal(sd[k], ref[k]), k
+    other = lm_model()
+    pipe.load_state_dict(other.state_dict())
+    for k, v in other.state_dict().items():
+        assert torch.equal(pipe.state_dict()[k], v)
+
+
+def test_dropout_statistics_and_eval():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5), pipelstm.LSTM(64, 4, num_layers=2, dropout=0.5))
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=2, micro_batches=2, threads=1,
+                             balance=[2, 3])
+    assert [u.name for u in pipe._units] == ["0", "1", "2.l0", "2.dropout0", "2.l1"]
+    x = torch.randn(10, 6, 4)
+    # The first stage's output in training mode: about half the activations dropped, the rest scaled by 2.
+    first = pipelstm.Pipeline(nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5)), devices=["cpu"], chunks=3,
+                              micro_batches=2, threads=1)
+    with torch.no_grad():
+        y, _ = first(x)
+        plain = first[0](x)
+    dropped = (y == 0).float().mean().item()
+    assert 0.4 < dropped < 0.6
+    kept = y != 0
+    assert torch.allclose(y[kept], 2 * plain[kept], atol=1e-5)
+    # Gradients follow the mask.
+    x.requires_grad_()
+    y, _ = first(x)
+    y.sum().backward()
+    assert first[0].weight.grad is not None
+    # eval: no dropout, equal to the unsplit model.
+    pipe.eval()
+    with torch.no_grad(), num_threads(1):
+        out_r, _ = run_reference(base.eval(), x)
+        out_p, _ = pipe(x)
+    assert rel_error(out_p, out_r) <= TOL
+
+
+def test_schedule_is_a_wavefront():
+    torch.manual_seed(0)
+    K, M = 4, 3
+    pipe = pipelstm.Pipeline(lm_model(), devices=["cpu"] * 3, chunks=K, micro_batches=M, balance=[2, 2, 2],
+                             threads=1)
+    x = torch.randint(0, 37, (9, 7))
+    out, _ = pipe(x)
+    out.sum().backward()
+    trace = pipe.trace()
+    for phase, before, prev in (("forward", -1, -1), ("backward", +1, +1)):
+        spans = {}
+        for e in trace:
+            if e["phase"] == phase:
+                key = (e["stage"], e["micro_batch"], e["chunk"])
+                assert key not in spans, f"{phase} {key} ran twice"
+                spans[key] = (e["start_ns"], e["end_ns"])
+        assert set(spans) == {(s, m, k) for s in range(3) for m in range(M) for k in range(K)}
+        for (s, m, k), (start, _) in spans.items():
+            # the neighbour stage (s-1 forward, s+1 backward) finished this item first
+            if (s + before, m, k) in spans:
+                assert start >= spans[(s + before, m, k)][1]
+            # and this stage finished the neighbouring chunk (k-1 forward, k+1 backward)
+            if (s, m, k + prev) in spans:
+                assert start >= spans[(s, m, k + prev)][1]
+    # forward all ran before backward
+    last_fwd = max(e["end_ns"] for e in trace if e["phase"] == "forward")
+    assert all(e["start_ns"] >= last_fwd for e in trace if e["phase"] == "backward")
+
+
+# --- invalid plans ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(devices=["cpu"] * 7), "7 stages but only 6 units"),
+        (dict(devices=["cpu", "cpu"], balance=[2, 3]), "sums to 5"),
+        (dict(devices=["cpu", "cpu"], balance=[6]), "each of the 2 stages"),
+        (dict(devices=["cpu", "cpu"], balance=[0, 6]), "each of the 2 stages"),
+        (dict(devices=["cpu", "nosuchdevice"]), "unknown device"),
+        (dict(devices=["cpu", "cuda:7"]), "cuda:7"),
+        (dict(devices=[]), "non-empty list"),
+        (dict(devices=["cpu"], balance="fast"), "balance must be"),
+        (dict(devices=["cpu"], chunks=0), "chunks must be a positive int"),
+        (dict(devices=["cpu"], micro_batches=-1), "micro_batches must be a positive int"),
+    ],
+)
+def test_invalid_plans_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pipelstm.Pipeline(lm_model(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (nn.Sequential(nn.LSTM(3, 4, bidirectional=True)), "bidirectional"),
+        (nn.Sequential(nn.GRU(3, 4)), "only LSTMs"),
+        (nn.Sequential(nn.LSTM(3, 4), nn.ReLU()), "not supported"),
+        (nn.Sequential(nn.Identity()), "no units"),
+    ],
+)
+def test_unsupported_models_are_rejected(model, message):
+    with pytest.raises(ValueError, match=message):
+        pipelstm.Pipeline(model, devices=["cpu"])
+
+
+# --- failures in a stage -------------------------------------------------------------
+
+
+def run_with_timeout(fn, timeout=60):
+    result = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            result["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the pipeline hung"
+    return result
+
+
+def test_error_in_a_stage_names_stage_and_unit():
+    # The decoder expects 7 features but the LSTM gives 8: stage 1 fails at run time.
+    model = nn.Sequential(nn.Embedding(10, 4), pipelstm.LSTM(4, 8), nn.Linear(7, 3))
+    pipe = pipelstm.Pipeline(model, devices=["cpu", "cpu"], balance=[2, 1], chunks=3, micro_batches=2, threads=1)
+    r = run_with_timeout(lambda: pipe(torch.randint(0, 10, (6, 4))))
+    err = r.get("error")
+    assert isinstance(err, RuntimeError)
+    assert "stage 1" in str(err) and "'2'" in str(err) and "Linear" in str(err)
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
+    torch.manual_seed(0)
+    base = lm_model()
+    pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu"] * 3, balance=[2, 2, 2], chunks=3,
+                             micro_batches=2, threads=1)
+    x = torch.randint(0, 37, (7, 4))
+    pipe._engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
+
+    def step():
+        out, _ = pipe(x)
+        out.sum().backward()
+
+    err = run_with_timeout(step).get("error")
+    assert isinstance(err, RuntimeError)
+    assert "stage 1" in str(err) and "1.l2" in str(err) and phase in str(err) and "injected fault" in str(err)
+    # Nothing half-finished stays behind: the next pass runs and is right.
+    pipe._engine.clear_faults()
+    pipe.zero_grad()
+    out, _ = pipe(x)
+    with num_threads(1):
+        ref, _ = run_reference(copy.deepcopy(base).eval(), x)
+    assert rel_error(out, ref) <= TOL
+    out.sum().backward()
+
+
+def test_backward_twice_raises():
+    pipe = pipelstm.Pipeline(lm_model(), devices=["cpu"], threads=1)
+    out, _ = pipe(torch.randint(0, 37, (3, 2)))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        out.sum().backward()
+
+
+# --- balance, plan, timeline -----------------------------------------------------------
+
+
+def test_partition_minimises_the_slowest_stage():
+    assert partition([1, 1, 1, 1], 2) == [2, 2]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert partition([1, 2, 3, 4, 5, 6, 7, 8, 9], 3) == [5, 2, 2]  # 15 | 13 | 17 -> max 17
+    assert partition([3, 3, 3], 3) == [1, 1, 1]
+    with pytest.raises(ValueError):
+        partition([1, 2], 3)
+
+
+def test_auto_balance_and_plan():
+    torch.manual_seed(0)
+    # Two big layers and small neighbours: each big layer gets its own stage.
+    model = nn.Sequential(nn.Embedding(20, 4), pipelstm.LSTM(4, 64), pipelstm.LSTM(64, 64), nn.Linear(64, 3))
+    pipe = pipelstm.Pipeline(model, devices=["cpu", "cpu"])  # FLOP cost model
+    assert pipe.balance == [2, 2]
+    text = str(pipe.plan)
+    for column in ("stage", "device", "units", "est.", "params", "activations"):
+        assert column in text
+    assert "1.l0" in text and "2.l0" in text
+    sample = torch.randint(0, 20, (6, 3))
+    profiled = pipelstm.Pipeline(copy.deepcopy(model), devices=["cpu", "cpu"], sample=sample)
+    assert sum(profiled.balance) == 4 and len(profiled.balance) == 2
+    assert "ms" in str(profiled.plan)
+    out, _ = profiled(sample)
+    assert out.shape == (6, 3, 3)
+
+
+def test_timeline(tmp_path):
+    pipe = pipelstm.Pipeline(lm_model(), devices=["cpu", "cpu"], balance=[3, 3], chunks=3, micro_batches=2, threads=1)
+    out, _ = pipe(torch.randint(0, 37, (8, 4)))
+    out.sum().backward()
+    path = tmp_path / "trace.json"
+    summary = pipe.timeline(str(path))
+    data = json.loads(path.read_text())
+    spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} >= {"forward", "backward", "idle"}
+    assert {e["tid"] for e in spans} == {0, 1}
+    assert len([e for e in spans if e["cat"] == "forward"]) == 2 * 3 * 2
+    assert 0 <= summary["forward_bubble"] <= 1 and 0 <= summary["backward_bubble"] <= 1
+    assert summary["theoretical_bubble"] == pytest.approx(1 / 7)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "png" not in summary
+    else:
+        assert (tmp_path / "trace.png").stat().st_size > 0
