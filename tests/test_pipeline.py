@@ -222,8 +222,10 @@ def test_schedule_is_a_wavefront():
     pipe = pipelstm.Pipeline(lm_model(), devices=["cpu"] * 3, chunks=K, micro_batches=M, balance=[2, 2, 2],
                              threads=1)
     x = torch.randint(0, 37, (9, 7))
+    threads_before = torch.get_num_threads()
     out, _ = pipe(x)
     out.sum().backward()
+    assert torch.get_num_threads() == threads_before  # the stages' budgets stay in the stages
     trace = pipe.trace()
     for phase, before, prev in (("forward", -1, -1), ("backward", +1, +1)):
         spans = {}
