@@ -9,6 +9,8 @@ measured bubble (idle fraction from the timeline) next to the theoretical
 
 import argparse
 import copy
+import os
+import tempfile
 import time
 from typing import List
 
@@ -62,8 +64,6 @@ def main(argv: List[str]) -> None:
         for M in Ms:
             two = Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=K, micro_batches=M, threads=1)
             t2 = step_time(two, x, reps)
-            import tempfile, os
-
             with tempfile.TemporaryDirectory() as d:
                 s = two.timeline(os.path.join(d, "t.json"))
             bubble = (s["forward_bubble"] + s["backward_bubble"]) / 2
