@@ -1,8 +1,8 @@
 import sys
 
-from . import floors, layer, module
+from . import floors, layer, module, pipeline
 
-BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main}
+BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main, "pipeline": pipeline.main}
 
 
 def main() -> None:
