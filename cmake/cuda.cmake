@@ -2,100 +2,163 @@
 #   off   never;
 #   auto  when torch was built with CUDA and an nvcc of the same major is found;
 #   on    must build, or stop with the reason.
-#
-# Part 1 runs for every CUDA build of torch, PIPELSTM_CUDA=off included:
-# torch's own CMake config (find_package(Torch)) needs the toolkit's root,
-# an architecture list and the CUDA libraries to configure at all.
+# Included before find_package(Torch), whose config (Caffe2Config.cmake) does
+# its own CUDA discovery for a CUDA build of torch; see the end of this file.
 
 set(PIPELSTM_WITH_CUDA OFF)
 string(REGEX MATCH "^[0-9]+" _torch_cuda_major "${TORCH_CUDA_VERSION}")
 
-if(TORCH_CUDA_VERSION)
-  # The toolkit: CUDA_HOME, else /usr/local/cuda (an nvcc on PATH may be a
-  # wrapper script whose folder is not the toolkit's).
-  if(NOT CUDA_TOOLKIT_ROOT_DIR)
-    if(DEFINED ENV{CUDA_HOME})
-      set(CUDA_TOOLKIT_ROOT_DIR "$ENV{CUDA_HOME}" CACHE PATH "CUDA toolkit")
-    elseif(EXISTS /usr/local/cuda/bin/nvcc)
-      set(CUDA_TOOLKIT_ROOT_DIR /usr/local/cuda CACHE PATH "CUDA toolkit")
-    endif()
-  endif()
-  if(CUDA_TOOLKIT_ROOT_DIR AND NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
-    set(CMAKE_CUDA_COMPILER "${CUDA_TOOLKIT_ROOT_DIR}/bin/nvcc")
-  endif()
-
-  # Architectures: TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX") when set, else the
-  # GPUs our users have (A100, A10/3090, L4/4090, H100) and PTX of the newest
-  # for anything later. torch's config turns the list into -gencode flags and
-  # ignores CMAKE_CUDA_ARCHITECTURES (so that is off); unset, it would probe
-  # for a GPU.
-  if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} OR "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
-    set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;8.6;8.9;9.0+PTX")
-  endif()
-  set(CMAKE_CUDA_ARCHITECTURES OFF)
-
-  # torch wheels carry the CUDA libraries (cuBLAS, NVRTC, ...) and headers in
-  # site-packages/nvidia/cuXY; a system toolkit may have only nvcc and cudart.
-  execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c
-            "import importlib.util as u, os; s = u.find_spec('nvidia'); print(os.path.join(list(s.submodule_search_locations)[0], 'cu${_torch_cuda_major}') if s else '')"
-    OUTPUT_VARIABLE PIPELSTM_PIP_CUDA OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(PIPELSTM_PIP_CUDA AND EXISTS "${PIPELSTM_PIP_CUDA}/lib")
-    find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.${_torch_cuda_major}
-                 HINTS "${CUDA_TOOLKIT_ROOT_DIR}/lib64" "${PIPELSTM_PIP_CUDA}/lib")
-  endif()
-endif()
-
-# Part 2: the decision.
-if(PIPELSTM_CUDA STREQUAL "off")
-  message(STATUS "pipelstm: CUDA kernels off (PIPELSTM_CUDA=off)")
-  return()
-endif()
-if(NOT PIPELSTM_CUDA MATCHES "^(auto|on)$")
+if(NOT PIPELSTM_CUDA MATCHES "^(auto|on|off)$")
   message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA must be auto, on or off, got '${PIPELSTM_CUDA}'")
 endif()
 
-if(NOT TORCH_CUDA_VERSION)
+# The CUDA version (major.minor) of the nvcc at `nvcc`, or "" if it does not run.
+function(_pipelstm_nvcc_version nvcc out)
+  execute_process(COMMAND "${nvcc}" --version OUTPUT_VARIABLE _text ERROR_QUIET RESULT_VARIABLE _rc)
+  set(_v "")
+  if(_rc EQUAL 0 AND _text MATCHES "release ([0-9]+\\.[0-9]+)")
+    set(_v "${CMAKE_MATCH_1}")
+  endif()
+  set(${out} "${_v}" PARENT_SCOPE)
+endfunction()
+
+set(_why "")
+if(PIPELSTM_CUDA STREQUAL "off")
+  set(_why "PIPELSTM_CUDA=off")
+elseif(NOT TORCH_CUDA_VERSION)
   set(_why "the installed torch is a CPU-only build (torch.version.cuda is None)")
-  if(PIPELSTM_CUDA STREQUAL "on")
-    message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA=on, but ${_why}.")
-  endif()
-  message(STATUS "pipelstm: CPU-only build: ${_why}")
-  return()
-endif()
-
-# The compiler CMake would use: CUDACXX, else the toolkit's, else nvcc on PATH.
-if(DEFINED ENV{CUDACXX})
-  set(_nvcc "$ENV{CUDACXX}")
-elseif(CMAKE_CUDA_COMPILER)
-  set(_nvcc "${CMAKE_CUDA_COMPILER}")
 else()
-  find_program(_nvcc nvcc)
+  # torch wheels carry the CUDA libraries (cuBLAS, NVRTC, ...) and headers in
+  # site-packages/nvidia/cuXY (CUDA 13) or nvidia/<lib> (CUDA 12); a system
+  # toolkit may have only nvcc and cudart.
+  execute_process(
+    COMMAND "${Python3_EXECUTABLE}" -c
+            "import importlib.util as u, os; s = u.find_spec('nvidia'); print(list(s.submodule_search_locations)[0] if s else '')"
+    OUTPUT_VARIABLE _pip_nvidia OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(PIPELSTM_PIP_CUDA "")
+  if(_pip_nvidia AND EXISTS "${_pip_nvidia}/cu${_torch_cuda_major}")
+    set(PIPELSTM_PIP_CUDA "${_pip_nvidia}/cu${_torch_cuda_major}")
+  endif()
+
+  # The compiler: CUDACXX, else $CUDA_HOME/bin/nvcc (both chosen by the
+  # user: used as they are), else the first nvcc of torch's CUDA major among
+  # /usr/local/cuda, PATH, the pip package nvidia-cuda-nvcc in this
+  # environment and /usr/local/cuda-<major>*. (An nvcc on PATH may be a
+  # wrapper script whose folder is not the toolkit's, so the toolkit root is
+  # asked of nvcc itself below.)
+  set(_chosen_by_user "")
+  if(DEFINED ENV{CUDACXX} AND NOT "$ENV{CUDACXX}" STREQUAL "")
+    set(_candidates "$ENV{CUDACXX}")
+    set(_chosen_by_user "CUDACXX")
+  elseif(DEFINED ENV{CUDA_HOME} AND NOT "$ENV{CUDA_HOME}" STREQUAL "")
+    set(_candidates "$ENV{CUDA_HOME}/bin/nvcc")
+    set(_chosen_by_user "CUDA_HOME")
+  else()
+    find_program(_path_nvcc nvcc NO_CACHE)
+    file(GLOB _versioned LIST_DIRECTORIES true "/usr/local/cuda-${_torch_cuda_major}*")
+    list(SORT _versioned COMPARE NATURAL ORDER DESCENDING)
+    list(TRANSFORM _versioned APPEND "/bin/nvcc")
+    set(_candidates /usr/local/cuda/bin/nvcc ${_path_nvcc})
+    if(_pip_nvidia)
+      list(APPEND _candidates "${_pip_nvidia}/cu${_torch_cuda_major}/bin/nvcc" "${_pip_nvidia}/cuda_nvcc/bin/nvcc")
+    endif()
+    list(APPEND _candidates ${_versioned})
+  endif()
+
+  set(_nvcc "")
+  set(_mismatched "")
+  foreach(_candidate IN LISTS _candidates)
+    if(NOT EXISTS "${_candidate}")
+      continue()
+    endif()
+    _pipelstm_nvcc_version("${_candidate}" _v)
+    string(REGEX MATCH "^[0-9]+" _major "${_v}")
+    if(_major STREQUAL _torch_cuda_major)
+      set(_nvcc "${_candidate}")
+      set(_nvcc_version "${_v}")
+      break()
+    elseif(_v)
+      list(APPEND _mismatched "${_candidate} (CUDA ${_v})")
+    endif()
+  endforeach()
+
+  if(NOT _nvcc AND NOT _mismatched)
+    if(_chosen_by_user)
+      set(_why "${_chosen_by_user} names no working nvcc (${_candidates}) for torch's CUDA ${TORCH_CUDA_VERSION}")
+    else()
+      set(_why "no CUDA compiler (nvcc) was found for torch's CUDA ${TORCH_CUDA_VERSION}; set CUDA_HOME")
+    endif()
+  elseif(NOT _nvcc)
+    # torch's CUDA major must be nvcc's: kernels built with another major do
+    # not link against torch's runtime libraries reliably.
+    if(_torch_cuda_major GREATER_EQUAL 13)
+      set(_pip_nvcc "nvidia-cuda-nvcc==${_torch_cuda_major}.*")
+    else()
+      set(_pip_nvcc "nvidia-cuda-nvcc-cu${_torch_cuda_major}")
+    endif()
+    list(JOIN _mismatched ", " _found)
+    if(_chosen_by_user)
+      string(APPEND _found ", named by ${_chosen_by_user} (unset it to let pipelstm look for a matching one)")
+    endif()
+    message(FATAL_ERROR
+      "pipelstm: torch was built with CUDA ${TORCH_CUDA_VERSION}, but the CUDA compiler found is "
+      "${_found}: its major version must be torch's (${_torch_cuda_major}). Install a CUDA "
+      "${_torch_cuda_major}.x toolkit and set CUDA_HOME to it, or `pip install '${_pip_nvcc}'` into "
+      "this environment (found automatically), or install the torch build for your toolkit's CUDA, "
+      "or build without CUDA: PIPELSTM_CUDA=off.")
+  endif()
 endif()
-if(NOT _nvcc OR NOT EXISTS "${_nvcc}")
-  set(_why "torch was built with CUDA ${TORCH_CUDA_VERSION} but no CUDA compiler (nvcc) was found; set CUDA_HOME")
+
+if(_why)
   if(PIPELSTM_CUDA STREQUAL "on")
     message(FATAL_ERROR "pipelstm: PIPELSTM_CUDA=on, but ${_why}.")
   endif()
   message(STATUS "pipelstm: CPU-only build: ${_why}")
+  if(TORCH_CUDA_VERSION)
+    # A CPU-only build against a CUDA build of torch: Caffe2Config.cmake would
+    # look for a CUDA toolkit (nvcc, cudart, NVRTC, enable_language(CUDA)) and
+    # stop without one, although nothing here is compiled for CUDA. Its CUDA
+    # part (public/cuda.cmake) returns at once when torch::cudart exists,
+    # which is the one CUDA target torch's library targets refer to; an empty
+    # one stands in, so torch configures with no toolkit installed.
+    if(NOT TARGET torch::cudart)
+      add_library(torch::cudart INTERFACE IMPORTED)
+    endif()
+  endif()
   return()
 endif()
 
-# torch's CUDA major must be nvcc's: kernels built with another major do not
-# link against torch's runtime libraries reliably. Checked before CMake
-# probes the compiler, so the message names the versions.
-execute_process(COMMAND "${_nvcc}" --version OUTPUT_VARIABLE _nvcc_out)
-string(REGEX MATCH "release ([0-9]+)\\.([0-9]+)" _ "${_nvcc_out}")
-set(_nvcc_major "${CMAKE_MATCH_1}")
-set(_nvcc_version "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-if(NOT _nvcc_major STREQUAL _torch_cuda_major)
-  message(FATAL_ERROR
-    "pipelstm: torch was built with CUDA ${TORCH_CUDA_VERSION} but nvcc (${_nvcc}) is CUDA "
-    "${_nvcc_version}. Install a CUDA ${_torch_cuda_major}.x compiler (the CUDA toolkit, or "
-    "`pip install nvidia-cuda-nvcc` of that major, then set CUDA_HOME to its folder), "
-    "or build without CUDA: PIPELSTM_CUDA=off.")
+if(NOT _chosen_by_user AND NOT _nvcc STREQUAL "/usr/local/cuda/bin/nvcc")
+  message(STATUS "pipelstm: using ${_nvcc} (CUDA ${_nvcc_version}, matching torch's CUDA ${TORCH_CUDA_VERSION})")
 endif()
+
+# The toolkit root, from nvcc itself (its dry run prints TOP), for torch's
+# config (FindCUDA) and CMake's.
+execute_process(COMMAND "${_nvcc}" --dryrun -v -x cu -c /dev/null -o /dev/null
+                OUTPUT_VARIABLE _dry ERROR_VARIABLE _dry)
+if(_dry MATCHES "#\\$ TOP=([^\n]*)\n")
+  get_filename_component(_root "${CMAKE_MATCH_1}" ABSOLUTE)
+else()
+  get_filename_component(_root "${_nvcc}" DIRECTORY)
+  get_filename_component(_root "${_root}/.." ABSOLUTE)
+endif()
+set(CUDA_TOOLKIT_ROOT_DIR "${_root}" CACHE PATH "CUDA toolkit" FORCE)
 set(CMAKE_CUDA_COMPILER "${_nvcc}")
+
+# Architectures: TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX") when set, else the GPUs
+# our users have (A100, A10/3090, L4/4090, H100) and PTX of the newest for
+# anything later. torch's config turns the list into -gencode flags and
+# ignores CMAKE_CUDA_ARCHITECTURES (so that is off); unset, it would probe for
+# a GPU.
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} OR "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
+  set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;8.6;8.9;9.0+PTX")
+endif()
+set(CMAKE_CUDA_ARCHITECTURES OFF)
+
+if(PIPELSTM_PIP_CUDA AND EXISTS "${PIPELSTM_PIP_CUDA}/lib")
+  find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.${_torch_cuda_major}
+               HINTS "${CUDA_TOOLKIT_ROOT_DIR}/lib64" "${PIPELSTM_PIP_CUDA}/lib")
+endif()
 
 set(PIPELSTM_WITH_CUDA ON)
 enable_language(CUDA)

@@ -1,19 +1,30 @@
 """Checks the installed CUDA build of pipelstm on a machine without a GPU.
 
-The package must come from the virtual environment (not the in-place CPU
-build in python/), contain the CUDA kernels, run its CPU ops, and answer a
-CUDA op with torch's ordinary no-device error rather than a load failure.
+The package must come from this virtual environment (not the in-place CPU
+build in python/), contain the CUDA kernels (every op has a CUDA kernel
+registered with the dispatcher), run its CPU ops, and answer a CUDA op with
+torch's ordinary no-device error rather than a load failure.
 """
 
+import os
 import sys
 
 import torch
 
 import pipelstm
 
-assert "site-packages" in pipelstm.__file__, f"pipelstm imported from {pipelstm.__file__}, not the installed build"
+OPS = ["lstm_cell_forward", "lstm_cell_backward", "lstm_layer_forward", "lstm_layer_backward",
+       "lstm_packed_layer_forward", "lstm_packed_layer_backward"]
+
+location = os.path.realpath(pipelstm.__file__)
+assert location.startswith(os.path.realpath(sys.prefix) + os.sep), (
+    f"pipelstm imported from {location}, not from the environment {sys.prefix}"
+)
 assert torch.version.cuda, "this check needs a CUDA build of torch"
 assert pipelstm.built_with_cuda(), "pipelstm was built without its CUDA kernels"
+for op in OPS:
+    for key in ("CPU", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pipelstm::{op}", key), f"no {key} kernel for {op}"
 
 out, _ = pipelstm.LSTM(4, 5)(torch.randn(3, 2, 4))
 assert out.shape == (3, 2, 5)
@@ -21,12 +32,18 @@ assert out.shape == (3, 2, 5)
 if torch.cuda.is_available():
     print("a GPU is present: run tests/gpu for the CUDA checks")
     sys.exit(0)
-try:
-    x = torch.zeros(2, 8, device="cuda")
-    torch.ops.pipelstm.lstm_cell_forward(x, x, torch.zeros(2, 2, device="cuda"), None, None)
-except RuntimeError as error:
-    message = str(error)
-    assert "NVIDIA driver" in message or "CUDA" in message, message
-    print(f"ok: CUDA build {pipelstm.__file__} (torch {torch.__version__}); CUDA op without a GPU: {message.splitlines()[0]}")
-else:
-    raise AssertionError("a CUDA op ran without a GPU")
+# Without a GPU no CUDA tensor can exist, so a CUDA op call stops where its
+# inputs are made, with torch's own error; the same for the module.
+for call in (
+    lambda: pipelstm.ops.lstm_layer(*(torch.zeros(1, 1, 4, device="cuda") for _ in range(5))),
+    lambda: pipelstm.LSTM(4, 5).cuda(),
+):
+    try:
+        call()
+    except RuntimeError as error:
+        message = str(error)
+        assert "NVIDIA driver" in message or "CUDA" in message, message
+    else:
+        raise AssertionError("a CUDA op ran without a GPU")
+print(f"ok: CUDA build {location} (torch {torch.__version__}); CPU ops run; CUDA kernels registered for "
+      f"{len(OPS)} ops; a CUDA call without a GPU: {message.splitlines()[0]}")
