@@ -1,21 +1,37 @@
-# The CUDA-build variant, run by `make test` with no GPU needed: a second
-# virtual environment with a CUDA build of torch, the extension built with
-# PIPELSTM_CUDA=on (every op compiled for CUDA and linked), imported on a
-# machine without a GPU, and the CPU test suite run against that build.
+# The CUDA-build variant (`make test-cuda-build`, part of `make test`), no GPU
+# needed: a second virtual environment with a CUDA build of torch, the
+# extension built into it with PIPELSTM_CUDA=on (every op compiled for CUDA and
+# linked), imported on a machine without a GPU, and the CPU test suite run
+# against that build. Needs an nvcc of torch's CUDA major (see docs/cuda.md).
+#
+#   make test-cuda-build    all of it (about 6.5 minutes from scratch on 2 cores)
+#   make cuda-venv          only the environment (.venv-cuda)
+#   make cuda-build         only the build, installed into it
+#
+# VENV_CUDA, CUDA_BUILD_DIR and TORCH_CUDA_ARCH_LIST override the defaults.
 
+PYTHON ?= python3
 VENV_CUDA ?= .venv-cuda
 PY_CUDA := $(VENV_CUDA)/bin/python
+# Its own CMake folder: the CPU build's (build/cmake-pyXY) stays as it is.
+CUDA_BUILD_DIR ?= build/cmake-cuda
 
-.PHONY: test-cuda-build
+.PHONY: test-cuda-build cuda-venv cuda-build
 
 $(VENV_CUDA)/.deps: requirements-cuda.txt
 	$(PYTHON) -m venv $(VENV_CUDA)
-	$(PY_CUDA) -m pip install --quiet --upgrade pip
 	$(PY_CUDA) -m pip install --quiet -r requirements-cuda.txt
 	touch $@
 
-test-cuda-build: $(VENV_CUDA)/.deps
-	PIPELSTM_CUDA=on PIPELSTM_BUILD_DIR=build/cmake-cuda \
+cuda-venv: $(VENV_CUDA)/.deps
+
+# Installed, not editable: the CPU build's in-place python/pipelstm/_C*.so
+# is never on this environment's path, nor this build on the CPU one's.
+cuda-build: $(VENV_CUDA)/.deps
+	PIPELSTM_CUDA=on PIPELSTM_BUILD_DIR=$(CUDA_BUILD_DIR) \
 	  $(PY_CUDA) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
+
+test-cuda-build: cuda-build
+	$(PY_CUDA) -c "import pipelstm; assert pipelstm.built_with_cuda(); print('pipelstm from', pipelstm.__file__)"
 	$(PY_CUDA) tools/check_cuda_build.py
 	$(PY_CUDA) -m pytest -q -p no:cacheprovider tests
