@@ -484,16 +484,11 @@ def test_vmap_over_inputs_matches_a_loop():
     assert rel_error(got, torch.stack([ref(x)[0] for x in xs])) <= 1e-5
 
 
-# BUG (reported, not fixed here): torch.func.jvp through pipelstm.LSTM /
-# LSTMCell returns an all-zero tangent -- a silent wrong answer. Expected the
-# true JVP (what finite differences, nn.LSTMCell, and nn.LSTM with
-# torch.backends.mkldnn.enabled=False give) or a clear error (what nn.LSTM's
-# default oneDNN path raises: "Trying to use forward AD with mkldnn_rnn_layer
-# that does not support it"). Cause: the ops have no forward-AD formula, and
-# under torch.func.jvp no input requires grad, so torch.library's autograd
-# wrapper takes its no-grad path and the output carries no tangent.
-# Remove the xfail marker once fixed.
-@pytest.mark.xfail(strict=True, reason="torch.func.jvp through pipelstm ops silently returns zero tangents")
+# Regression: torch.func.jvp through pipelstm.LSTM / LSTMCell returned an
+# all-zero tangent, a silent wrong answer (the ops have no forward-AD formula,
+# and under jvp no input requires grad, so torch.library's autograd wrapper
+# took its no-grad path). The ops now refuse forward-mode AD with a clear
+# error, as nn.LSTM's default oneDNN path does.
 @pytest.mark.parametrize("module", ["LSTM", "LSTMCell"])
 def test_torch_func_jvp_is_correct_or_raises(module):
     torch.manual_seed(0)

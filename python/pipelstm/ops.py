@@ -9,11 +9,30 @@ output shapes, and autograd formulas whose backward is itself a pipelstm op.
 from typing import Optional, Tuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 
 _ops = torch.ops.pipelstm
+
+
+def _refuse_forward_mode_ad(*tensors: Optional[Tensor]) -> None:
+    """The ops have reverse-mode formulas only. Without this check forward-mode
+    AD (torch.func.jvp, torch.autograd.forward_ad) would see the ops as
+    constants and return zero tangents: a silent wrong answer."""
+    if torch.compiler.is_compiling():
+        return
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    under_jvp = interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Jvp
+    dual = fwAD._current_level >= 0 and any(
+        t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors
+    )
+    if under_jvp or dual:
+        raise RuntimeError(
+            "pipelstm: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not supported by "
+            "pipelstm's LSTM ops; use reverse mode (backward, torch.autograd.grad)"
+        )
 
 
 def lstm_cell(
@@ -34,6 +53,7 @@ def lstm_cell(
     Returns:
         ``(hy, cy)``, each ``[B, H]``.
     """
+    _refuse_forward_mode_ad(input_gates, hidden_gates, cx, b_ih, b_hh)
     hy, cy, _ = _ops.lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh)
     return hy, cy
 
@@ -62,6 +82,7 @@ def lstm_layer(
     Returns:
         ``(output [T, B, P], h_n [B, P], c_n [B, H])``.
     """
+    _refuse_forward_mode_ad(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
     output, h_n, c_n, _ = _ops.lstm_layer_forward(
         input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
@@ -92,6 +113,7 @@ def lstm_packed_layer(
         ``(output [rows, P], h_n, c_n)``, each sequence's final state taken
         at its own last step. Padding is never computed.
     """
+    _refuse_forward_mode_ad(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
         input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
