@@ -160,6 +160,10 @@ if(PIPELSTM_PIP_CUDA AND EXISTS "${PIPELSTM_PIP_CUDA}/lib")
                HINTS "${CUDA_TOOLKIT_ROOT_DIR}/lib64" "${PIPELSTM_PIP_CUDA}/lib")
 endif()
 
+# The CUDA runtime is torch's shared libcudart: CMake's default, a static
+# copy inside the extension, would be a second runtime beside torch's.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+
 set(PIPELSTM_WITH_CUDA ON)
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)
