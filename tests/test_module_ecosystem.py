@@ -14,6 +14,7 @@ import io
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parametrize
@@ -484,28 +485,56 @@ def test_vmap_over_inputs_matches_a_loop():
     assert rel_error(got, torch.stack([ref(x)[0] for x in xs])) <= 1e-5
 
 
-# Regression: torch.func.jvp through pipelstm.LSTM / LSTMCell returned an
-# all-zero tangent, a silent wrong answer (the ops have no forward-AD formula,
-# and under jvp no input requires grad, so torch.library's autograd wrapper
-# took its no-grad path). The ops now refuse forward-mode AD with a clear
-# error, as nn.LSTM's default oneDNN path does.
+def _forward_mode_tangent(how, f, x, t):
+    if how == "jvp":
+        return torch.func.jvp(f, (x,), (t,))[1]
+    if how == "jacfwd":
+        return (torch.func.jacfwd(f)(x) * t).flatten(-t.dim()).sum(-1)
+    if how == "linearize":
+        return torch.func.linearize(f, x)[1](t)
+    if how == "forward_ad":
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(f(fwAD.make_dual(x, t))).tangent
+    if how == "compiled_jvp":
+        compiled = torch.compile(lambda a, b: torch.func.jvp(f, (a,), (b,))[1], backend="aot_eager", fullgraph=True, dynamic=False)
+        return compiled(x, t)
+    raise AssertionError(how)
+
+
+# BUG (reported, not fixed here): under torch.compile (aot_eager or inductor,
+# fullgraph=True), torch.func.jvp through pipelstm.LSTM / LSTMCell still
+# returns an all-zero tangent -- a silent wrong answer. ops._refuse_forward_mode_ad
+# returns early when torch.compiler.is_compiling(), and the traced op has no
+# forward-AD formula. Expected: the true JVP or a clear error, as in eager.
+# Remove the xfail marker once fixed.
+_COMPILED_JVP_BUG = pytest.mark.xfail(strict=True, reason="compiled torch.func.jvp gives zero tangents")
+
+
+@pytest.mark.parametrize(
+    "how", ["jvp", "jacfwd", "linearize", "forward_ad", pytest.param("compiled_jvp", marks=_COMPILED_JVP_BUG)]
+)
 @pytest.mark.parametrize("module", ["LSTM", "LSTMCell"])
-def test_torch_func_jvp_is_correct_or_raises(module):
+def test_forward_mode_ad_is_correct_or_raises(module, how):
+    # Regression: torch.func.jvp used to return all-zero tangents (the ops
+    # have no forward-AD formula and torch.library's autograd wrapper took
+    # its no-grad path). A clear error is acceptable (nn.LSTM's default
+    # oneDNN path raises too); a wrong tangent is not.
     torch.manual_seed(0)
     m = (pipelstm.LSTM(4, 6) if module == "LSTM" else pipelstm.LSTMCell(4, 6)).double()
-    x = torch.randn(5, 2, 4, dtype=torch.float64)
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
     x = x if module == "LSTM" else x[0]
     t = torch.randn_like(x)
     f = lambda a: m(a)[0]  # noqa: E731
     try:
-        _, tangent = torch.func.jvp(f, (x,), (t,))
-    except RuntimeError:
-        return  # a clear error is acceptable
+        tangent = _forward_mode_tangent(how, f, x, t)
+    except RuntimeError as e:
+        assert "forward" in str(e).lower(), str(e)  # a clear error
+        return
     eps = 1e-6
     with torch.no_grad():
         finite_difference = (f(x + eps * t) - f(x - eps * t)) / (2 * eps)
     assert finite_difference.abs().max() > 0.1
-    assert rel_error(tangent, finite_difference) <= 1e-6
+    assert tangent is not None and rel_error(tangent, finite_difference) <= 1e-6
 
 
 # LIMITATION (reported): torch.func.grad / vjp / jacrev over pipelstm.LSTM
