@@ -78,7 +78,7 @@ class RNNModel(nn.Module):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.encoder = nn.Embedding(ntoken, ninp)
-        self.rnn = lstm_class(ninp, nhid, nlayers, dropout=lstm_dropout)
+        self.rnn = lstm_class(ninp, nhid, nlayers, dropout=lstm_dropout if nlayers > 1 else 0.0)
         self.decoder = nn.Linear(nhid, ntoken)
         self.nhid, self.nlayers = nhid, nlayers
         initrange = 0.1
@@ -113,15 +113,18 @@ def repackage_hidden(h):
     return tuple(repackage_hidden(v) for v in h)
 
 
-def evaluate(model, data, bptt, eval_batch_size, criterion) -> float:
+def evaluate(model, data, bptt, eval_batch_size, criterion, max_batches=None) -> float:
     model.eval()
-    total, hidden = 0.0, model.init_hidden(eval_batch_size)
+    total, count, hidden = 0.0, 0, model.init_hidden(eval_batch_size)
     with torch.no_grad():
-        for i in range(0, data.size(0) - 1, bptt):
+        for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
+            if max_batches is not None and batch >= max_batches:
+                break
             inputs, targets = get_batch(data, i, bptt)
             output, hidden = model(inputs, hidden)
             total += len(inputs) * criterion(output.view(-1, output.size(-1)), targets).item()
-    return total / (len(data) - 1)
+            count += len(inputs)
+    return total / count
 
 
 def parse_args(argv=None):
@@ -135,17 +138,23 @@ def parse_args(argv=None):
     p.add_argument("--clip", type=float, default=0.25)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
+    p.add_argument("--eval-batches", type=int, default=None, help="evaluate on this many batches only (default: all)")
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--bptt", type=int, default=35)
-    p.add_argument("--dropout", type=float, default=0.2, help="dropout on embeddings and decoder input")
-    p.add_argument("--lstm-dropout", type=float, default=0.0,
-                   help="the LSTM's own inter-layer dropout (masks differ between implementations)")
+    p.add_argument("--dropout", type=float, default=0.2,
+                   help="dropout on embeddings, between LSTM layers and on the decoder input")
+    p.add_argument("--lstm-dropout", type=float, default=None,
+                   help="the LSTM's own inter-layer dropout, if it should differ from --dropout")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--save", default=None, help="where to torch.save the model")
     p.add_argument("--loss-log", default=None, help="write every batch's training loss here as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.lstm_dropout is None:
+        args.lstm_dropout = args.dropout
+    return args
 
 
 def main(argv=None) -> dict:
@@ -159,13 +168,14 @@ def main(argv=None) -> dict:
     ntokens = len(corpus.dictionary)
     lstm_class = nn.LSTM if args.lstm == "nn" else pipelstm.LSTM
     model = RNNModel(lstm_class, ntokens, args.emsize, args.nhid, args.nlayers, args.dropout, args.lstm_dropout)
+    model = model.to(getattr(torch, args.dtype))
     criterion = nn.CrossEntropyLoss()
     print(f"{args.lstm} LSTM, {ntokens} words, {train_data.numel()} training tokens", flush=True)
 
     losses: List[float] = []
     val_losses: List[float] = []
     lr = args.lr
-    start = time.time()
+    start, train_seconds = time.time(), 0.0
     for epoch in range(1, args.epochs + 1):
         epoch_start = time.time()
         model.train()
@@ -188,7 +198,8 @@ def main(argv=None) -> dict:
                 tokens = (batch + 1) * data.numel()
                 print(f"| epoch {epoch} | batch {batch + 1} | loss {sum(recent) / len(recent):.2f} | "
                       f"ppl {math.exp(sum(recent) / len(recent)):.1f} | {tokens / (time.time() - epoch_start):.0f} tok/s", flush=True)
-        val_loss = evaluate(model, val_data, args.bptt, 10, criterion)
+        train_seconds += time.time() - epoch_start
+        val_loss = evaluate(model, val_data, args.bptt, 10, criterion, args.eval_batches)
         val_losses.append(val_loss)
         print(f"| end of epoch {epoch} | valid loss {val_loss:.2f} | valid ppl {math.exp(val_loss):.1f}", flush=True)
         lr /= 4.0 if len(val_losses) > 1 and val_loss > min(val_losses[:-1]) else 1.0
@@ -196,11 +207,12 @@ def main(argv=None) -> dict:
     if args.save:
         torch.save(model, args.save)
         reloaded = torch.load(args.save, weights_only=False)
-        assert evaluate(reloaded, val_data, args.bptt, 10, criterion) == val_losses[-1]
+        assert evaluate(reloaded, val_data, args.bptt, 10, criterion, args.eval_batches) == val_losses[-1]
     if args.loss_log:
         with open(args.loss_log, "w") as f:
-            json.dump(dict(losses=losses, val_losses=val_losses), f)
-    return dict(losses=losses, val_losses=val_losses, seconds=time.time() - start)
+            json.dump(dict(losses=losses, val_losses=val_losses, train_seconds=train_seconds), f)
+    print(f"| {len(losses)} training batches in {train_seconds:.1f} s | {time.time() - start:.1f} s in all", flush=True)
+    return dict(losses=losses, val_losses=val_losses, train_seconds=train_seconds, seconds=time.time() - start)
 
 
 if __name__ == "__main__":
