@@ -47,6 +47,12 @@ void init_bindings(py::module_& parent) {
            }),
            py::arg("device"), py::arg("units"), py::arg("threads") = 0);
 
+  py::class_<RemoteSpec>(m, "RemoteSpec")
+      .def(py::init([](std::string group_name, int peer, std::string peer_name) {
+             return RemoteSpec{std::move(group_name), peer, std::move(peer_name)};
+           }),
+           py::arg("group_name"), py::arg("peer"), py::arg("peer_name"));
+
   py::class_<TraceEvent>(m, "TraceEvent")
       .def_readonly("stage", &TraceEvent::stage)
       .def_readonly("phase", &TraceEvent::phase)
@@ -88,6 +94,8 @@ void init_bindings(py::module_& parent) {
           },
           py::arg("input"), py::arg("h0"), py::arg("c0"), py::arg("params"), py::arg("chunks"),
           py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"))
+      .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
+           py::arg("first_stage"), py::arg("process"))
       .def("trace", &Engine::trace)
       .def("inject_fault", &Engine::inject_fault, py::arg("unit"), py::arg("phase"),
            py::arg("micro_batch"), py::arg("chunk"))

@@ -77,16 +77,28 @@ struct Sync {
   std::condition_variable cv;
   bool failed = false;
   std::string error;
+  // Links to other processes: their pending operations are cancelled on
+  // failure, so that no worker stays blocked in a wait.
+  std::vector<RemoteLink*> links;
+
+  explicit Sync(const Engine& engine) {
+    for (const auto* link : {&engine.prev_link(), &engine.next_link()}) {
+      if (*link) links.push_back(link->get());
+    }
+  }
+  ~Sync() {
+    for (auto* link : links) link->abort_all();
+  }
 
   void fail(const std::string& msg) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!failed) {
-        failed = true;
-        error = msg;
-      }
+      if (failed) return;
+      failed = true;
+      error = msg;
     }
     cv.notify_all();
+    for (auto* link : links) link->abort_all();
   }
 
   // Waits until `slot` is ready; false if the pass failed meanwhile.
@@ -157,7 +169,8 @@ class WorkerScope {
 // Runs body(s) on one thread per stage and joins them all. The first
 // exception (each body names its stage and unit) is rethrown here.
 template <typename Body>
-void run_workers(const std::vector<StageSpec>& stages, Sync& sync, Body body) {
+void run_workers(const Engine& engine, Sync& sync, Body body) {
+  const std::vector<StageSpec>& stages = engine.stages();
   const at::ThreadLocalState tls;
   const int caller_threads = at::get_num_threads();
   std::vector<std::thread> threads;
@@ -168,9 +181,9 @@ void run_workers(const std::vector<StageSpec>& stages, Sync& sync, Body body) {
         WorkerScope scope(tls, stages[s]);
         body(static_cast<int>(s));
       } catch (const std::exception& e) {
-        sync.fail(std::string("pipelstm.Pipeline: stage ") + std::to_string(s) + ": " + e.what());
+        sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": " + e.what());
       } catch (...) {
-        sync.fail("pipelstm.Pipeline: stage " + std::to_string(s) + ": unknown exception");
+        sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": unknown exception");
       }
     });
   }
@@ -186,11 +199,11 @@ void run_workers(const std::vector<StageSpec>& stages, Sync& sync, Body body) {
   if (sync.failed) throw std::runtime_error(sync.error);
 }
 
-std::string describe_failure(int s, const StageSpec& stage, const UnitSpec* unit,
+std::string describe_failure(const Engine& engine, int s, const UnitSpec* unit,
                              int64_t unit_index, const char* phase, int64_t m, int64_t k,
                              const std::exception& e) {
   std::ostringstream os;
-  os << "pipelstm.Pipeline: stage " << s << " (" << stage.device << ")";
+  os << "pipelstm.Pipeline: " << engine.stage_label(s);
   if (unit != nullptr) {
     os << ", unit " << unit_index << " '" << unit->name << "' (" << kind_name(unit->kind) << ")";
   }
@@ -219,6 +232,7 @@ struct RunState {
   bool index_input = false;
   c10::Device input_device{c10::kCPU};
   std::vector<int64_t> input_sizes;
+  at::TensorOptions input_options;
   std::vector<UnitParams> params;
   std::vector<int64_t> first_unit;  // per stage, global index of its first unit
   // saved[s][m * K + k][j]: the tensors unit j of stage s saved for (m, k).
@@ -227,6 +241,10 @@ struct RunState {
   std::vector<Tensor> h0_parts, c0_parts;     // [layer * M + m]
   Tensor output;
   std::vector<Tensor> h_n, c_n;
+  // With a next process: the shape and options of each item's output (the
+  // gradients that come back have them).
+  std::vector<std::vector<int64_t>> out_sizes;
+  at::TensorOptions out_options;
   bool kept = false;
   bool backward_done = false;
 };
@@ -244,6 +262,24 @@ Engine::Engine(std::vector<StageSpec> stages) : stages_(std::move(stages)) {
       }
     }
   }
+}
+
+void Engine::connect(const std::optional<RemoteSpec>& prev, const std::optional<RemoteSpec>& next,
+                     double timeout_s, int64_t first_stage, const std::string& process) {
+  TORCH_CHECK(timeout_s > 0, "pipelstm: timeout must be positive, got ", timeout_s);
+  first_stage_ = first_stage;
+  process_ = process;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  prev_ = prev ? std::make_shared<RemoteLink>(*prev, timeout) : nullptr;
+  next_ = next ? std::make_shared<RemoteLink>(*next, timeout) : nullptr;
+}
+
+std::string Engine::stage_label(int64_t s) const {
+  std::ostringstream os;
+  os << "stage " << first_stage_ + s << " (" << stages_[s].device;
+  if (!process_.empty()) os << ", " << process_;
+  os << ")";
+  return os.str();
 }
 
 std::vector<TraceEvent> Engine::trace() const {
@@ -417,6 +453,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   st->index_input = !at::isFloatingType(input.scalar_type());
   st->input_device = input.device();
   st->input_sizes = input.sizes().vec();
+  st->input_options = input.options();
   st->params = params;
   st->h0_given = h0;
   st->c0_given = c0;
@@ -456,20 +493,39 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   // Slots: channel s feeds stage s; channel S is the output.
   std::vector<std::vector<Slot>> channel(S + 1);
   for (auto& c : channel) c = std::vector<Slot>(M * K);
-  const Tensor x_in = to_device(input, stages_[0].device);
-  for (int64_t m = 0; m < M; ++m) {
+  // The input: local, or received from the previous process (`input` then
+  // only gives the shape and dtype, e.g. a meta tensor), all receives
+  // posted ahead.
+  std::vector<std::shared_ptr<Transfer>> recvs(M * K);
+  if (prev_) {
+    TORCH_CHECK(at::isFloatingType(input.scalar_type()),
+                "pipelstm.Pipeline: activations from another process must be floating point");
+    const auto options = input.options().device(stages_[0].device);
     for (int64_t k = 0; k < K; ++k) {
-      Slot& slot = channel[0][m * K + k];
-      slot.value = x_in.narrow(0, t_off[k], st->t_sizes[k]).narrow(1, b_off[m], st->b_sizes[m]);
-      slot.ready = true;
+      for (int64_t m = 0; m < M; ++m) {
+        std::vector<int64_t> sizes = input.sizes().vec();
+        sizes[0] = st->t_sizes[k];
+        sizes[1] = st->b_sizes[m];
+        recvs[m * K + k] = prev_->post_recv(Traffic::Activations, m, k, K, sizes, options);
+      }
+    }
+  } else {
+    const Tensor x_in = to_device(input, stages_[0].device);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) {
+        Slot& slot = channel[0][m * K + k];
+        slot.value = x_in.narrow(0, t_off[k], st->t_sizes[k]).narrow(1, b_off[m], st->b_sizes[m]);
+        slot.ready = true;
+      }
     }
   }
+  if (next_) st->out_sizes.resize(M * K);
   std::vector<Tensor> h_final(num_lstm_ * M), c_final(num_lstm_ * M);
   std::vector<std::vector<TraceEvent>> traces(S);
   const auto faults = this->faults();
-  Sync sync;
+  Sync sync(*this);
 
-  run_workers(stages_, sync, [&](int s) {
+  run_workers(*this, sync, [&](int s) {
     const StageSpec& stage = stages_[s];
     const int64_t n_units = static_cast<int64_t>(stage.units.size());
     const c10::Device next_device = s + 1 < S ? stages_[s + 1].device : stage.device;
@@ -483,16 +539,23 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
         c[j * M + m] = st->c0_parts[u.state_index * M + m];
       }
     }
+    const bool from_prev = s == 0 && prev_, to_next = s == S - 1 && next_;
     for (int64_t k = 0; k < K; ++k) {
       for (int64_t m = 0; m < M; ++m) {
         Slot& in = channel[s][m * K + k];
-        if (!sync.wait(in)) return;
+        if (!from_prev && !sync.wait(in)) return;
         int64_t j = -1;
         try {
-          acquire(in);
+          Tensor x;
+          if (from_prev) {
+            x = prev_->wait_recv(*recvs[m * K + k], Traffic::Activations);
+            recvs[m * K + k].reset();
+          } else {
+            acquire(in);
+            x = in.value;
+            in.value = Tensor();  // the stage owns it now
+          }
           const int64_t t0 = now_ns();
-          Tensor x = in.value;
-          in.value = Tensor();  // the stage owns it now
           auto& saved = st->saved[s][m * K + k];
           saved.resize(n_units);
           for (j = 0; j < n_units; ++j) {
@@ -511,6 +574,12 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
               c_final[u.state_index * M + m] = c[jj * M + m];
             }
           }
+          if (to_next) {
+            st->out_sizes[m * K + k] = x.sizes().vec();
+            if (m == 0 && k == 0) st->out_options = x.options();
+            next_->send(Traffic::Activations, m, k, K, x);
+            continue;
+          }
           if (next_device != stage.device) {
             const int64_t t1 = now_ns();
             x = to_device(x, next_device);
@@ -518,10 +587,17 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
           }
           sync.put(channel[s + 1][m * K + k], std::move(x), ready_event(next_device));
         } catch (const std::exception& e) {
-          sync.fail(describe_failure(s, stage, j >= 0 ? &stage.units[j] : nullptr,
+          sync.fail(describe_failure(*this, s, j >= 0 ? &stage.units[j] : nullptr,
                                      j >= 0 ? st->first_unit[s] + j : -1, "forward", m, k, e));
           return;
         }
+      }
+    }
+    if (to_next) {
+      try {
+        next_->wait_sends(Traffic::Activations);
+      } catch (const std::exception& e) {
+        sync.fail("pipelstm.Pipeline: " + stage_label(s) + " " + e.what());
       }
     }
   });
@@ -530,10 +606,11 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   for (auto& t : traces) all.insert(all.end(), t.begin(), t.end());
   set_trace(std::move(all), /*forward=*/true);
 
-  // Assemble: time chunks along dim 0, then micro-batches along dim 1.
+  // Assemble: time chunks along dim 0, then micro-batches along dim 1 (with
+  // a next process, which has the output, an empty placeholder).
   const c10::Device out_device = stages_.back().device;
   std::vector<Tensor> per_m;
-  for (int64_t m = 0; m < M; ++m) {
+  for (int64_t m = 0; m < (next_ ? 0 : M); ++m) {
     std::vector<Tensor> per_k;
     for (int64_t k = 0; k < K; ++k) {
       Slot& slot = channel[S][m * K + k];
@@ -545,7 +622,11 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   {
     at::AutoDispatchBelowADInplaceOrView below;
     c10::AutoGradMode no_grad(false);
-    st->output = M == 1 ? per_m[0] : at::cat(per_m, 1);
+    if (next_) {
+      st->output = at::empty({0}, st->out_options);
+    } else {
+      st->output = M == 1 ? per_m[0] : at::cat(per_m, 1);
+    }
     for (int64_t l = 0; l < num_lstm_; ++l) {
       std::vector<Tensor> hs(h_final.begin() + l * M, h_final.begin() + (l + 1) * M);
       std::vector<Tensor> cs(c_final.begin() + l * M, c_final.begin() + (l + 1) * M);
@@ -601,15 +682,29 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
 
   std::vector<std::vector<Slot>> channel(S + 1);
   for (auto& c : channel) c = std::vector<Slot>(M * K);
-  Tensor g_out;
-  if (grad_output.has_value() && grad_output->defined()) g_out = to_device(*grad_output, stages.back().device);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t k = 0; k < K; ++k) {
-      Slot& slot = channel[S][m * K + k];
-      if (g_out.defined()) {
-        slot.value = g_out.narrow(0, t_off[k], st.t_sizes[k]).narrow(1, b_off[m], st.b_sizes[m]);
+  // The gradient of the output: given, or received from the next process
+  // (all receives posted ahead, in the order they are used).
+  const auto& next = engine.next_link();
+  const auto& prev = engine.prev_link();
+  std::vector<std::shared_ptr<Transfer>> recvs(M * K);
+  if (next) {
+    for (int64_t k = K - 1; k >= 0; --k) {
+      for (int64_t m = M - 1; m >= 0; --m) {
+        recvs[m * K + k] = next->post_recv(Traffic::Gradients, m, k, K, st.out_sizes[m * K + k],
+                                           st.out_options);
       }
-      slot.ready = true;
+    }
+  } else {
+    Tensor g_out;
+    if (grad_output.has_value() && grad_output->defined()) g_out = to_device(*grad_output, stages.back().device);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) {
+        Slot& slot = channel[S][m * K + k];
+        if (g_out.defined()) {
+          slot.value = g_out.narrow(0, t_off[k], st.t_sizes[k]).narrow(1, b_off[m], st.b_sizes[m]);
+        }
+        slot.ready = true;
+      }
     }
   }
   // Parameter gradients per unit, accumulated in each stage's fixed order.
@@ -618,10 +713,10 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
   std::vector<OptTensor> gh0(L * M), gc0(L * M);
   std::vector<std::vector<TraceEvent>> traces(S);
   const auto faults = engine.faults();
-  Sync sync;
+  Sync sync(engine);
   st.backward_done = true;
 
-  run_workers(stages, sync, [&](int s) {
+  run_workers(engine, sync, [&](int s) {
     const StageSpec& stage = stages[s];
     const int64_t n_units = static_cast<int64_t>(stage.units.size());
     const c10::Device prev_device = s > 0 ? stages[s - 1].device : st.input_device;
@@ -634,16 +729,23 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
         gc[j * M + m] = gc_parts[u.state_index * M + m];
       }
     }
+    const bool from_next = s == S - 1 && next, to_prev = s == 0 && prev;
     for (int64_t k = K - 1; k >= 0; --k) {
       for (int64_t m = M - 1; m >= 0; --m) {
         Slot& in = channel[s + 1][m * K + k];
-        if (!sync.wait(in)) return;
+        if (!from_next && !sync.wait(in)) return;
         int64_t j = -1;
         try {
-          acquire(in);
+          Tensor g;
+          if (from_next) {
+            g = next->wait_recv(*recvs[m * K + k], Traffic::Gradients);
+            recvs[m * K + k].reset();
+          } else {
+            acquire(in);
+            g = in.value;
+            in.value = Tensor();
+          }
           const int64_t t0 = now_ns();
-          Tensor g = in.value;
-          in.value = Tensor();
           auto& saved = st.saved[s][m * K + k];
           for (j = n_units - 1; j >= 0; --j) {
             const int64_t gu = st.first_unit[s] + j;
@@ -662,6 +764,18 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
               gc0[u.state_index * M + m] = gc[jj * M + m];
             }
           }
+          if (to_prev) {
+            // The previous process waits for every piece: send zeros where
+            // no gradient reached the input.
+            if (!g.defined()) {
+              std::vector<int64_t> shape = st.input_sizes;
+              shape[0] = st.t_sizes[k];
+              shape[1] = st.b_sizes[m];
+              g = at::zeros(shape, st.input_options.device(stage.device));
+            }
+            prev->send(Traffic::Gradients, m, k, K, g);
+            continue;
+          }
           if (s > 0 && g.defined() && prev_device != stage.device) {
             const int64_t t1 = now_ns();
             g = to_device(g, prev_device);
@@ -670,10 +784,17 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
           sync.put(channel[s][m * K + k], std::move(g),
                    s > 0 ? ready_event(prev_device) : ready_event(stage.device));
         } catch (const std::exception& e) {
-          sync.fail(describe_failure(s, stage, j >= 0 ? &stage.units[j] : nullptr,
+          sync.fail(describe_failure(engine, s, j >= 0 ? &stage.units[j] : nullptr,
                                      j >= 0 ? st.first_unit[s] + j : -1, "backward", m, k, e));
           return;
         }
+      }
+    }
+    if (to_prev) {
+      try {
+        prev->wait_sends(Traffic::Gradients);
+      } catch (const std::exception& e) {
+        sync.fail("pipelstm.Pipeline: " + engine.stage_label(s) + " " + e.what());
       }
     }
   });
@@ -686,7 +807,7 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
   at::AutoDispatchBelowADInplaceOrView below;
   c10::AutoGradMode no_grad(false);
   BackwardResult r;
-  if (!st.index_input) {
+  if (!st.index_input && !prev) {
     const c10::Device d0 = stages[0].device;
     bool any = false;
     at::ScalarType dtype = at::kFloat;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "remote.h"
+
 namespace pipelstm::pipeline {
 
 using at::Tensor;
@@ -90,6 +92,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                const std::vector<UnitParams>& params, int64_t chunks,
                                int64_t micro_batches, bool training, bool keep_for_backward);
 
+  // Makes this engine one part of a pipeline over processes: its first
+  // stage receives its input (activations) from `prev` and sends back the
+  // gradient of it; its last stage sends its output to `next` and receives
+  // the gradient of it. Waits give up after `timeout_s`. `first_stage` (the
+  // global index of this engine's first stage) and `process` (e.g. "rank 1")
+  // name the stages in messages.
+  void connect(const std::optional<RemoteSpec>& prev, const std::optional<RemoteSpec>& next,
+               double timeout_s, int64_t first_stage, const std::string& process);
+  const std::shared_ptr<RemoteLink>& prev_link() const { return prev_; }
+  const std::shared_ptr<RemoteLink>& next_link() const { return next_; }
+  // "stage 3 (cpu, rank 1)" for local stage s.
+  std::string stage_label(int64_t s) const;
+
   const std::vector<StageSpec>& stages() const { return stages_; }
   int64_t num_units() const { return num_units_; }
   int64_t num_lstm_layers() const { return num_lstm_; }
@@ -116,6 +131,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   mutable std::mutex mutex_;
   std::vector<TraceEvent> forward_trace_, backward_trace_;
   std::vector<Fault> faults_;
+  std::shared_ptr<RemoteLink> prev_, next_;
+  int64_t first_stage_ = 0;
+  std::string process_;
 };
 
 }  // namespace pipelstm::pipeline

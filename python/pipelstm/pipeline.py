@@ -14,9 +14,7 @@ All units run natively in C++ (LSTM layers on the fused layer ops,
 as a Bernoulli mask), so the workers never take the GIL.
 """
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -26,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _C, ops
+from .timeline import write_timeline
 
 __all__ = ["Pipeline", "partition"]
 
@@ -104,6 +103,58 @@ def _flatten(model: nn.Sequential) -> List[_Unit]:
     if not units:
         raise ValueError("Pipeline: the model has no units")
     return units
+
+
+def _thread_budgets(threads: Union[None, int, Sequence[int]], devices: Sequence[torch.device]) -> List[int]:
+    """Intra-op threads per stage (0 for accelerators): given, or the
+    caller's ``torch.get_num_threads()`` shared among the CPU stages."""
+    if threads is None:
+        per = max(1, torch.get_num_threads() // max(1, sum(d.type == "cpu" for d in devices)))
+        threads = [per if d.type == "cpu" else 0 for d in devices]
+    elif isinstance(threads, int):
+        threads = [threads if d.type == "cpu" else 0 for d in devices]
+    threads = list(threads)
+    if len(threads) != len(devices):
+        raise ValueError(f"Pipeline: threads {threads} must give one count per stage ({len(devices)})")
+    return threads
+
+
+def _place(units: Sequence[_Unit], balance: Sequence[int], devices: Sequence[torch.device]) -> None:
+    """Moves each unit's parameters to its stage's device, in place (the same
+    Parameter objects: an optimizer made before or after steps them there)."""
+    stage_of = [s for s, b in enumerate(balance) for _ in range(b)]
+    with torch.no_grad():
+        for u, s in zip(units, stage_of):
+            u.device = devices[s]
+            for name in u.param_names:
+                if name is not None:
+                    p = getattr(u.module, name)
+                    if p.device != u.device:
+                        p.data = p.data.to(u.device)
+
+
+def _stage_specs(units: Sequence[_Unit], balance: Sequence[int], devices: Sequence[torch.device],
+                 threads: Sequence[int]) -> list:
+    """The engine's description of the stages. LSTM layers are numbered in
+    order from 0 (their slot among the initial and final states)."""
+    specs, i, layer = [], 0, 0
+    for s, count in enumerate(balance):
+        stage_units = []
+        for u in units[i : i + count]:
+            kind = getattr(_engine.UnitKind, u.kind)
+            kw = {}
+            if u.kind == "embedding":
+                pad = u.module.padding_idx
+                kw = dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
+            elif u.kind == "dropout":
+                kw = dict(p=float(u.p))
+            elif u.kind == "lstm":
+                kw = dict(state_index=layer)
+                layer += 1
+            stage_units.append(_engine.UnitSpec(kind, u.name, **kw))
+        specs.append(_engine.StageSpec(str(devices[s]), stage_units, int(threads[s])))
+        i += count
+    return specs
 
 
 def _check_device(d) -> torch.device:
@@ -262,48 +313,12 @@ class Pipeline(nn.Module):
                 raise ValueError(f"Pipeline: balance {balance} sums to {sum(balance)}, but the model has {n} units "
                                  f"({', '.join(u.name for u in units)})")
             self.balance = balance
-        self._stage_of: List[int] = [s for s, b in enumerate(self.balance) for _ in range(b)]
-        n_cpu = sum(d.type == "cpu" for d in self._devices)
-        if threads is None:
-            per = max(1, torch.get_num_threads() // max(1, n_cpu))
-            threads = [per if d.type == "cpu" else 0 for d in self._devices]
-        elif isinstance(threads, int):
-            threads = [threads if d.type == "cpu" else 0 for d in self._devices]
-        threads = list(threads)
-        if len(threads) != S:
-            raise ValueError(f"Pipeline: threads {threads} must give one count per stage ({S})")
-        self.threads = threads
-
-        # Parameters move to their stage's device (in place: the same Parameter objects).
-        with torch.no_grad():
-            for u, s in zip(units, self._stage_of):
-                u.device = self._devices[s]
-                for name in u.param_names:
-                    if name is not None:
-                        p = getattr(u.module, name)
-                        if p.device != u.device:
-                            p.data = p.data.to(u.device)
+        self.threads = _thread_budgets(threads, self._devices)
+        _place(units, self.balance, self._devices)
         for name, child in module.named_children():
             self.add_module(name, child)
         self.training = module.training
-
-        specs, i = [], 0
-        for s, count in enumerate(self.balance):
-            stage_units = []
-            for u in units[i : i + count]:
-                kind = getattr(_engine.UnitKind, u.kind)
-                kw = {}
-                if u.kind == "embedding":
-                    pad = u.module.padding_idx
-                    kw = dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
-                elif u.kind == "dropout":
-                    kw = dict(p=float(u.p))
-                elif u.kind == "lstm":
-                    kw = dict(state_index=u.layer)
-                stage_units.append(_engine.UnitSpec(kind, u.name, **kw))
-            specs.append(_engine.StageSpec(str(self._devices[s]), stage_units, int(threads[s])))
-            i += count
-        self._engine = _engine.Engine(specs)
+        self._engine = _engine.Engine(_stage_specs(units, self.balance, self._devices, self.threads))
         self._num_layers = sum(u.kind == "lstm" for u in units)
 
     def __getitem__(self, index: int) -> nn.Module:
@@ -405,57 +420,8 @@ class Pipeline(nn.Module):
         Returns the paths written and the measured bubble (idle fraction of
         the stages over each pass) with the theoretical (S-1)/(K*M+S-1).
         """
-        events = self.trace()
-        if not events:
-            raise RuntimeError("Pipeline.timeline: nothing has run yet")
-        t0 = min(e["start_ns"] for e in events)
-        S = len(self.balance)
-        spans = [dict(e, idle=False) for e in events]
-        summary: Dict[str, object] = {}
-        for phase_group in ("forward", "backward"):
-            group = [e for e in events if (e["phase"] == "backward") == (phase_group == "backward")]
-            if not group:
-                continue
-            lo, hi = min(e["start_ns"] for e in group), max(e["end_ns"] for e in group)
-            idle_total = 0
-            for s in range(S):
-                mine = sorted((e for e in group if e["stage"] == s), key=lambda e: e["start_ns"])
-                cursor = lo
-                for e in mine + [dict(start_ns=hi, end_ns=hi)]:
-                    if e["start_ns"] > cursor:
-                        spans.append(dict(stage=s, phase="idle", micro_batch=-1, chunk=-1, start_ns=cursor,
-                                          end_ns=e["start_ns"], idle=True))
-                        idle_total += e["start_ns"] - cursor
-                    cursor = max(cursor, e["end_ns"])
-            summary[f"{phase_group}_bubble"] = idle_total / (S * (hi - lo)) if hi > lo else 0.0
-            summary[f"{phase_group}_ms"] = (hi - lo) / 1e6
-        K, M = self._effective_km()
-        summary["theoretical_bubble"] = (S - 1) / (K * M + S - 1)
-
-        trace = [
-            dict(name="thread_name", ph="M", pid=0, tid=s, args=dict(name=f"stage {s} ({self._devices[s]})"))
-            for s in range(S)
-        ]
-        for e in spans:
-            label = e["phase"] if e["idle"] else f"{e['phase']} m{e['micro_batch']} k{e['chunk']}"
-            trace.append(dict(
-                name=label, cat=e["phase"], ph="X", pid=0, tid=e["stage"],
-                ts=(e["start_ns"] - t0) / 1e3, dur=(e["end_ns"] - e["start_ns"]) / 1e3,
-                args=dict(micro_batch=e["micro_batch"], chunk=e["chunk"]),
-            ))
-        with open(path, "w") as f:
-            json.dump(dict(traceEvents=trace, displayTimeUnit="ms", otherData=summary), f)
-        summary["json"] = path
-        png = os.path.splitext(path)[0] + ".png"
-        if _gantt(spans, t0, S, self._devices, png):
-            summary["png"] = png
-        return summary
-
-    def _effective_km(self) -> Tuple[int, int]:
-        fwd = [e for e in self._engine.trace() if e.phase == "forward"]
-        if not fwd:
-            return self.chunks, self.micro_batches
-        return 1 + max(e.chunk for e in fwd), 1 + max(e.micro_batch for e in fwd)
+        names = [f"stage {s} ({d})" for s, d in enumerate(self._devices)]
+        return write_timeline(self.trace(), names, path)
 
     def extra_repr(self) -> str:
         return (f"devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
@@ -561,36 +527,3 @@ def _profile(u: _Unit, x: Tensor, reps: int = 2) -> Tuple[Tensor, float, float]:
     _, per_token = _flop_model(u)
     tokens = x.shape[0] * x.shape[1]
     return y.detach(), best, per_token * tokens
-
-
-_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "transfer": "#55a868", "idle": "#e5e5e5"}
-
-
-def _gantt(spans, t0: int, S: int, devices, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * S))
-    for phase, color in _COLORS.items():
-        for s in range(S):
-            bars = [((e["start_ns"] - t0) / 1e6, (e["end_ns"] - e["start_ns"]) / 1e6)
-                    for e in spans if e["stage"] == s and e["phase"] == phase]
-            if bars:
-                ax.broken_barh(bars, (S - 1 - s - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.5,
-                               label=phase if s == 0 or not ax.get_legend_handles_labels()[1].count(phase) else None)
-    ax.set_yticks(range(S))
-    ax.set_yticklabels([f"stage {s} ({devices[s]})" for s in reversed(range(S))])
-    ax.set_xlabel("ms")
-    handles, labels = ax.get_legend_handles_labels()
-    seen = {}
-    for h, l in zip(handles, labels):
-        seen.setdefault(l, h)
-    ax.legend(seen.values(), seen.keys(), loc="upper right", ncol=4, fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
