@@ -1,0 +1,127 @@
+"""The 2-D layout of data-parallel x pipeline ranks, from torchrun's environment."""
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Mesh", "init_mesh"]
+
+
+@dataclass
+class Mesh:
+    """Where this process sits: global rank ``dp_rank * pp + pp_rank``.
+
+    ``pp_group`` holds the ``pp`` stages of this process's pipeline (its
+    group rank is the stage index); ``dp_group`` holds the ``dp`` replicas of
+    this process's stage, over which gradients are averaged.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    dp: int
+    pp: int
+    dp_rank: int
+    pp_rank: int
+    pp_group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup
+    pp_ranks: List[int]  # global ranks of this pipeline's stages, in stage order
+    dp_ranks: List[int]  # global ranks of this stage's replicas
+    device: torch.device
+    backend: str
+    timeout: float  # seconds, for every collective and point-to-point operation
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    def shard(self, batch: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This replica's part of a global batch (``torch.tensor_split`` along
+        ``dim``, the batch dimension of time-major data)."""
+        if batch.size(dim) < self.dp:
+            raise ValueError(f"Mesh.shard: a batch of {batch.size(dim)} along dim {dim} cannot feed "
+                             f"dp={self.dp} replicas")
+        return torch.tensor_split(batch, self.dp, dim=dim)[self.dp_rank]
+
+    def __str__(self) -> str:
+        return (f"rank {self.rank}/{self.world_size}: stage {self.pp_rank} of {self.pp}, replica {self.dp_rank} "
+                f"of {self.dp} ({self.backend}, {self.device})")
+
+
+def _env_int(name: str, default: Optional[int] = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise RuntimeError(
+                f"pipelstm.distributed.init_mesh: ${name} is not set; launch with torchrun "
+                "(e.g. torchrun --nproc-per-node=2 train.py) or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+            )
+        return default
+    return int(value)
+
+
+def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] = None,
+              timeout: float = 1800.0) -> Mesh:
+    """Initialises ``torch.distributed`` from torchrun's environment (unless
+    already initialised) and builds the dp x pp layout.
+
+    Args:
+        pp: pipeline stages (processes per pipeline).
+        dp: data-parallel replicas; default ``world_size // pp``.
+        backend: default NCCL where CUDA is available, gloo otherwise.
+        timeout: seconds any collective or point-to-point operation may wait
+            before the run fails (instead of hanging on a dead or stopped peer).
+
+    Every process checks the layout before anything is exchanged, so a bad
+    one stops every rank with the same message.
+    """
+    if dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        world, rank = _env_int("WORLD_SIZE"), _env_int("RANK")
+    if not isinstance(pp, int) or pp < 1:
+        raise ValueError(f"pipelstm.distributed.init_mesh: pp must be a positive int, got {pp!r}")
+    if world % pp != 0:
+        raise ValueError(f"pipelstm.distributed.init_mesh: the world size {world} is not divisible by pp={pp}; "
+                         f"launch a multiple of {pp} processes")
+    if dp is None:
+        dp = world // pp
+    if dp * pp != world:
+        raise ValueError(f"pipelstm.distributed.init_mesh: dp={dp} x pp={pp} = {dp * pp} processes, but the world "
+                         f"size is {world}")
+    if timeout <= 0:
+        raise ValueError(f"pipelstm.distributed.init_mesh: timeout must be positive, got {timeout}")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    td = datetime.timedelta(seconds=timeout)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=td, device_id=device if backend == "nccl" else None)
+    # Every process creates every group, in the same order.
+    pp_group = dp_group = None
+    for d in range(dp):
+        ranks = [d * pp + s for s in range(pp)]
+        group = dist.new_group(ranks, timeout=td, backend=backend)
+        if rank in ranks:
+            pp_group, pp_ranks = group, ranks
+    for s in range(pp):
+        ranks = [d * pp + s for d in range(dp)]
+        group = dist.new_group(ranks, timeout=td, backend=backend)
+        if rank in ranks:
+            dp_group, dp_ranks = group, ranks
+    return Mesh(rank=rank, world_size=world, local_rank=local_rank, dp=dp, pp=pp, dp_rank=rank // pp,
+                pp_rank=rank % pp, pp_group=pp_group, dp_group=dp_group, pp_ranks=pp_ranks, dp_ranks=dp_ranks,
+                device=device, backend=backend, timeout=float(timeout))

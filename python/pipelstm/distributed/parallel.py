@@ -1,0 +1,329 @@
+"""``PipelineParallel``: one pipeline stage per process, replicated with DDP.
+
+Every process builds the whole model (same definition, same seed), then
+keeps the units of its stage: the partition of the units into ``pp`` stages
+is the same on every rank (the FLOP cost model, or a given ``balance``), and
+is checked to be. The stage runs in the C++ engine, whose first and last
+stage exchange activations and gradients with the neighbouring processes
+point-to-point (posted ahead, chunk by chunk), and is wrapped in
+``DistributedDataParallel`` over the data-parallel group.
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..pipeline import _engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, partition, run_engine
+from ..timeline import write_timeline
+from .mesh import Mesh
+
+__all__ = ["PipelineParallel"]
+
+
+class _Stage(nn.Module):
+    """This process's units as a module: their parameters (the model's own
+    Parameter objects) and the engine that runs them."""
+
+    def __init__(self, units, global_names: List[str], engine, chunks: int, micro_batches: int,
+                 input_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList([p for ps in (u.params() for u in units) for p in ps if p is not None])
+        self.global_names = global_names
+        self._units = units
+        self._engine = engine
+        self.chunks, self.micro_batches = chunks, micro_batches
+        self._input_features, self._dtype = input_features, dtype
+        self.num_layers = sum(u.kind == "lstm" for u in units)
+
+    def forward(self, input: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]]):
+        return run_engine(self, self._units, input, h0, c0)
+
+
+class PipelineParallel(nn.Module):
+    """A sequential LSTM model split into ``mesh.pp`` stages, one per
+    process, each replicated over ``mesh.dp`` processes with DDP.
+
+    Args:
+        model: the whole ``nn.Sequential`` (Embedding, LSTM layers, Dropout,
+            Linear), built the same way on every rank.
+        mesh: from :func:`pipelstm.distributed.init_mesh`.
+        chunks, micro_batches: K time chunks x M micro-batches per step.
+        balance: ``"auto"`` (FLOP cost model) or the unit count per stage.
+        devices: this process's devices (default ``[mesh.device]``); several
+            make this process's stage an in-process pipeline of its own.
+        threads: intra-op threads per local CPU stage.
+        carry_state: keep each LSTM layer's final state as the next step's
+            initial state (truncated BPTT), detached; :meth:`reset_state`
+            starts again from zeros.
+
+    ``parameters()`` are this stage's; give them to the optimizer.
+    ``state_dict()`` has the unsplit model's names for this stage's
+    parameters; :meth:`consolidated_state_dict` gathers the whole model.
+    """
+
+    def __init__(self, model: nn.Sequential, mesh: Mesh, *, chunks: int = 1, micro_batches: int = 1,
+                 balance: Union[str, Sequence[int]] = "auto", devices: Optional[Sequence] = None,
+                 threads: Union[None, int, Sequence[int]] = None, carry_state: bool = True) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Sequential):
+            raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
+        for what, v in (("chunks", chunks), ("micro_batches", micro_batches)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"PipelineParallel: {what} must be a positive int, got {v!r}")
+        self.mesh = mesh
+        units = _flatten(model)
+        for u in units:
+            u.cost, u.act_bytes = _flop_model(u)
+        n = len(units)
+        if mesh.pp > n:
+            raise ValueError(f"PipelineParallel: pp={mesh.pp} stages but the model has only {n} units "
+                             f"({', '.join(u.name for u in units)}); use pp <= {n}")
+        self.balance = _global_balance(balance, units, mesh.pp)
+        start = sum(self.balance[: mesh.pp_rank])
+        mine = units[start : start + self.balance[mesh.pp_rank]]
+        local_devices = [torch.device(d) for d in (devices or [mesh.device])]
+        if len(local_devices) > len(mine):
+            raise ValueError(f"PipelineParallel: {len(local_devices)} devices for stage {mesh.pp_rank}, which has "
+                             f"only {len(mine)} units")
+        local_balance = partition([u.cost for u in mine], len(local_devices))
+        # The same model, plan and settings on every rank, or every rank stops here.
+        first_stage = _check_same_everywhere(model, units, self.balance, chunks, micro_batches,
+                                             len(local_devices), mesh)
+        self.first_stage, self.num_local_stages = first_stage, len(local_devices)
+        self.devices = local_devices
+        self.threads = _thread_budgets(threads, local_devices)
+        _place(mine, local_balance, local_devices)
+        engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads))
+        prev = nxt = None
+        if not mesh.is_first_stage:
+            r = mesh.pp_ranks[mesh.pp_rank - 1]
+            prev = _engine.RemoteSpec(mesh.pp_group.group_name, mesh.pp_rank - 1,
+                                      f"stage {first_stage - 1} (rank {r})")
+        if not mesh.is_last_stage:
+            r = mesh.pp_ranks[mesh.pp_rank + 1]
+            nxt = _engine.RemoteSpec(mesh.pp_group.group_name, mesh.pp_rank + 1,
+                                     f"stage {first_stage + len(local_devices)} (rank {r})")
+        engine.connect(prev, nxt, mesh.timeout, first_stage, f"rank {mesh.rank}")
+        names = {id(p): name for name, p in model.named_parameters()}
+        global_names = [names[id(p)] for ps in (u.params() for u in mine) for p in ps if p is not None]
+        in_features = 0 if mesh.is_first_stage else _width_after(units[:start])
+        dtype = next(p for u in mine for p in u.params() if p is not None).dtype
+        self._local = _Stage(mine, global_names, engine, chunks, micro_batches, in_features, dtype)
+        self._local.train(model.training)
+        self.stage = (DistributedDataParallel(self._local, process_group=mesh.dp_group, broadcast_buffers=False)
+                      if mesh.dp > 1 else self._local)
+        self.carry_state = carry_state
+        self._hidden: Optional[Tuple[List[Tensor], List[Tensor]]] = None
+        self._stage_names: Optional[List[str]] = None
+
+    # --- running -------------------------------------------------------------------
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.mesh.is_last_stage
+
+    def reset_state(self) -> None:
+        """Start the next step from zero LSTM states (a new sequence)."""
+        self._hidden = None
+
+    def forward(self, input: Tensor) -> Optional[Tensor]:
+        """The pipelined forward of this replica's batch ``input`` ([T, B]
+        indices, the same tensor, or at least the same shape, on every stage).
+        Returns the model output on the last stage, an empty placeholder
+        (that ``backward`` starts from) elsewhere."""
+        if not isinstance(input, Tensor) or input.dim() < 2:
+            raise ValueError(f"PipelineParallel: expected input of shape [T, B, ...], got "
+                             f"{getattr(input, 'shape', type(input).__name__)}")
+        T, B = input.shape[0], input.shape[1]
+        local = self._local
+        if self.mesh.is_first_stage:
+            x = input.to(self.devices[0])
+        else:  # only the shape: the activations come from the previous stage
+            x = torch.empty(T, B, local._input_features, dtype=local._dtype, device="meta")
+        L = local.num_layers
+        h0: List[Optional[Tensor]] = [None] * L
+        c0: List[Optional[Tensor]] = [None] * L
+        if self.carry_state and self._hidden is not None:
+            if self._hidden[0] and self._hidden[0][0].shape[0] != B:
+                raise ValueError(f"PipelineParallel: the batch changed from {self._hidden[0][0].shape[0]} to {B} "
+                                 "while carrying the LSTM state; call reset_state() first")
+            h0, c0 = list(self._hidden[0]), list(self._hidden[1])
+        out, h_n, c_n = self.stage(x, h0, c0)
+        if self.carry_state:
+            self._hidden = ([h.detach() for h in h_n], [c.detach() for c in c_n])
+        return out
+
+    def train_step(self, input: Tensor, target: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """Forward and backward of one step: ``loss_fn(output, target)`` on
+        the last stage, the pipelined backward everywhere, gradients averaged
+        over the replicas. Returns the loss averaged over the replicas, on
+        every rank (a 0-dim float64 tensor)."""
+        out = self.forward(input)
+        if self.mesh.is_last_stage:
+            loss = loss_fn(out, target.to(out.device))
+            loss.backward()
+            value = loss.detach()
+        else:
+            out.backward(torch.empty_like(out))
+            value = None
+        return self._share_loss(value)
+
+    @torch.no_grad()
+    def eval_step(self, input: Tensor, target: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """A forward-only step; returns ``loss_fn(output, target)`` averaged
+        over the replicas, on every rank."""
+        out = self.forward(input)
+        value = loss_fn(out, target.to(out.device)) if self.mesh.is_last_stage else None
+        return self._share_loss(value)
+
+    def _share_loss(self, value: Optional[Tensor]) -> Tensor:
+        mesh = self.mesh
+        t = torch.zeros((), dtype=torch.float64, device=mesh.device)
+        if value is not None:
+            t.fill_(float(value))
+        if mesh.pp > 1:
+            dist.broadcast(t, src=mesh.pp_ranks[-1], group=mesh.pp_group)
+        if mesh.dp > 1:
+            dist.all_reduce(t, group=mesh.dp_group)
+            t /= mesh.dp
+        return t.cpu()
+
+    # --- state -----------------------------------------------------------------
+
+    def named_stage_parameters(self):
+        """(name in the unsplit model, parameter) for this stage's parameters."""
+        return zip(self._local.global_names, self._local.weights)
+
+    def state_dict(self, *args, **kwargs) -> Dict[str, Tensor]:  # noqa: D102  (nn.Module's, with global names)
+        return {name: p.detach() for name, p in self.named_stage_parameters()}
+
+    def load_state_dict(self, state_dict: Dict[str, Tensor], strict: bool = True, assign: bool = False):
+        """Loads this stage's parameters from a stage's or the unsplit
+        model's state_dict (the keys of other stages are ignored)."""
+        missing = [n for n in self._local.global_names if n not in state_dict]
+        if strict and missing:
+            raise RuntimeError(f"PipelineParallel.load_state_dict: missing keys for stage {self.mesh.pp_rank}: "
+                               f"{missing}")
+        with torch.no_grad():
+            for name, p in self.named_stage_parameters():
+                if name in state_dict:
+                    v = state_dict[name]
+                    if v.shape != p.shape:
+                        raise RuntimeError(f"PipelineParallel.load_state_dict: {name} has shape {tuple(v.shape)}, "
+                                           f"expected {tuple(p.shape)}")
+                    p.copy_(v)
+        return missing
+
+    def consolidated_state_dict(self) -> Optional[Dict[str, Tensor]]:
+        """The unsplit model's state_dict, gathered from the stages of the
+        first replica (a collective: call it on every rank). Returned on
+        global rank 0, ``None`` elsewhere."""
+        mine = {k: v.cpu() for k, v in self.state_dict().items()} if self.mesh.dp_rank == 0 else None
+        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if parts is None:
+            return None
+        full: Dict[str, Tensor] = {}
+        for part in parts:
+            if part:
+                full.update(part)
+        return full
+
+    def hidden_state(self):
+        return self._hidden
+
+    def set_hidden_state(self, hidden) -> None:
+        self._hidden = hidden
+
+    # --- timeline --------------------------------------------------------------
+
+    def timeline(self, path: str) -> Optional[Dict[str, object]]:
+        """Gathers the last step's schedule from the stages of the first
+        replica and writes it on global rank 0 (Chrome trace + PNG, as
+        ``Pipeline.timeline``). A collective: call it on every rank. The
+        stages' clocks are each machine's steady clock, comparable only
+        within one machine."""
+        events = [dict(stage=self.first_stage + e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
+                       start_ns=e.start_ns, end_ns=e.end_ns) for e in self._local._engine.trace()]
+        names = [f"stage {self.first_stage + s} ({d}, rank {self.mesh.rank})" for s, d in enumerate(self.devices)]
+        mine = (events, names) if self.mesh.dp_rank == 0 else None
+        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if parts is None:
+            return None
+        all_events, all_names = [], []
+        for part in parts:
+            if part:
+                all_events += part[0]
+                all_names += part[1]
+        return write_timeline(all_events, all_names, path)
+
+    def extra_repr(self) -> str:
+        return (f"stage={self.mesh.pp_rank}/{self.mesh.pp}, replica={self.mesh.dp_rank}/{self.mesh.dp}, "
+                f"balance={self.balance}, units=[{', '.join(u.name for u in self._local._units)}], "
+                f"devices={[str(d) for d in self.devices]}")
+
+
+def _global_balance(balance, units, pp: int) -> List[int]:
+    n = len(units)
+    if isinstance(balance, str):
+        if balance != "auto":
+            raise ValueError(f"PipelineParallel: balance must be 'auto' or a list of unit counts, got {balance!r}")
+        return partition([u.cost for u in units], pp)
+    balance = list(balance)
+    if len(balance) != pp or any(not isinstance(b, int) or b < 1 for b in balance):
+        raise ValueError(f"PipelineParallel: balance {balance} must give a positive unit count for each of the "
+                         f"{pp} stages")
+    if sum(balance) != n:
+        raise ValueError(f"PipelineParallel: balance {balance} sums to {sum(balance)}, but the model has {n} units "
+                         f"({', '.join(u.name for u in units)})")
+    return balance
+
+
+def _width_after(units) -> int:
+    """The feature width of the activations after ``units`` (the next
+    stage's input); dropout keeps the width it gets."""
+    width = 0
+    for u in units:
+        if u.kind != "dropout":
+            width = u.out_size
+    return width
+
+
+def _check_same_everywhere(model: nn.Sequential, units, balance, chunks: int, micro_batches: int,
+                           local_stages: int, mesh: Mesh) -> int:
+    """All-gathers each rank's model definition and plan; raises on every
+    rank when they differ. Returns the global index of this rank's first
+    stage (stages of earlier pipeline ranks counted)."""
+    mine = dict(
+        model=[(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()],
+        units=[(u.kind, u.name) for u in units],
+        plan=dict(pp=mesh.pp, dp=mesh.dp, balance=list(balance), chunks=chunks, micro_batches=micro_batches),
+        local_stages=local_stages,
+    )
+    everyone: List[dict] = [None] * mesh.world_size  # type: ignore[list-item]
+    dist.all_gather_object(everyone, mine)
+    ref = everyone[0]
+    for r, other in enumerate(everyone):
+        for what in ("model", "units", "plan"):
+            if other[what] != ref[what]:
+                diff = _first_difference(ref[what], other[what])
+                raise ValueError(f"pipelstm.distributed: rank {r}'s {what} differs from rank 0's ({diff}); every "
+                                 "rank must build the same model with the same pipeline settings")
+    return sum(everyone[r]["local_stages"] for r in mesh.pp_ranks[: mesh.pp_rank])
+
+
+def _first_difference(a, b) -> str:
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return f"rank 0 has {x}, it has {y}"
+        return f"rank 0 has {len(a)} entries, it has {len(b)}"
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a:
+            if a.get(k) != b.get(k):
+                return f"{k}: rank 0 has {a.get(k)}, it has {b.get(k)}"
+    return f"rank 0 has {a}, it has {b}"
