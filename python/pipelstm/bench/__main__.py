@@ -1,8 +1,9 @@
 import sys
 
-from . import floors, layer, module, pipeline
+from . import floors, layer, module, pipeline, pipelining_peer
 
-BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main, "pipeline": pipeline.main}
+BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main, "pipeline": pipeline.main,
+              "pipelining": pipelining_peer.main}
 
 
 def main() -> None:
