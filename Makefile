@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MAX_JOBS ?= 2
 export MAX_JOBS
 
-.PHONY: all venv build test pytest check-cuda indexing-harness demo bench clean
+.PHONY: all venv build test pytest check-cuda indexing-harness demo demo-word-lm bench clean
 
 # Optional fragments (for example mk/cuda.mk: the CUDA-build variant).
 -include mk/*.mk
@@ -39,10 +39,17 @@ indexing-harness:
 
 test: pytest check-cuda indexing-harness test-cuda-build
 
-# The main job: a word-level LSTM language model on a corpus every Python
-# ships (pydoc's topics), trained with pipelstm.LSTM; validation perplexity
-# is printed after each epoch.
+# The main job: a character-level LSTM language model on a corpus every
+# Python ships (pydoc's topics), trained by 2 processes as a 2-stage
+# pipeline (torchrun, gloo); validation perplexity after each epoch, the
+# pipeline timeline in build/train_lm_timeline.png.
 demo: build
+	mkdir -p build
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 examples/train_lm.py --pp 2 \
+		--timeline build/train_lm_timeline.json
+
+# The word-level example written for nn.LSTM, run with pipelstm.LSTM.
+demo-word-lm: build
 	$(PY) examples/word_language_model.py --lstm pipelstm --epochs 4 --log-interval 40
 
 bench: build

@@ -109,7 +109,14 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
         device = torch.device("cpu")
     td = datetime.timedelta(seconds=timeout)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=td, device_id=device if backend == "nccl" else None)
+        # After `torchrun --max-restarts` restarts the workers, the store can
+        # still hold the dead attempt's addresses (gloo then connects to a
+        # dead process); keys under a per-attempt prefix cannot be stale.
+        store, _, _ = next(dist.rendezvous("env://", timeout=td))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"pipelstm/attempt-{attempt}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td,
+                                device_id=device if backend == "nccl" else None)
     # Every process creates every group, in the same order.
     pp_group = dp_group = None
     for d in range(dp):
