@@ -155,3 +155,35 @@ def test_bad_configuration_stops_every_rank(nproc, args, message):
     assert message in out, out[-3000:]
     assert out.count(message) >= nproc  # every rank says why
     assert time.monotonic() - t0 < 60
+
+
+def test_mismatched_models_stop_every_rank():
+    import subprocess
+
+    from distributed_utils import ROOT, env
+
+    script = ROOT / "tests" / "scripts" / "mismatched_model.py"
+    result = subprocess.run(TORCHRUN + ["--standalone", "--nproc-per-node=2", str(script)], capture_output=True,
+                            text=True, timeout=120, env=env(), cwd=ROOT)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "constructed" not in out
+    assert out.count("rank 1's model differs from rank 0's") >= 2, out[-3000:]
+
+
+def test_atomic_save_keeps_the_last_good_file(tmp_path, monkeypatch):
+    from pipelstm.distributed import atomic_save
+
+    path = tmp_path / "ckpt.pt"
+    atomic_save({"step": 1}, str(path))
+
+    def crash(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        atomic_save({"step": 2}, str(path))
+    monkeypatch.undo()
+    assert torch.load(path) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
