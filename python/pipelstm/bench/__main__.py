@@ -1,9 +1,9 @@
 import sys
 
-from . import floors, layer, module, pipeline, pipelining_peer
+from . import distributed, floors, layer, module, pipeline, pipelining_peer
 
 BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main, "pipeline": pipeline.main,
-              "pipelining": pipelining_peer.main}
+              "pipelining": pipelining_peer.main, "distributed": distributed.main}
 
 
 def main() -> None:
