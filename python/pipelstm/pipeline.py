@@ -105,6 +105,28 @@ def _flatten(model: nn.Sequential) -> List[_Unit]:
     return units
 
 
+def resolve_balance(balance: Union[str, Sequence[int]], units: Sequence[_Unit], stages: int, who: str) -> List[int]:
+    """Units per stage: ``"auto"`` splits by the units' costs; a given list is checked."""
+    n = len(units)
+    if isinstance(balance, str):
+        if balance != "auto":
+            raise ValueError(f"{who}: balance must be 'auto' or a list of unit counts, got {balance!r}")
+        return partition([u.cost for u in units], stages)
+    balance = list(balance)
+    if len(balance) != stages or any(not isinstance(b, int) or b < 1 for b in balance):
+        raise ValueError(f"{who}: balance {balance} must give a positive unit count for each of the {stages} stages")
+    if sum(balance) != n:
+        raise ValueError(f"{who}: balance {balance} sums to {sum(balance)}, but the model has {n} units "
+                         f"({', '.join(u.name for u in units)})")
+    return balance
+
+
+def check_positive_ints(who: str, **values) -> None:
+    for what, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}: {what} must be a positive int, got {v!r}")
+
+
 def _thread_budgets(threads: Union[None, int, Sequence[int]], devices: Sequence[torch.device]) -> List[int]:
     """Intra-op threads per stage (0 for accelerators): given, or the
     caller's ``torch.get_num_threads()`` shared among the CPU stages."""
@@ -215,7 +237,7 @@ class _PipelineFunction(torch.autograd.Function):
     def forward(ctx, pipe: "Pipeline", layout, input: Tensor, *tensors: Optional[Tensor]):
         L, unit_counts = layout
         h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
-        params = pipe._unflatten(tensors[2 * L :], unit_counts)
+        params = _unflatten(tensors[2 * L :], unit_counts)
         run = pipe._engine.forward(
             input, h0, c0, params, pipe.chunks, pipe.micro_batches, pipe.training, True
         )
@@ -243,6 +265,41 @@ class _PipelineFunction(torch.autograd.Function):
         for unit_grads, count in zip(gparams, unit_counts):
             flat.extend(g for g, present in zip(unit_grads, count) if present)
         return (None, None, grad_input, *states, *flat)
+
+
+def run_engine(owner, units: Sequence[_Unit], x: Tensor, h0: List[Optional[Tensor]],
+               c0: List[Optional[Tensor]]) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+    """One pipelined forward of ``owner._engine`` (with ``owner.chunks``,
+    ``.micro_batches``, ``.training``) over ``units``; differentiable through
+    ``_PipelineFunction`` when anything requires grad. Returns the output
+    and the final states per LSTM layer."""
+    L = len(h0)
+    params = [u.params() for u in units]
+    unit_counts = [tuple(p is not None for p in ps) for ps in params]
+    flat = [p for ps in params for p in ps if p is not None]
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or any(p.requires_grad for p in flat)
+        or any(t is not None and t.requires_grad for t in h0 + c0)
+    )
+    if needs_grad:
+        outs = _PipelineFunction.apply(owner, (L, unit_counts), x, *h0, *c0, *flat)
+        return outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
+    run = owner._engine.forward(
+        x, h0, c0, _unflatten(flat, unit_counts), owner.chunks, owner.micro_batches, owner.training, False
+    )
+    return run.output, list(run.h_n), list(run.c_n)
+
+
+def _unflatten(flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:
+    """Per unit, its parameter slots (None where absent) from the flat list."""
+    out, i = [], 0
+    for present in unit_counts:
+        params = []
+        for p in present:
+            params.append(flat[i] if p else None)
+            i += p
+        out.append(params)
+    return out
 
 
 class Pipeline(nn.Module):
@@ -281,9 +338,7 @@ class Pipeline(nn.Module):
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
-        for what, v in (("chunks", chunks), ("micro_batches", micro_batches)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Pipeline: {what} must be a positive int, got {v!r}")
+        check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
         if isinstance(devices, (str, torch.device)) or len(devices) == 0:
             raise ValueError(f"Pipeline: devices must be a non-empty list of devices, got {devices!r}")
         self._devices = [_check_device(d) for d in devices]
@@ -301,18 +356,7 @@ class Pipeline(nn.Module):
         self._units = units
         self._sample_shape = None
         self._estimate_costs(sample)
-        if isinstance(balance, str):
-            if balance != "auto":
-                raise ValueError(f"Pipeline: balance must be 'auto' or a list of unit counts, got {balance!r}")
-            self.balance = partition([u.cost for u in units], S)
-        else:
-            balance = list(balance)
-            if len(balance) != S or any(not isinstance(b, int) or b < 1 for b in balance):
-                raise ValueError(f"Pipeline: balance {balance} must give a positive unit count for each of the {S} stages")
-            if sum(balance) != n:
-                raise ValueError(f"Pipeline: balance {balance} sums to {sum(balance)}, but the model has {n} units "
-                                 f"({', '.join(u.name for u in units)})")
-            self.balance = balance
+        self.balance = resolve_balance(balance, units, S, "Pipeline")
         self.threads = _thread_budgets(threads, self._devices)
         _place(units, self.balance, self._devices)
         for name, child in module.named_children():
@@ -328,16 +372,6 @@ class Pipeline(nn.Module):
         return len(self._modules)
 
     # --- running -----------------------------------------------------------------
-
-    def _unflatten(self, flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:
-        out, i = [], 0
-        for present in unit_counts:
-            params = []
-            for p in present:
-                params.append(flat[i] if p else None)
-                i += p
-            out.append(params)
-        return out
 
     def forward(self, input: Tensor, hx=None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         if not isinstance(input, Tensor) or input.dim() < 2:
@@ -355,21 +389,7 @@ class Pipeline(nn.Module):
                     raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
                 for l in range(L):
                     states[l] = given[l]
-        params = [u.params() for u in self._units]
-        unit_counts = [tuple(p is not None for p in ps) for ps in params]
-        flat = [p for ps in params for p in ps if p is not None]
-        needs_grad = torch.is_grad_enabled() and (
-            input.requires_grad or any(p.requires_grad for p in flat)
-            or any(t is not None and t.requires_grad for t in h0 + c0)
-        )
-        if needs_grad:
-            outs = _PipelineFunction.apply(self, (L, unit_counts), x, *h0, *c0, *flat)
-            out, h_n, c_n = outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
-        else:
-            run = self._engine.forward(
-                x, h0, c0, self._unflatten(flat, unit_counts), self.chunks, self.micro_batches, self.training, False
-            )
-            out, h_n, c_n = run.output, run.h_n, run.c_n
+        out, h_n, c_n = run_engine(self, self._units, x, h0, c0)
         if self._batch_first:
             out = out.transpose(0, 1)
         return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..pipeline import _engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, partition, run_engine
+from ..pipeline import (_engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, check_positive_ints,
+                        partition, resolve_balance, run_engine)
 from ..timeline import write_timeline
 from .mesh import Mesh
 
@@ -70,9 +71,7 @@ class PipelineParallel(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
-        for what, v in (("chunks", chunks), ("micro_batches", micro_batches)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"PipelineParallel: {what} must be a positive int, got {v!r}")
+        check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
         self.mesh = mesh
         units = _flatten(model)
         for u in units:
@@ -81,7 +80,7 @@ class PipelineParallel(nn.Module):
         if mesh.pp > n:
             raise ValueError(f"PipelineParallel: pp={mesh.pp} stages but the model has only {n} units "
                              f"({', '.join(u.name for u in units)}); use pp <= {n}")
-        self.balance = _global_balance(balance, units, mesh.pp)
+        self.balance = resolve_balance(balance, units, mesh.pp, "PipelineParallel")
         start = sum(self.balance[: mesh.pp_rank])
         mine = units[start : start + self.balance[mesh.pp_rank]]
         local_devices = [torch.device(d) for d in (devices or [mesh.device])]
@@ -265,22 +264,6 @@ class PipelineParallel(nn.Module):
         return (f"stage={self.mesh.pp_rank}/{self.mesh.pp}, replica={self.mesh.dp_rank}/{self.mesh.dp}, "
                 f"balance={self.balance}, units=[{', '.join(u.name for u in self._local._units)}], "
                 f"devices={[str(d) for d in self.devices]}")
-
-
-def _global_balance(balance, units, pp: int) -> List[int]:
-    n = len(units)
-    if isinstance(balance, str):
-        if balance != "auto":
-            raise ValueError(f"PipelineParallel: balance must be 'auto' or a list of unit counts, got {balance!r}")
-        return partition([u.cost for u in units], pp)
-    balance = list(balance)
-    if len(balance) != pp or any(not isinstance(b, int) or b < 1 for b in balance):
-        raise ValueError(f"PipelineParallel: balance {balance} must give a positive unit count for each of the "
-                         f"{pp} stages")
-    if sum(balance) != n:
-        raise ValueError(f"PipelineParallel: balance {balance} sums to {sum(balance)}, but the model has {n} units "
-                         f"({', '.join(u.name for u in units)})")
-    return balance
 
 
 def _width_after(units) -> int:
