@@ -220,16 +220,21 @@ class PipelineParallel(nn.Module):
         """The unsplit model's state_dict, gathered from the stages of the
         first replica (a collective: call it on every rank). Returned on
         global rank 0, ``None`` elsewhere."""
-        mine = {k: v.cpu() for k, v in self.state_dict().items()} if self.mesh.dp_rank == 0 else None
-        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        parts = self._gather_first_replica(lambda: {k: v.cpu() for k, v in self.state_dict().items()})
         if parts is None:
             return None
         full: Dict[str, Tensor] = {}
         for part in parts:
-            if part:
-                full.update(part)
+            full.update(part)
         return full
+
+    def _gather_first_replica(self, make):
+        """``make()`` of every stage of the first replica, in rank order, on
+        global rank 0 (None elsewhere); a collective over all ranks."""
+        mine = make() if self.mesh.dp_rank == 0 else None
+        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        return None if parts is None else [p for p in parts if p is not None]
 
     def hidden_state(self):
         return self._hidden
@@ -248,16 +253,13 @@ class PipelineParallel(nn.Module):
         events = [dict(stage=self.first_stage + e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
                        start_ns=e.start_ns, end_ns=e.end_ns) for e in self._local._engine.trace()]
         names = [f"stage {self.first_stage + s} ({d}, rank {self.mesh.rank})" for s, d in enumerate(self.devices)]
-        mine = (events, names) if self.mesh.dp_rank == 0 else None
-        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        parts = self._gather_first_replica(lambda: (events, names))
         if parts is None:
             return None
         all_events, all_names = [], []
-        for part in parts:
-            if part:
-                all_events += part[0]
-                all_names += part[1]
+        for part_events, part_names in parts:
+            all_events += part_events
+            all_names += part_names
         return write_timeline(all_events, all_names, path)
 
     def extra_repr(self) -> str:
