@@ -145,6 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=int, default=4, help="time chunks per step (K)")
     ap.add_argument("--micro-batches", type=int, default=2, help="micro-batches per step (M)")
     ap.add_argument("--balance", default="auto", help="'auto' or units per stage, e.g. 3,3")
+    ap.add_argument("--recompute", choices=("never", "except_last", "always"), default="never",
+                    help="activation recomputation per stage (trades compute for memory)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
     ap.add_argument("--seed", type=int, default=1111)
@@ -225,7 +227,7 @@ def main(argv=None) -> dict:
     valid = batchify(corpus.valid, args.batch_size)
     model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed)
     pipe = pdist.PipelineParallel(model, mesh, chunks=args.chunks, micro_batches=args.micro_batches,
-                                  balance=parse_balance(args.balance))
+                                  balance=parse_balance(args.balance), checkpoint=args.recompute)
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(pipe.parameters(), lr=args.lr or 3e-3)
     else:

@@ -20,6 +20,11 @@ void init_bindings(py::module_& parent) {
       .value("linear", UnitKind::Linear)
       .value("dropout", UnitKind::Dropout);
 
+  py::enum_<Checkpoint>(m, "Checkpoint")
+      .value("never", Checkpoint::Never)
+      .value("except_last", Checkpoint::ExceptLast)
+      .value("always", Checkpoint::Always);
+
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
                        bool scale_grad_by_freq, double p, int64_t state_index) {
@@ -65,6 +70,7 @@ void init_bindings(py::module_& parent) {
       .def_property_readonly("output", &Run::output)
       .def_property_readonly("h_n", &Run::h_n)
       .def_property_readonly("c_n", &Run::c_n)
+      .def_property_readonly("saved_bytes", &Run::saved_bytes)
       .def(
           "backward",
           [](Run& run, const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
@@ -87,13 +93,15 @@ void init_bindings(py::module_& parent) {
           "forward",
           [](Engine& e, const at::Tensor& input, const std::vector<OptTensor>& h0,
              const std::vector<OptTensor>& c0, const std::vector<UnitParams>& params,
-             int64_t chunks, int64_t micro_batches, bool training, bool keep_for_backward) {
+             int64_t chunks, int64_t micro_batches, bool training, bool keep_for_backward,
+             Checkpoint checkpoint) {
             py::gil_scoped_release no_gil;
             return e.forward(input, h0, c0, params, chunks, micro_batches, training,
-                             keep_for_backward);
+                             keep_for_backward, checkpoint);
           },
           py::arg("input"), py::arg("h0"), py::arg("c0"), py::arg("params"), py::arg("chunks"),
-          py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"))
+          py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"),
+          py::arg("checkpoint") = Checkpoint::Never)
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
            py::arg("first_stage"), py::arg("process"))
       .def("trace", &Engine::trace)

@@ -11,6 +11,7 @@
 #include "engine.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/DeviceGuard.h>
@@ -25,6 +26,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <unordered_set>
 
 #include "../lstm_ops.h"
 
@@ -221,6 +223,25 @@ const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what) {
   return *t;
 }
 
+// What one stage keeps of one work item (m, k) for its backward.
+struct SavedItem {
+  // Recomputed: `units` holds only what replaying the forward needs (each
+  // LSTM layer's initial {h, c}, each dropout mask) and `input` the
+  // stage's input; otherwise `units[j]` is what unit j's backward needs.
+  bool recompute = false;
+  Tensor input;
+  std::vector<std::vector<Tensor>> units;
+};
+
+bool recomputes(Checkpoint policy, int64_t m, int64_t k, int64_t M, int64_t K) {
+  switch (policy) {
+    case Checkpoint::Never: return false;
+    case Checkpoint::Always: return true;
+    case Checkpoint::ExceptLast: return !(m == M - 1 && k == K - 1);
+  }
+  return false;
+}
+
 }  // namespace
 
 // Everything one forward pass keeps for its backward.
@@ -235,8 +256,9 @@ struct RunState {
   at::TensorOptions input_options;
   std::vector<UnitParams> params;
   std::vector<int64_t> first_unit;  // per stage, global index of its first unit
-  // saved[s][m * K + k][j]: the tensors unit j of stage s saved for (m, k).
-  std::vector<std::vector<std::vector<std::vector<Tensor>>>> saved;
+  // saved[s][m * K + k]: what stage s kept of item (m, k).
+  std::vector<std::vector<SavedItem>> saved;
+  int64_t saved_bytes = 0;
   std::vector<OptTensor> h0_given, c0_given;  // to shape the gradients
   std::vector<Tensor> h0_parts, c0_parts;     // [layer * M + m]
   Tensor output;
@@ -325,9 +347,38 @@ void check_fault(const std::vector<Engine::Fault>& faults, int64_t unit, const c
   }
 }
 
-// One unit forward on x; returns the output and fills `saved`.
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The seed of one dropout unit's mask for item (m, k) of a pass: the same
+// whatever order the stage threads run in, so a pass is reproducible under
+// torch.manual_seed.
+uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
+  return splitmix64(splitmix64(splitmix64(pass_seed ^ static_cast<uint64_t>(unit)) ^
+                               static_cast<uint64_t>(m)) ^
+                    static_cast<uint64_t>(k));
+}
+
+at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator global = at::globalContext().defaultGenerator(device);
+  at::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(global.mutex());
+    g = global.clone();
+  }
+  g.set_current_seed(seed);
+  return g;
+}
+
+// One unit forward on x; returns the output and fills `saved`. `seed`
+// seeds a dropout unit's mask.
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
-                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved) {
+                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed) {
   switch (u.kind) {
     case UnitKind::Lstm: {
       auto [out, h_n, c_n, ws] =
@@ -355,7 +406,7 @@ Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, boo
       if (u.p >= 1.0) {
         mask.zero_();
       } else {
-        mask.bernoulli_(1.0 - u.p).div_(1.0 - u.p);
+        mask.bernoulli_(1.0 - u.p, seeded_generator(x.device(), seed)).div_(1.0 - u.p);
       }
       if (keep) saved = {mask};
       return x * mask;
@@ -418,13 +469,75 @@ Tensor unit_backward(const UnitSpec& u, const UnitParams& p, const Tensor& g,
   TORCH_CHECK(false, "unknown unit kind");
 }
 
+// After a recomputed item's forward: keep of unit u's saved tensors only
+// what replaying it needs.
+void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved) {
+  if (saved.empty()) return;
+  switch (u.kind) {
+    case UnitKind::Lstm: saved = {saved[1], saved[2]}; return;  // initial h, c
+    case UnitKind::Dropout: return;                              // the mask
+    case UnitKind::Embedding:
+    case UnitKind::Linear: saved.clear(); return;  // the input is recomputed
+  }
+}
+
+// Runs a recomputed item's forward again from its stage input, leaving in
+// item.units what each unit's backward needs (bitwise what the first
+// forward saved: the same ops on the same inputs and thread budget).
+void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& params,
+            int64_t first_unit, bool training, SavedItem& item) {
+  Tensor x = std::move(item.input);
+  const int64_t n = static_cast<int64_t>(units.size());
+  for (int64_t j = 0; j < n; ++j) {
+    const UnitSpec& u = units[j];
+    std::vector<Tensor>& saved = item.units[j];
+    const bool last = j == n - 1;
+    if (u.kind == UnitKind::Dropout) {
+      if (!last && !saved.empty()) x = x * saved[0];
+      continue;
+    }
+    if (last && u.kind != UnitKind::Lstm) {  // its backward needs only its input
+      saved = {x};
+      break;
+    }
+    Tensor h, c;
+    if (u.kind == UnitKind::Lstm) {
+      h = saved[0];
+      c = saved[1];
+    }
+    x = unit_forward(u, params[first_unit + j], x, training, /*keep=*/true, h, c, saved,
+                     /*seed=*/0);  // dropout masks are replayed, never drawn here
+  }
+  item.recompute = false;
+}
+
+// Bytes of the distinct storages in `items`.
+int64_t storage_bytes(const std::vector<std::vector<SavedItem>>& items) {
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  auto count = [&](const Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) total += static_cast<int64_t>(t.storage().nbytes());
+  };
+  for (const auto& stage : items) {
+    for (const auto& item : stage) {
+      count(item.input);
+      for (const auto& unit : item.units) {
+        for (const auto& t : unit) count(t);
+      }
+    }
+  }
+  return total;
+}
+
 }  // namespace
 
 std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptTensor>& h0,
                                      const std::vector<OptTensor>& c0,
                                      const std::vector<UnitParams>& params, int64_t chunks,
                                      int64_t micro_batches, bool training,
-                                     bool keep_for_backward) {
+                                     bool keep_for_backward, Checkpoint checkpoint) {
   const int64_t S = static_cast<int64_t>(stages_.size());
   TORCH_CHECK(static_cast<int64_t>(params.size()) == num_units_, "pipelstm.Pipeline: expected ",
               num_units_, " parameter lists, got ", params.size());
@@ -457,7 +570,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   st->params = params;
   st->h0_given = h0;
   st->c0_given = c0;
-  st->saved.assign(S, std::vector<std::vector<std::vector<Tensor>>>(M * K));
+  st->saved.assign(S, std::vector<SavedItem>(M * K));
   int64_t u0 = 0;
   for (const auto& stage : stages_) {
     st->first_unit.push_back(u0);
@@ -520,6 +633,14 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
     }
   }
   if (next_) st->out_sizes.resize(M * K);
+  // One draw from the default generator per pass (so torch.manual_seed
+  // governs the dropout masks), whatever the units.
+  uint64_t pass_seed = 0;
+  if (training) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    pass_seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
   std::vector<Tensor> h_final(num_lstm_ * M), c_final(num_lstm_ * M);
   std::vector<std::vector<TraceEvent>> traces(S);
   const auto faults = this->faults();
@@ -556,13 +677,17 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
             in.value = Tensor();  // the stage owns it now
           }
           const int64_t t0 = now_ns();
-          auto& saved = st->saved[s][m * K + k];
-          saved.resize(n_units);
+          SavedItem& item = st->saved[s][m * K + k];
+          item.units.resize(n_units);
+          item.recompute = keep_for_backward && recomputes(checkpoint, m, k, M, K);
+          if (item.recompute) item.input = x;
           for (j = 0; j < n_units; ++j) {
             const int64_t gu = st->first_unit[s] + j;
             check_fault(faults, gu, "forward", m, k);
             x = unit_forward(stage.units[j], params[gu], x, training, keep_for_backward,
-                             h[j * M + m], c[j * M + m], saved[j]);
+                             h[j * M + m], c[j * M + m], item.units[j],
+                             dropout_seed(pass_seed, gu, m, k));
+            if (item.recompute) keep_for_replay(stage.units[j], item.units[j]);
           }
           j = -1;
           traces[s].push_back({s, "forward", static_cast<int>(m), static_cast<int>(k), t0, now_ns()});
@@ -634,7 +759,9 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
       st->c_n.push_back(M == 1 ? cs[0] : at::cat(cs, 0));
     }
   }
-  if (!keep_for_backward) {
+  if (keep_for_backward) {
+    st->saved_bytes = storage_bytes(st->saved);
+  } else {
     st->saved.clear();
     st->params.clear();
   }
@@ -644,6 +771,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
 Tensor Run::output() const { return state_->output; }
 std::vector<Tensor> Run::h_n() const { return state_->h_n; }
 std::vector<Tensor> Run::c_n() const { return state_->c_n; }
+int64_t Run::saved_bytes() const { return state_->saved_bytes; }
 
 BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
                              const std::vector<OptTensor>& grad_c_n) {
@@ -745,14 +873,19 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
             g = in.value;
             in.value = Tensor();
           }
+          SavedItem& item = st.saved[s][m * K + k];
+          if (item.recompute) {
+            const int64_t tr = now_ns();
+            replay(stage.units, st.params, st.first_unit[s], st.training, item);
+            traces[s].push_back({s, "recompute", static_cast<int>(m), static_cast<int>(k), tr, now_ns()});
+          }
           const int64_t t0 = now_ns();
-          auto& saved = st.saved[s][m * K + k];
           for (j = n_units - 1; j >= 0; --j) {
             const int64_t gu = st.first_unit[s] + j;
             check_fault(faults, gu, "backward", m, k);
-            g = unit_backward(stage.units[j], st.params[gu], g, saved[j], gh[j * M + m],
+            g = unit_backward(stage.units[j], st.params[gu], g, item.units[j], gh[j * M + m],
                               gc[j * M + m], acc[gu]);
-            saved[j].clear();  // free activations as soon as they are used
+            item.units[j].clear();  // free activations as soon as they are used
           }
           j = -1;
           traces[s].push_back({s, "backward", static_cast<int>(m), static_cast<int>(k), t0, now_ns()});

@@ -25,6 +25,13 @@ using OptTensor = std::optional<Tensor>;
 
 enum class UnitKind { Lstm, Embedding, Linear, Dropout };
 
+// Activation recomputation: which work items keep only what replaying their
+// forward needs (the stage input, each LSTM layer's initial (h, c) and the
+// dropout masks) and run that forward again just before their backward.
+// ExceptLast leaves out a stage's last forward item, whose backward comes
+// first and would replay it at once.
+enum class Checkpoint { Never, ExceptLast, Always };
+
 struct UnitSpec {
   UnitKind kind;
   std::string name;  // for messages and traces, e.g. "1.l2 (LSTM layer 2)"
@@ -50,7 +57,7 @@ using UnitParams = std::vector<OptTensor>;
 
 struct TraceEvent {
   int stage;
-  std::string phase;  // "forward", "backward", "transfer"
+  std::string phase;  // "forward", "recompute", "backward", "transfer"
   int micro_batch, chunk;
   int64_t start_ns, end_ns;  // steady clock
 };
@@ -71,6 +78,9 @@ class Run {
   Tensor output() const;
   std::vector<Tensor> h_n() const;
   std::vector<Tensor> c_n() const;
+  // Bytes of the tensors this pass keeps for backward (distinct storages),
+  // measured when forward finished.
+  int64_t saved_bytes() const;
   // Releases what forward saved; a second call raises.
   BackwardResult backward(const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,
                           const std::vector<OptTensor>& grad_c_n);
@@ -90,7 +100,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<Run> forward(const Tensor& input, const std::vector<OptTensor>& h0,
                                const std::vector<OptTensor>& c0,
                                const std::vector<UnitParams>& params, int64_t chunks,
-                               int64_t micro_batches, bool training, bool keep_for_backward);
+                               int64_t micro_batches, bool training, bool keep_for_backward,
+                               Checkpoint checkpoint = Checkpoint::Never);
 
   // Makes this engine one part of a pipeline over processes: its first
   // stage receives its input (activations) from `prev` and sends back the

@@ -30,6 +30,14 @@ __all__ = ["Pipeline", "partition"]
 
 _engine = _C.pipeline
 _State = Tuple[Tensor, Tensor]
+CHECKPOINT_MODES = ("never", "except_last", "always")
+
+
+def check_checkpoint(who: str, checkpoint: str) -> str:
+    if checkpoint not in CHECKPOINT_MODES:
+        raise ValueError(f"{who}: checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, "
+                         f"got {checkpoint!r}")
+    return checkpoint
 
 
 @dataclass
@@ -239,8 +247,10 @@ class _PipelineFunction(torch.autograd.Function):
         h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
         params = _unflatten(tensors[2 * L :], unit_counts)
         run = pipe._engine.forward(
-            input, h0, c0, params, pipe.chunks, pipe.micro_batches, pipe.training, True
+            input, h0, c0, params, pipe.chunks, pipe.micro_batches, pipe.training, True,
+            getattr(_engine.Checkpoint, getattr(pipe, "checkpoint", "never")),
         )
+        pipe.saved_activation_bytes = run.saved_bytes
         ctx.run, ctx.layout = run, layout
         ctx.input_device, ctx.input_float = input.device, input.is_floating_point()
         ctx.state_devices = [None if t is None else t.device for t in tensors[: 2 * L]]
@@ -270,7 +280,7 @@ class _PipelineFunction(torch.autograd.Function):
 def run_engine(owner, units: Sequence[_Unit], x: Tensor, h0: List[Optional[Tensor]],
                c0: List[Optional[Tensor]]) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
     """One pipelined forward of ``owner._engine`` (with ``owner.chunks``,
-    ``.micro_batches``, ``.training``) over ``units``; differentiable through
+    ``.micro_batches``, ``.training``, ``.checkpoint``) over ``units``; differentiable through
     ``_PipelineFunction`` when anything requires grad. Returns the output
     and the final states per LSTM layer."""
     L = len(h0)
@@ -318,6 +328,14 @@ class Pipeline(nn.Module):
             without one, a FLOP cost model balances.
         threads: intra-op threads per CPU stage (an int or one per stage);
             default: ``torch.get_num_threads()`` shared among the CPU stages.
+        checkpoint: activation recomputation, trading compute for memory:
+            ``"never"`` keeps every activation backward needs; ``"always"``
+            keeps of each (micro-batch, chunk) only the stage's input, the
+            LSTM layers' initial states and the dropout masks, and runs its
+            forward again just before its backward; ``"except_last"`` does so
+            for all but each stage's last item (whose backward comes first).
+            Results are bitwise the same; ``saved_activation_bytes`` tells
+            what the last forward kept.
 
     ``forward(input, hx=None)`` takes ``[T, B]`` indices (first unit an
     Embedding) or ``[T, B, I]`` features (``[B, T, ...]`` when the LSTMs are
@@ -334,11 +352,14 @@ class Pipeline(nn.Module):
         balance: Union[str, Sequence[int]] = "auto",
         sample: Optional[Tensor] = None,
         threads: Union[None, int, Sequence[int]] = None,
+        checkpoint: str = "never",
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
         check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
+        self.checkpoint = check_checkpoint("Pipeline", checkpoint)
+        self.saved_activation_bytes = 0
         if isinstance(devices, (str, torch.device)) or len(devices) == 0:
             raise ValueError(f"Pipeline: devices must be a non-empty list of devices, got {devices!r}")
         self._devices = [_check_device(d) for d in devices]
@@ -445,7 +466,8 @@ class Pipeline(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
-                f"micro_batches={self.micro_batches}")
+                f"micro_batches={self.micro_batches}"
+                + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
 
 
 class Plan:
@@ -461,7 +483,7 @@ class Plan:
             self.rows.append(dict(
                 stage=s, device=str(pipe._devices[s]), units=[u.name for u in units],
                 est=sum(u.cost for u in units), params=sum(u.num_params() for u in units),
-                act_bytes=sum(u.act_bytes for u in units), threads=pipe.threads[s],
+                act_bytes=_kept_bytes(units, pipe.checkpoint), threads=pipe.threads[s],
             ))
         self.per_token = pipe._sample_shape is None
 
@@ -487,6 +509,21 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _kept_bytes(units: Sequence[_Unit], checkpoint: str) -> float:
+    """Activation bytes a stage keeps for backward (per token, or for the
+    profiled sample): everything its units save, or with recomputation its
+    input and the dropout masks (the initial states are per chunk, not per
+    token, and left out)."""
+    if checkpoint == "never":
+        return sum(u.act_bytes for u in units)
+    per_token = [_flop_model(u)[1] for u in units]
+    scale = units[0].act_bytes / per_token[0] if per_token[0] else 1.0  # tokens of the sample
+    first = units[0]
+    kept = 8.0 if first.kind == "embedding" else float(first.input_size or first.out_size) * _elt(first)
+    kept += sum(_flop_model(u)[1] for u in units[1:] if u.kind == "dropout")
+    return kept * scale
 
 
 def _elt(u: _Unit) -> int:

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..pipeline import (_engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, check_positive_ints,
-                        partition, resolve_balance, run_engine)
+from ..pipeline import (_engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, check_checkpoint,
+                        check_positive_ints, partition, resolve_balance, run_engine)
 from ..timeline import write_timeline
 from .mesh import Mesh
 
@@ -29,13 +29,13 @@ class _Stage(nn.Module):
     Parameter objects) and the engine that runs them."""
 
     def __init__(self, units, global_names: List[str], engine, chunks: int, micro_batches: int,
-                 input_features: int, dtype: torch.dtype) -> None:
+                 input_features: int, dtype: torch.dtype, checkpoint: str) -> None:
         super().__init__()
         self.weights = nn.ParameterList([p for ps in (u.params() for u in units) for p in ps if p is not None])
         self.global_names = global_names
         self._units = units
         self._engine = engine
-        self.chunks, self.micro_batches = chunks, micro_batches
+        self.chunks, self.micro_batches, self.checkpoint = chunks, micro_batches, checkpoint
         self._input_features, self._dtype = input_features, dtype
         self.num_layers = sum(u.kind == "lstm" for u in units)
 
@@ -59,6 +59,8 @@ class PipelineParallel(nn.Module):
         carry_state: keep each LSTM layer's final state as the next step's
             initial state (truncated BPTT), detached; :meth:`reset_state`
             starts again from zeros.
+        checkpoint: activation recomputation, as in :class:`pipelstm.Pipeline`
+            (``"never"``, ``"except_last"``, ``"always"``).
 
     ``parameters()`` are this stage's; give them to the optimizer.
     ``state_dict()`` has the unsplit model's names for this stage's
@@ -67,11 +69,13 @@ class PipelineParallel(nn.Module):
 
     def __init__(self, model: nn.Sequential, mesh: Mesh, *, chunks: int = 1, micro_batches: int = 1,
                  balance: Union[str, Sequence[int]] = "auto", devices: Optional[Sequence] = None,
-                 threads: Union[None, int, Sequence[int]] = None, carry_state: bool = True) -> None:
+                 threads: Union[None, int, Sequence[int]] = None, carry_state: bool = True,
+                 checkpoint: str = "never") -> None:
         super().__init__()
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
         check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
+        check_checkpoint("PipelineParallel", checkpoint)
         self.mesh = mesh
         units = _flatten(model)
         for u in units:
@@ -110,7 +114,7 @@ class PipelineParallel(nn.Module):
         global_names = [names[id(p)] for ps in (u.params() for u in mine) for p in ps if p is not None]
         in_features = 0 if mesh.is_first_stage else _width_after(units[:start])
         dtype = next(p for u in mine for p in u.params() if p is not None).dtype
-        self._local = _Stage(mine, global_names, engine, chunks, micro_batches, in_features, dtype)
+        self._local = _Stage(mine, global_names, engine, chunks, micro_batches, in_features, dtype, checkpoint)
         self._local.train(model.training)
         self.stage = (DistributedDataParallel(self._local, process_group=mesh.dp_group, broadcast_buffers=False)
                       if mesh.dp > 1 else self._local)
