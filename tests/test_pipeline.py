@@ -1,10 +1,16 @@
 """pipelstm.Pipeline: the pipelined model equals the same model on one device.
 
-Exactness (docs/pipeline.md): with one micro-batch, outputs and final states
-are bitwise those of the unsplit model run with the same number of threads;
-with several micro-batches the GEMMs see fewer rows and may round
-differently, and parameter gradients are sums over pieces in a different
-order, so those are compared within 1e-6 relative (max-abs) error.
+Exactness (docs/pipeline.md), with one thread on both sides:
+
+* bitwise: outputs and final states equal those of the same model's modules
+  run on the same pieces as the pipeline (``run_reference_pieces``: the batch
+  split into M micro-batches, time into K chunks, states carried from chunk
+  to chunk). The same ops on the same shapes, so this holds on any machine.
+* within 1e-6 relative (max-abs) error against the unsplit model
+  (``run_reference``), for outputs, states and all gradients: a GEMM over
+  fewer rows (T/K*B or B/M instead of T*B or B) may pick another kernel and
+  round differently, and parameter gradients are sums over pieces in another
+  order. Bitwise against the unsplit model only for K = M = 1.
 """
 
 import contextlib
@@ -52,6 +58,53 @@ def run_reference(model: nn.Sequential, x, hx=None):
     return x, (torch.cat(hs), torch.cat(cs))
 
 
+def run_reference_pieces(model: nn.Sequential, x, hx, K, M):
+    """The unsplit model's modules run on the pieces the pipeline runs: the
+    batch split into M micro-batches and time into K chunks as
+    torch.tensor_split does (the first T % K chunks one step longer, the same
+    for B; K and M clamped to T and B), each micro-batch chunk after chunk,
+    every LSTM carrying its layers' (h, c) from one chunk to the next.
+
+    Like the pipeline, it works time-major: a batch_first input is transposed
+    once, only the (batch_first) LSTMs see their pieces batch-major, and the
+    output is transposed back. (A stacked LSTM without dropout, or in eval,
+    equals its layers run one after another, which is what the pipeline's
+    single-layer units do.) Returns ``output, (h_n, c_n)``: the chunks'
+    outputs concatenated along time, the micro-batches' along the batch, and
+    the final states of all layers concatenated along the batch.
+    """
+    batch_first = any(isinstance(c, nn.RNNBase) and c.batch_first for c in model)
+    x = x.transpose(0, 1) if batch_first else x
+    T, B = x.shape[0], x.shape[1]
+    K, M = min(K, T), min(M, B)
+    lstms, layer = [], 0  # (index in the Sequential, its first layer, its number of layers)
+    for i, child in enumerate(model):
+        if isinstance(child, nn.RNNBase):
+            lstms.append((i, layer, child.num_layers))
+            layer += child.num_layers
+    hx_parts = [None] * M if hx is None else list(zip(*(t.tensor_split(M, dim=1) for t in hx)))
+
+    outs, h_parts, c_parts = [], [], []
+    for x_m, hx_m in zip(x.tensor_split(M, dim=1), hx_parts):
+        states = {i: None if hx_m is None else (hx_m[0][l : l + n], hx_m[1][l : l + n]) for i, l, n in lstms}
+        chunks = []
+        for piece in x_m.tensor_split(K, dim=0):
+            for i, child in enumerate(model):
+                if i not in states:
+                    piece = child(piece)
+                elif child.batch_first:
+                    piece, states[i] = child(piece.transpose(0, 1), states[i])
+                    piece = piece.transpose(0, 1)
+                else:
+                    piece, states[i] = child(piece, states[i])
+            chunks.append(piece)
+        outs.append(torch.cat(chunks, dim=0))
+        h_parts.append(torch.cat([states[i][0] for i, _, _ in lstms]))
+        c_parts.append(torch.cat([states[i][1] for i, _, _ in lstms]))
+    out = torch.cat(outs, dim=1)
+    return out.transpose(0, 1) if batch_first else out, (torch.cat(h_parts, dim=1), torch.cat(c_parts, dim=1))
+
+
 def lm_model(V=37, E=6, H=8, O=5):
     # units: 0, 1.l0, 1.l1, 1.l2, 2, 3
     return nn.Sequential(nn.Embedding(V, E), pipelstm.LSTM(E, H, num_layers=3), nn.Dropout(0.25), nn.Linear(H, O))
@@ -62,11 +115,15 @@ def proj_model(lstm_cls=pipelstm.LSTM, I=4):
     return nn.Sequential(lstm_cls(I, 8, num_layers=2, proj_size=3, bias=False), nn.Linear(3, 2))
 
 
-def compare(model_fn, x, hx, balance, K, M, check_input_grad, bitwise=True):
+def compare(model_fn, x, hx, balance, K, M, check_input_grad, same_kernels=True):
+    """The Pipeline (threads=1) against the unsplit model (one thread): within
+    TOL for outputs, states and all gradients. With ``same_kernels``
+    (pipelstm.LSTM models, not nn.LSTM) outputs and states are also bitwise
+    those of the model run on the pipeline's pieces, and for K = M = 1
+    bitwise those of the unsplit model."""
     torch.manual_seed(1)
     base = model_fn()
-    ref, piped = copy.deepcopy(base), copy.deepcopy(base)
-    ref.eval(), piped.eval()  # dropout off
+    ref, pieces, piped = (copy.deepcopy(base).eval() for _ in range(3))  # dropout off
     pipe = pipelstm.Pipeline(piped, devices=["cpu"] * len(balance), chunks=K, micro_batches=M, balance=balance,
                              threads=1)
     x_ref, x_pipe = x.clone(), x.clone()
@@ -82,9 +139,14 @@ def compare(model_fn, x, hx, balance, K, M, check_input_grad, bitwise=True):
     out_p, (h_p, c_p) = pipe(x_pipe, hx_pipe)
 
     assert out_p.shape == out_r.shape and h_p.shape == h_r.shape and c_p.shape == c_r.shape
-    if M == 1 and bitwise:  # the same GEMM rows, the same per-row rounding
-        assert torch.equal(out_p, out_r)
-        assert torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
+    if same_kernels:
+        with num_threads(1):  # the same ops on the same shapes: the same bits, on any machine
+            out_s, (h_s, c_s) = run_reference_pieces(pieces, x, hx, K, M)
+        assert torch.equal(out_p, out_s)
+        assert torch.equal(h_p, h_s) and torch.equal(c_p, c_s)
+        if K == 1 and M == 1:  # one piece: the unsplit model itself
+            assert torch.equal(out_p, out_r)
+            assert torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
     for a, b in ((out_p, out_r), (h_p, h_r), (c_p, c_r)):
         assert rel_error(a, b) <= TOL
 
@@ -137,7 +199,7 @@ def test_nn_lstm_model_matches_unsplit(K, M):
     T, B = 9, 4
     x = torch.randn(T, B, 4)
     hx = (torch.randn(2, B, 3), torch.randn(2, B, 8))
-    compare(lambda: proj_model(nn.LSTM), x, hx, [1, 2], K, M, check_input_grad=True, bitwise=False)
+    compare(lambda: proj_model(nn.LSTM), x, hx, [1, 2], K, M, check_input_grad=True, same_kernels=False)
 
 
 def test_without_initial_state_and_only_state_loss():
@@ -159,18 +221,22 @@ def test_without_initial_state_and_only_state_loss():
             assert rel_error(p_p.grad, p_r.grad) <= TOL, n
 
 
-def test_batch_first_and_no_grad():
+@pytest.mark.parametrize("K, M", [(2, 1), (3, 3)])
+def test_batch_first_and_no_grad(K, M):
     torch.manual_seed(0)
     base = nn.Sequential(pipelstm.LSTM(3, 6, num_layers=2, batch_first=True), nn.Linear(6, 2))
-    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=2, micro_batches=1, balance=[1, 2],
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=K, micro_batches=M, balance=[1, 2],
                              threads=1)
-    x = torch.randn(4, 7, 3)
+    x = torch.randn(4, 7, 3)  # [B, T, I]
     with torch.no_grad(), num_threads(1):
         out_r, (h_r, c_r) = run_reference(base, x)
+        out_s, (h_s, c_s) = run_reference_pieces(base, x, None, K, M)
     with torch.no_grad():
         out_p, (h_p, c_p) = pipe(x)
-    assert out_p.shape == (4, 7, 2)
-    assert torch.equal(out_p, out_r) and torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
+    assert out_p.shape == (4, 7, 2) and not out_p.requires_grad
+    assert torch.equal(out_p, out_s) and torch.equal(h_p, h_s) and torch.equal(c_p, c_s)
+    for a, b in ((out_p, out_r), (h_p, h_r), (c_p, c_r)):
+        assert rel_error(a, b) <= TOL
 
 
 def test_state_dict_is_the_unsplit_models():
@@ -184,6 +250,59 @@ def test_state_dict_is_the_unsplit_models():
     pipe.load_state_dict(other.state_dict())
     for k, v in other.state_dict().items():
         assert torch.equal(pipe.state_dict()[k], v)
+
+
+def run_step(pipe, x, hx, seed=2):
+    """One forward and backward with a fixed random loss; returns the outputs, states and gradients."""
+    pipe.zero_grad()
+    out, (h, c) = pipe(x, hx)
+    torch.manual_seed(seed)
+    ((out * torch.randn_like(out)).sum() + (h * torch.randn_like(h)).sum() + (c * torch.randn_like(c)).sum()).backward()
+    return [out, h, c] + [p.grad for p in pipe.parameters()]
+
+
+def test_deepcopy_is_an_independent_pipeline():
+    torch.manual_seed(0)
+    pipe = pipelstm.Pipeline(lm_model().eval(), devices=["cpu", "cpu"], balance=[2, 4], chunks=3, micro_batches=2,
+                             threads=1)
+    twin = copy.deepcopy(pipe)
+    assert isinstance(twin, pipelstm.Pipeline) and twin._engine is not pipe._engine
+    assert (twin.balance, twin.chunks, twin.micro_batches, twin.training) == ([2, 4], 3, 2, False)
+    # its units run its own modules
+    assert all(u.module is twin._modules[u.name.split(".")[0]] for u in twin._units)
+    names = [n for n, _ in pipe.named_parameters()]
+    assert [n for n, _ in twin.named_parameters()] == names
+    for p, q in zip(pipe.parameters(), twin.parameters()):
+        assert p is not q and torch.equal(p, q)
+
+    x = torch.randint(0, 37, (8, 4))
+    hx = (torch.randn(3, 4, 8), torch.randn(3, 4, 8))
+    for a, b, what in zip(run_step(pipe, x, hx), run_step(twin, x, hx), ["output", "h_n", "c_n"] + names):
+        assert torch.equal(a, b), what
+
+    # Training the copy leaves the original alone.
+    before = [p.detach().clone() for p in pipe.parameters()]
+    out_before, _ = pipe(x, hx)
+    torch.optim.SGD(twin.parameters(), lr=0.5).step()
+    assert any(not torch.equal(p, q) for p, q in zip(twin.parameters(), before))
+    assert all(torch.equal(p, q) for p, q in zip(pipe.parameters(), before))
+    assert torch.equal(pipe(x, hx)[0], out_before)
+    assert not torch.equal(twin(x, hx)[0], out_before)
+
+
+def test_save_and_load_the_whole_pipeline(tmp_path):
+    torch.manual_seed(0)
+    pipe = pipelstm.Pipeline(proj_model().eval(), devices=["cpu", "cpu"], balance=[1, 2], chunks=2, micro_batches=2,
+                             threads=1)
+    path = tmp_path / "pipe.pt"
+    torch.save(pipe, path)
+    loaded = torch.load(path, weights_only=False)  # a whole module, not only tensors
+    assert isinstance(loaded, pipelstm.Pipeline) and loaded.balance == [1, 2]
+    assert [u.name for u in loaded._units] == [u.name for u in pipe._units]
+    x = torch.randn(5, 3, 4)
+    hx = (torch.randn(2, 3, 3), torch.randn(2, 3, 8))
+    for a, b in zip(run_step(pipe, x, hx), run_step(loaded, x, hx)):
+        assert torch.equal(a, b)
 
 
 def test_dropout_statistics_and_eval():

@@ -392,6 +392,21 @@ class Pipeline(nn.Module):
     def __len__(self) -> int:
         return len(self._modules)
 
+    # --- copying and pickling --------------------------------------------------------
+    # The engine is a C++ object that can be neither copied nor pickled: it is
+    # left out of the state and a new one is built from the same stage specs.
+    # copy.deepcopy goes through these too (one memo for the whole state, so
+    # the copied units point at the copied modules).
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_engine", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._engine = _engine.Engine(_stage_specs(self._units, self.balance, self._devices, self.threads))
+
     # --- running -----------------------------------------------------------------
 
     def forward(self, input: Tensor, hx=None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
