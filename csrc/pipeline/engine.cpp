@@ -26,7 +26,9 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
+#include <utility>
 
 #include "../lstm_ops.h"
 
@@ -147,6 +149,45 @@ Tensor to_device(const Tensor& t, const c10::Device& device) {
   // into host memory the copy must have finished before the CPU reads it.
   return t.to(device, /*non_blocking=*/!device.is_cpu());
 }
+
+// Hands a stage's results to the neighbouring stage on another device. From
+// an accelerator the copy runs on a copy stream of the stage's own, after an
+// event on its compute stream, so that computing the next item overlaps the
+// transfer of this one; the returned event marks the copy done.
+class Courier {
+ public:
+  explicit Courier(const c10::Device& from) : from_(from) {
+    if (!from.is_cpu()) {
+      copy_stream_ = c10::impl::VirtualGuardImpl(from.type()).getStreamFromGlobalPool(from);
+    }
+  }
+
+  std::pair<Tensor, std::optional<c10::Event>> send(const Tensor& x, const c10::Device& to) {
+    if (!copy_stream_.has_value() || !x.defined()) {  // from host memory: as before
+      Tensor y = to_device(x, to);
+      return {y, ready_event(to)};
+    }
+    c10::impl::VirtualGuardImpl impl(from_.type());
+    c10::Event computed(from_.type());
+    computed.record(impl.getStream(from_));
+    computed.block(*copy_stream_);
+    Tensor y;
+    {
+      c10::StreamGuard on_copy_stream(*copy_stream_);
+      y = to_device(x, to);  // into host memory it waits for the copy
+      // x came from the compute stream: its memory stays until the copy is done.
+      impl.recordDataPtrOnStream(x.storage().data_ptr(), *copy_stream_);
+    }
+    if (to.is_cpu()) return {y, std::nullopt};
+    c10::Event copied(from_.type());
+    copied.record(*copy_stream_);
+    return {y, std::move(copied)};
+  }
+
+ private:
+  c10::Device from_;
+  std::optional<c10::Stream> copy_stream_;
+};
 
 // What one worker thread holds for its whole pass.
 class WorkerScope {
@@ -650,6 +691,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
     const StageSpec& stage = stages_[s];
     const int64_t n_units = static_cast<int64_t>(stage.units.size());
     const c10::Device next_device = s + 1 < S ? stages_[s + 1].device : stage.device;
+    Courier courier(stage.device);
     // Carried hidden state per (unit, micro-batch).
     std::vector<Tensor> h(n_units * M), c(n_units * M);
     for (int64_t j = 0; j < n_units; ++j) {
@@ -705,12 +747,15 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
             next_->send(Traffic::Activations, m, k, K, x);
             continue;
           }
+          std::optional<c10::Event> ready;
           if (next_device != stage.device) {
             const int64_t t1 = now_ns();
-            x = to_device(x, next_device);
+            std::tie(x, ready) = courier.send(x, next_device);
             traces[s].push_back({s, "transfer", static_cast<int>(m), static_cast<int>(k), t1, now_ns()});
+          } else {
+            ready = ready_event(next_device);
           }
-          sync.put(channel[s + 1][m * K + k], std::move(x), ready_event(next_device));
+          sync.put(channel[s + 1][m * K + k], std::move(x), std::move(ready));
         } catch (const std::exception& e) {
           sync.fail(describe_failure(*this, s, j >= 0 ? &stage.units[j] : nullptr,
                                      j >= 0 ? st->first_unit[s] + j : -1, "forward", m, k, e));
@@ -848,6 +893,7 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
     const StageSpec& stage = stages[s];
     const int64_t n_units = static_cast<int64_t>(stage.units.size());
     const c10::Device prev_device = s > 0 ? stages[s - 1].device : st.input_device;
+    Courier courier(stage.device);
     std::vector<OptTensor> gh(n_units * M), gc(n_units * M);
     for (int64_t j = 0; j < n_units; ++j) {
       const auto& u = stage.units[j];
@@ -909,13 +955,15 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
             prev->send(Traffic::Gradients, m, k, K, g);
             continue;
           }
+          std::optional<c10::Event> ready;
           if (s > 0 && g.defined() && prev_device != stage.device) {
             const int64_t t1 = now_ns();
-            g = to_device(g, prev_device);
+            std::tie(g, ready) = courier.send(g, prev_device);
             traces[s].push_back({s, "transfer", static_cast<int>(m), static_cast<int>(k), t1, now_ns()});
+          } else {
+            ready = ready_event(s > 0 ? prev_device : stage.device);
           }
-          sync.put(channel[s][m * K + k], std::move(g),
-                   s > 0 ? ready_event(prev_device) : ready_event(stage.device));
+          sync.put(channel[s][m * K + k], std::move(g), std::move(ready));
         } catch (const std::exception& e) {
           sync.fail(describe_failure(engine, s, j >= 0 ? &stage.units[j] : nullptr,
                                      j >= 0 ? st.first_unit[s] + j : -1, "backward", m, k, e));

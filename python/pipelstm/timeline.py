@@ -3,7 +3,7 @@
 Used by ``Pipeline.timeline`` (stages in one process) and
 ``pipelstm.distributed.PipelineParallel.timeline`` (stages gathered from
 several processes). An event is a dict with ``stage``, ``phase``
-("forward", "backward", "transfer"), ``micro_batch``, ``chunk``,
+("forward", "recompute", "backward", "transfer"), ``micro_batch``, ``chunk``,
 ``start_ns`` and ``end_ns`` (steady clock).
 """
 
@@ -13,7 +13,8 @@ from typing import Dict, List, Sequence
 
 __all__ = ["write_timeline", "bubbles"]
 
-_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "transfer": "#55a868", "idle": "#e5e5e5"}
+_COLORS = {"forward": "#4c72b0", "recompute": "#8172b3", "backward": "#dd8452", "transfer": "#55a868",
+           "idle": "#e5e5e5"}
 
 
 def bubbles(events: List[dict], num_stages: int):
@@ -21,8 +22,19 @@ def bubbles(events: List[dict], num_stages: int):
     fraction of the stages between the pass's first start and last end, its
     length, and the theoretical bubble (S-1)/(K*M+S-1)."""
     idle_spans, summary = [], {}
+    # A stage's backward pass: from its first recompute or backward span on
+    # (so each transfer falls in its pass; per stage, as stages gathered
+    # from several machines have clocks of their own).
+    backward_start = {}
+    for e in events:
+        if e["phase"] in ("backward", "recompute"):
+            backward_start[e["stage"]] = min(backward_start.get(e["stage"], e["start_ns"]), e["start_ns"])
+
+    def in_backward(e):
+        return e["start_ns"] >= backward_start.get(e["stage"], float("inf"))
+
     for group_name in ("forward", "backward"):
-        group = [e for e in events if (e["phase"] == "backward") == (group_name == "backward")]
+        group = [e for e in events if in_backward(e) == (group_name == "backward")]
         if not group:
             continue
         lo, hi = min(e["start_ns"] for e in group), max(e["end_ns"] for e in group)
