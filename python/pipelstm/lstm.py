@@ -7,9 +7,13 @@ order, initialisation) and accept the same inputs as ``torch.nn.LSTM`` and
 ``LSTM`` derives from ``torch.nn.RNNBase`` rather than ``torch.nn.LSTM`` on
 purpose: TorchDynamo graph-breaks on every instance of ``nn.LSTM``
 (subclasses included), while ``pipelstm.LSTM`` compiles whole.
+
+``LSTM(..., devices=[...])`` runs the stacked layers as a pipeline over
+devices, time chunks and micro-batches on the engine of
+:class:`pipelstm.Pipeline` (see docs/pipeline.md).
 """
 
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +21,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
+from . import pipeline as _pl
 
 __all__ = ["LSTM", "LSTMCell"]
 
@@ -34,10 +39,55 @@ class LSTM(nn.RNNBase):
     with ``batch_first``, unbatched ``(T, I)``, or a ``PackedSequence``
     (only the real steps of each sequence are computed), with an optional
     ``(h_0, c_0)``; returns ``output, (h_n, c_n)``.
+
+    Pipelined over devices (keyword-only, after nn.LSTM's arguments):
+        devices: one device per pipeline stage, e.g. ``["cpu", "cpu"]`` or
+            ``["cuda:0", "cuda:1"]``. Default ``None``: an ordinary LSTM, and
+            none of the arguments below may be given.
+        chunks: K, time chunks (clamped to the sequence length).
+        micro_batches: M, micro-batches (clamped to the batch).
+        balance: ``"auto"`` (by a FLOP cost model) or the number of units per
+            stage; the units are the layers and, with ``dropout > 0``, the
+            dropout between two layers: ``l0, dropout0, l1, ...``.
+        threads: intra-op threads per CPU stage (an int or one per stage);
+            default ``torch.get_num_threads()`` shared among the CPU stages.
+        checkpoint: activation recomputation, ``"never"``, ``"except_last"``
+            or ``"always"``, as in :class:`pipelstm.Pipeline`.
+
+    With ``devices`` the layers are split into stages exactly as
+    :class:`pipelstm.Pipeline` splits a ``Sequential`` holding this LSTM, and
+    each layer's parameters are moved to its stage's device at construction
+    (the same ``Parameter`` objects; names and ``state_dict`` are unchanged;
+    do not move the module afterwards). The input must be on the first
+    stage's device; ``(h_0, c_0)`` may be anywhere; ``output``, ``h_n`` and
+    ``c_n`` are on the last stage's device. Gradients flow to the input, the
+    initial states and every parameter through the pipelined backward.
+    ``bidirectional=True`` is rejected (the reverse direction cannot run in
+    time chunks) and so is ``PackedSequence`` input (pad the batch, or drop
+    ``devices=``). ``plan``, ``trace()`` and ``timeline(path)`` are those of
+    :class:`pipelstm.Pipeline`.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    _devices: Optional[List[torch.device]] = None  # set by devices=: the pipelined LSTM
+
+    def __init__(
+        self,
+        *args,
+        devices: Optional[Sequence[Union[str, torch.device]]] = None,
+        chunks: int = 1,
+        micro_batches: int = 1,
+        balance: Union[str, Sequence[int]] = "auto",
+        threads: Union[None, int, Sequence[int]] = None,
+        checkpoint: str = "never",
+        **kwargs,
+    ) -> None:
         super().__init__("LSTM", *args, **kwargs)
+        if devices is None:
+            if (chunks, micro_batches, balance, threads, checkpoint) != (1, 1, "auto", None, "never"):
+                raise ValueError("LSTM: chunks, micro_batches, balance, threads and checkpoint only apply with "
+                                 "devices=[...]")
+            return
+        self._init_pipeline(devices, chunks, micro_batches, balance, threads, checkpoint)
 
     # nn.LSTM's own checks, so that bad input fails with its exact errors.
     get_expected_cell_size = nn.LSTM.get_expected_cell_size
@@ -47,6 +97,8 @@ class LSTM(nn.RNNBase):
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
+        if self._devices is not None:
+            return self._forward_pipelined(input, hx)
         packed = isinstance(input, PackedSequence)
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
@@ -79,6 +131,143 @@ class LSTM(nn.RNNBase):
             output = output.squeeze(batch_dim)
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
+
+    # --- devices=: the layers as a pipeline ------------------------------------
+
+    def _init_pipeline(self, devices, chunks, micro_batches, balance, threads, checkpoint) -> None:
+        """Splits the layers (and the dropout between them) into stages as
+        ``pipelstm.Pipeline`` does, places the parameters, builds the engine."""
+        if self.bidirectional:
+            raise ValueError(
+                "LSTM: bidirectional=True cannot be pipelined with devices=: the reverse direction needs the "
+                "end of the sequence before its first step, so it cannot run in time chunks; use a "
+                "unidirectional LSTM or drop devices="
+            )
+        _pl.check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
+        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
+            raise ValueError(f"LSTM: devices must be a non-empty list of devices, got {devices!r}")
+        devices = [_pl._check_device(d) for d in devices]
+        units = _pl._flatten_named([("", self)])
+        if len(devices) > len(units):
+            raise ValueError(f"LSTM: {len(devices)} stages but only {len(units)} units "
+                             f"({', '.join(u.name for u in units)}); use at most as many devices as units")
+        for u in units:
+            u.cost, u.act_bytes = _pl._flop_model(u)
+        self._units = units
+        self._cost_unit, self._sample_shape = "MFLOP/token", None  # for Plan
+        self.chunks, self.micro_batches = chunks, micro_batches
+        self.checkpoint = _pl.check_checkpoint("LSTM", checkpoint)
+        self.saved_activation_bytes = 0
+        self.balance = _pl.resolve_balance(balance, units, len(devices), "LSTM")
+        self.threads = _pl._thread_budgets(threads, devices)
+        _pl._place(units, self.balance, devices)
+        self._devices = devices
+        self._build_engine()
+
+    def _build_engine(self) -> None:
+        self._engine = _pl._engine.Engine(_pl._stage_specs(self._units, self.balance, self._devices, self.threads))
+
+    # The engine is a C++ object that can be neither copied nor pickled: it is
+    # left out of the state and rebuilt from the same stage specs.
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_engine", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if self._devices is not None:
+            self._build_engine()
+
+    def flatten_parameters(self) -> None:
+        # cuDNN's flattening would gather all weights into one buffer on one device.
+        if self._devices is None:
+            super().flatten_parameters()
+
+    @property
+    def devices(self) -> Optional[List[torch.device]]:
+        """The stages' devices (``None`` for an ordinary LSTM)."""
+        return None if self._devices is None else list(self._devices)
+
+    @property
+    def plan(self) -> "_pl.Plan":
+        """The stages: device, threads, units, estimated cost, parameters, activation memory."""
+        self._require_devices("plan")
+        return _pl.Plan(self)
+
+    def trace(self) -> List[dict]:
+        """What ran in the last forward (and backward): one dict per span."""
+        self._require_devices("trace()")
+        return _pl.Pipeline.trace(self)
+
+    def timeline(self, path: str):
+        """As :meth:`pipelstm.Pipeline.timeline`: the last pass as a Chrome trace (and a Gantt chart)."""
+        self._require_devices("timeline()")
+        return _pl.Pipeline.timeline(self, path)
+
+    def _require_devices(self, what: str) -> None:
+        if self._devices is None:
+            raise RuntimeError(f"LSTM: {what} is only available for an LSTM constructed with devices=[...]")
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        if self._devices is not None:
+            s += (f", devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
+                  f"micro_batches={self.micro_batches}"
+                  + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
+        return s
+
+    def _forward_pipelined(self, input, hx) -> Tuple[Tensor, _State]:
+        if isinstance(input, PackedSequence):
+            raise ValueError(
+                "LSTM: PackedSequence input is not supported with devices= (the pipeline splits a padded "
+                "[T, B, ...] batch into time chunks and micro-batches); pad the batch "
+                "(torch.nn.utils.rnn.pad_packed_sequence) or construct the LSTM without devices="
+            )
+        data = input
+        if data.dim() not in (2, 3):
+            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
+        is_batched = data.dim() == 3
+        batch_dim = 0 if self.batch_first else 1
+        if not is_batched:
+            data = data.unsqueeze(batch_dim)
+        L = self.num_layers
+        if hx is None:
+            self.check_input(data, None)
+            h0: List[Optional[Tensor]] = [None] * L
+            c0: List[Optional[Tensor]] = [None] * L
+        else:
+            hx = self._initial_state(data, data.size(batch_dim), hx, is_batched)
+            self.check_forward_args(data, hx, None)
+            h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))  # the engine moves each to its layer's device
+        self._check_placement(data)
+        x = data.transpose(0, 1) if self.batch_first else data
+        output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
+        dev = output.device
+        h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        if not is_batched:
+            output = output.squeeze(batch_dim)
+            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
+        return output, (h_n, c_n)
+
+    def _check_placement(self, data: Tensor) -> None:
+        first = self._devices[0]
+        if data.device != first:
+            raise RuntimeError(
+                f"LSTM: the input is on {data.device}, but the first pipeline stage runs on {first}: "
+                f"move the input to {first} (devices={[str(d) for d in self._devices]})"
+            )
+        for u in self._units:
+            for name in u.param_names:
+                if name is not None and getattr(self, name).device != u.device:
+                    raise RuntimeError(
+                        f"LSTM: parameter {name} is on {getattr(self, name).device}, but its pipeline stage "
+                        f"runs on {u.device}; with devices=, the constructor places the parameters: do not "
+                        "move the module (.to(device), .cuda()) afterwards"
+                    )
+
 
     # --- pieces of forward ---------------------------------------------------
 

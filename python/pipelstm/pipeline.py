@@ -599,3 +599,21 @@ def _profile(u: _Unit, x: Tensor, reps: int = 2) -> Tuple[Tensor, float, float]:
     _, per_token = _flop_model(u)
     tokens = x.shape[0] * x.shape[1]
     return y.detach(), best, per_token * tokens
+
+
+def _flatten_named(children: Sequence[Tuple[str, nn.Module]]) -> List[_Unit]:
+    """``_flatten`` over ``(name, module)`` pairs instead of a Sequential's
+    children. A module named ``""`` gives its units without a prefix: one
+    LSTM on its own (``pipelstm.LSTM(devices=...)``) flattens into ``"l0"``,
+    ``"dropout0"``, ``"l1"``, ... (Sequential names cannot contain a dot, so
+    a leading ``"."`` can only come from an empty name)."""
+    class _Children:
+        @staticmethod
+        def named_children():
+            return iter(children)
+
+    units = _flatten(_Children())
+    for u in units:
+        if u.name.startswith("."):
+            u.name = u.name[1:]
+    return units
