@@ -304,12 +304,13 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
   return at::mm(grad_gates.t(), h_prev);
 }
 
-BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
-                             const OptTensor& grad_output, const OptTensor& grad_h_n,
-                             const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
-                             const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
-                             const OptTensor& w_hr, const Tensor& output,
-                             const Tensor& workspace, bool reverse) {
+// The data part of backward: the time loop and the input gradient.
+LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
+                                  const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                  const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                                  const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                  const OptTensor& w_hr, const Tensor& output,
+                                  const Tensor& workspace, bool reverse) {
   const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch, H = s.H, P = s.P;
   const auto opts = x.options();
   const Workspace ws(workspace.contiguous(), N, s);
@@ -369,16 +370,40 @@ BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
     recurrent_back.into(grad_h_rec, grad_gates.narrow(0, row0, rows));
   }
 
-  // Weight gradients: one GEMM each over all steps.
-  BackwardResult r;
+  LayerDataGrads r;
   r.grad_input = PreparedLinear(w_ih.t().contiguous(), N)(grad_gates);
-  r.grad_w_ih = at::mm(grad_gates.t(), x);
-  r.grad_w_hh = recurrent_weight_grad(steps, grad_gates, out, h_init, reverse);
-  r.grad_bias = grad_gates.sum(0);
-  r.grad_w_hr = s.projected ? at::mm(grad_h_all.t(), ws.raw_h) : at::empty({0}, opts);
   r.grad_h0 = grad_h_state;
   r.grad_c0 = grad_c_state;
+  r.grad_gates = grad_gates;
+  if (s.projected) {
+    r.grad_h = grad_h_all;
+    r.raw_h = ws.raw_h;
+  }
   return r;
+}
+
+// The weight part of backward: one GEMM each over all steps.
+LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads& d,
+                                   const Tensor& x, const Tensor& h0, const Tensor& output,
+                                   bool reverse) {
+  LayerWeightGrads r;
+  r.w_ih = at::mm(d.grad_gates.t(), x);
+  r.w_hh = recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse);
+  r.bias = d.grad_gates.sum(0);
+  r.w_hr = d.grad_h.defined() ? at::mm(d.grad_h.t(), d.raw_h) : at::empty({0}, x.options());
+  return r;
+}
+
+BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
+                             const OptTensor& grad_output, const OptTensor& grad_h_n,
+                             const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                             const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                             const OptTensor& w_hr, const Tensor& output,
+                             const Tensor& workspace, bool reverse) {
+  LayerDataGrads d = backward_data_core(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
+                                        w_ih, w_hh, w_hr, output, workspace, reverse);
+  const LayerWeightGrads w = weight_grads_core(steps, d, x, h0, output.contiguous(), reverse);
+  return {d.grad_input, d.grad_h0, d.grad_c0, w.w_ih, w.w_hh, w.bias, w.w_hr};
 }
 
 }  // namespace
@@ -419,6 +444,42 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
                          output.reshape({T * B, s.P}), workspace, reverse);
   return {r.grad_input.view({T, B, s.I}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
           r.grad_bias, r.grad_w_hr};
+}
+
+LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                        const OptTensor& grad_c_n, const Tensor& input,
+                                        const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                        const Tensor& w_hh, const OptTensor& w_hr,
+                                        const Tensor& output, const Tensor& workspace) {
+  constexpr const char* op = "lstm_layer_backward_data";
+  const OpGuard guard(input);
+  check_dim(op, "input", input, 3, "[T, B, I]");
+  const int64_t T = input.size(0), B = input.size(1);
+  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {T, B, s.P});
+  check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
+  const OptTensor grad_out =
+      grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt;
+  LayerDataGrads d = backward_data_core(
+      dense_steps(T, B), s, grad_out, grad_h_n, grad_c_n, input.contiguous().view({T * B, s.I}), h0,
+      c0, w_ih, w_hh, w_hr, output.reshape({T * B, s.P}), workspace, /*reverse=*/false);
+  d.grad_input = d.grad_input.view({T, B, s.I});
+  return d;
+}
+
+LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
+                                         const Tensor& h0, const Tensor& output) {
+  constexpr const char* op = "lstm_layer_weight_grads";
+  const OpGuard guard(input);
+  check_dim(op, "input", input, 3, "[T, B, I]");
+  const int64_t T = input.size(0), B = input.size(1);
+  TORCH_CHECK(grads.grad_gates.dim() == 2 && grads.grad_gates.size(0) == T * B,
+              "pipelstm::", op, ": expected grad_gates of ", T * B, " rows, got ",
+              grads.grad_gates.sizes());
+  TORCH_CHECK(output.dim() == 3 && output.size(0) == T && output.size(1) == B,
+              "pipelstm::", op, ": expected output [", T, ", ", B, ", P], got ", output.sizes());
+  return weight_grads_core(dense_steps(T, B), grads, input.contiguous().view({T * B, -1}), h0,
+                           output.contiguous().view({T * B, -1}), /*reverse=*/false);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(

@@ -59,6 +59,31 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
     bool reverse);
 
+// lstm_layer_backward in two parts (forward direction, dense), for a
+// scheduler that computes the weight gradients later, e.g. once over the
+// pieces of several calls (the "B" and "W" of zero-bubble pipeline
+// schedules). The data part -> input and state gradients, and what the
+// weight part needs: grad_gates [T*B, 4H] and, with a projection, the
+// gradient of each step's output grad_h [T*B, P] and the unprojected
+// states raw_h [T*B, H].
+struct LayerDataGrads {
+  Tensor grad_input, grad_h0, grad_c0, grad_gates, grad_h, raw_h;
+};
+LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                        const OptTensor& grad_c_n, const Tensor& input,
+                                        const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                        const Tensor& w_hh, const OptTensor& w_hr,
+                                        const Tensor& output, const Tensor& workspace);
+
+// The weight part over T steps: `grads` of those steps (rows time-major),
+// input [T, B, I], h0 the state before the first step, output [T, B, P].
+// Bitwise what lstm_layer_backward returns for the same steps.
+struct LayerWeightGrads {
+  Tensor w_ih, w_hh, bias, w_hr;  // w_hr empty without projection
+};
+LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
+                                         const Tensor& h0, const Tensor& output);
+
 // The same over a PackedSequence: input [rows, I] holds batch_sizes[t] rows
 // per step (sequences sorted by decreasing length); only real steps are
 // computed. h0/c0/h_n/c_n have batch_sizes[0] rows, each sequence's h_n/c_n

@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "../lstm_ops.h"
+#include "units.h"
 
 namespace pipelstm::pipeline {
 
@@ -250,7 +251,9 @@ std::string describe_failure(const Engine& engine, int s, const UnitSpec* unit,
   if (unit != nullptr) {
     os << ", unit " << unit_index << " '" << unit->name << "' (" << kind_name(unit->kind) << ")";
   }
-  os << ", " << phase << " of micro-batch " << m << ", chunk " << k << " failed: ";
+  os << ", " << phase;
+  if (m >= 0) os << " of micro-batch " << m << ", chunk " << k;
+  os << " failed: ";
   if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
     os << ce->what_without_backtrace();
   } else {
@@ -259,19 +262,66 @@ std::string describe_failure(const Engine& engine, int s, const UnitSpec* unit,
   return os.str();
 }
 
-const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what) {
-  TORCH_CHECK(t.has_value() && t->defined(), "missing parameter ", what, " of unit '", u.name, "'");
-  return *t;
-}
+// The parameter gradients ("W") of a backward pass: one task per unit with
+// parameters, ready once its stage has run its last backward item. A stage
+// done with its items runs its own tasks, then those of other stages on the
+// same CPU with the same thread budget (a task's result does not depend on
+// which of them computes it), so a lighter stage helps a heavier one.
+class WeightTasks {
+ public:
+  WeightTasks(const std::vector<StageSpec>& stages, const std::vector<int64_t>& first_unit,
+              const std::vector<UnitParams>& params)
+      : tasks_(stages.size()), next_(stages.size(), 0), ready_(stages.size(), false) {
+    for (size_t s = 0; s < stages.size(); ++s) {
+      for (int64_t j = static_cast<int64_t>(stages[s].units.size()) - 1; j >= 0; --j) {
+        const int64_t gu = first_unit[s] + j;
+        for (const auto& t : params[gu]) {
+          if (t.has_value()) {
+            tasks_[s].push_back(gu);
+            break;
+          }
+        }
+      }
+      group_.push_back(stages[s].device.is_cpu() ? stages[s].threads : -1 - static_cast<int>(s));
+    }
+  }
 
-// What one stage keeps of one work item (m, k) for its backward.
-struct SavedItem {
-  // Recomputed: `units` holds only what replaying the forward needs (each
-  // LSTM layer's initial {h, c}, each dropout mask) and `input` the
-  // stage's input; otherwise `units[j]` is what unit j's backward needs.
-  bool recompute = false;
-  Tensor input;
-  std::vector<std::vector<Tensor>> units;
+  void mark_ready(Sync& sync, int s) {
+    {
+      std::lock_guard<std::mutex> lock(sync.mu);
+      ready_[s] = true;
+    }
+    sync.cv.notify_all();
+  }
+
+  // The next task stage `s` may run, {owner stage, unit}; waits while one
+  // may still become ready; {-1, -1} when none is left or the pass failed.
+  std::pair<int, int64_t> claim(Sync& sync, int s) {
+    std::pair<int, int64_t> got{-1, -1};
+    auto take = [&](int o) {
+      if (!ready_[o] || next_[o] >= tasks_[o].size()) return false;
+      got = {o, tasks_[o][next_[o]++]};
+      return true;
+    };
+    std::unique_lock<std::mutex> lock(sync.mu);
+    sync.cv.wait(lock, [&] {
+      if (sync.failed || take(s)) return true;
+      bool pending = false;
+      for (int o = 0; o < static_cast<int>(tasks_.size()); ++o) {
+        if (o == s || group_[o] != group_[s]) continue;
+        if (take(o)) return true;
+        pending = pending || next_[o] < tasks_[o].size();
+      }
+      return !pending;
+    });
+    return sync.failed ? std::pair<int, int64_t>{-1, -1} : got;
+  }
+
+ private:
+  std::vector<std::vector<int64_t>> tasks_;  // per stage, its units with parameters, last first
+  std::vector<size_t> next_;
+  std::vector<bool> ready_;
+  std::vector<int> group_;  // stages that run each other's tasks
 };
 
 bool recomputes(Checkpoint policy, int64_t m, int64_t k, int64_t M, int64_t K) {
@@ -386,170 +436,6 @@ void check_fault(const std::vector<Engine::Fault>& faults, int64_t unit, const c
     TORCH_CHECK(!(f.unit == unit && f.phase == phase && f.m == m && f.k == k),
                 "injected fault (testing)");
   }
-}
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// The seed of one dropout unit's mask for item (m, k) of a pass: the same
-// whatever order the stage threads run in, so a pass is reproducible under
-// torch.manual_seed.
-uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
-  return splitmix64(splitmix64(splitmix64(pass_seed ^ static_cast<uint64_t>(unit)) ^
-                               static_cast<uint64_t>(m)) ^
-                    static_cast<uint64_t>(k));
-}
-
-at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
-  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Generator global = at::globalContext().defaultGenerator(device);
-  at::Generator g;
-  {
-    std::lock_guard<std::mutex> lock(global.mutex());
-    g = global.clone();
-  }
-  g.set_current_seed(seed);
-  return g;
-}
-
-// One unit forward on x; returns the output and fills `saved`. `seed`
-// seeds a dropout unit's mask.
-Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
-                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed) {
-  switch (u.kind) {
-    case UnitKind::Lstm: {
-      auto [out, h_n, c_n, ws] =
-          lstm_layer_forward(x, h, c, need(p[0], u, "w_ih"), need(p[1], u, "w_hh"), p[2], p[3],
-                             p[4], /*reverse=*/false);
-      if (keep) saved = {x, h, c, out, ws};
-      h = h_n;
-      c = c_n;
-      return out;
-    }
-    case UnitKind::Embedding: {
-      TORCH_CHECK(x.scalar_type() == at::kLong || x.scalar_type() == at::kInt,
-                  "Embedding expects integer indices, got ", x.scalar_type());
-      if (keep) saved = {x};
-      return at::embedding(need(p[0], u, "weight"), x, u.padding_idx, u.scale_grad_by_freq,
-                           /*sparse=*/false);
-    }
-    case UnitKind::Linear: {
-      if (keep) saved = {x};
-      return at::linear(x, need(p[0], u, "weight"), p[1]);
-    }
-    case UnitKind::Dropout: {
-      if (!training || u.p == 0.0) return x;
-      Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
-      if (u.p >= 1.0) {
-        mask.zero_();
-      } else {
-        mask.bernoulli_(1.0 - u.p, seeded_generator(x.device(), seed)).div_(1.0 - u.p);
-      }
-      if (keep) saved = {mask};
-      return x * mask;
-    }
-  }
-  TORCH_CHECK(false, "unknown unit kind");
-}
-
-// One unit backward: g (the gradient of its output, possibly undefined) ->
-// the gradient of its input; parameter gradients added into `acc`.
-Tensor unit_backward(const UnitSpec& u, const UnitParams& p, const Tensor& g,
-                     const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
-                     std::vector<Tensor>& acc) {
-  auto add = [&acc](size_t i, const Tensor& t) {
-    if (!t.defined()) return;
-    if (acc[i].defined()) {
-      acc[i].add_(t);
-    } else {
-      acc[i] = t;
-    }
-  };
-  switch (u.kind) {
-    case UnitKind::Lstm: {
-      const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &out = saved[3],
-                   &ws = saved[4];
-      if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
-      auto [gx, gh0, gc0, gw_ih, gw_hh, gb, gw_hr] = lstm_layer_backward(
-          g.defined() ? OptTensor(g) : std::nullopt, grad_h, grad_c, x, h0, c0, *p[0], *p[1],
-          p[4], out, ws, /*reverse=*/false);
-      grad_h = gh0;
-      grad_c = gc0;
-      add(0, gw_ih);
-      add(1, gw_hh);
-      if (p[2].has_value()) add(2, gb);
-      if (p[3].has_value()) add(3, p[2].has_value() ? gb.clone() : gb);
-      if (p[4].has_value()) add(4, gw_hr);
-      return gx;
-    }
-    case UnitKind::Embedding: {
-      if (!g.defined()) return Tensor();
-      const Tensor& w = *p[0];
-      add(0, at::embedding_dense_backward(g, saved[0], w.size(0), u.padding_idx,
-                                          u.scale_grad_by_freq));
-      return Tensor();
-    }
-    case UnitKind::Linear: {
-      if (!g.defined()) return Tensor();
-      const Tensor& x = saved[0];
-      const Tensor& w = *p[0];
-      const Tensor g2 = g.reshape({-1, w.size(0)});
-      add(0, at::mm(g2.t(), x.reshape({-1, w.size(1)})));
-      if (p[1].has_value()) add(1, g2.sum(0));
-      return at::matmul(g, w);
-    }
-    case UnitKind::Dropout: {
-      if (!g.defined() || saved.empty()) return g;
-      return g * saved[0];
-    }
-  }
-  TORCH_CHECK(false, "unknown unit kind");
-}
-
-// After a recomputed item's forward: keep of unit u's saved tensors only
-// what replaying it needs.
-void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved) {
-  if (saved.empty()) return;
-  switch (u.kind) {
-    case UnitKind::Lstm: saved = {saved[1], saved[2]}; return;  // initial h, c
-    case UnitKind::Dropout: return;                              // the mask
-    case UnitKind::Embedding:
-    case UnitKind::Linear: saved.clear(); return;  // the input is recomputed
-  }
-}
-
-// Runs a recomputed item's forward again from its stage input, leaving in
-// item.units what each unit's backward needs (bitwise what the first
-// forward saved: the same ops on the same inputs and thread budget).
-void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& params,
-            int64_t first_unit, bool training, SavedItem& item) {
-  Tensor x = std::move(item.input);
-  const int64_t n = static_cast<int64_t>(units.size());
-  for (int64_t j = 0; j < n; ++j) {
-    const UnitSpec& u = units[j];
-    std::vector<Tensor>& saved = item.units[j];
-    const bool last = j == n - 1;
-    if (u.kind == UnitKind::Dropout) {
-      if (!last && !saved.empty()) x = x * saved[0];
-      continue;
-    }
-    if (last && u.kind != UnitKind::Lstm) {  // its backward needs only its input
-      saved = {x};
-      break;
-    }
-    Tensor h, c;
-    if (u.kind == UnitKind::Lstm) {
-      h = saved[0];
-      c = saved[1];
-    }
-    x = unit_forward(u, params[first_unit + j], x, training, /*keep=*/true, h, c, saved,
-                     /*seed=*/0);  // dropout masks are replayed, never drawn here
-  }
-  item.recompute = false;
 }
 
 // Bytes of the distinct storages in `items`.
@@ -880,9 +766,21 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
       }
     }
   }
-  // Parameter gradients per unit, accumulated in each stage's fixed order.
+  // Parameter gradients per unit, from the pieces every item leaves, once
+  // per unit after its stage's last item.
   std::vector<std::vector<Tensor>> acc(engine.num_units());
-  for (int64_t u = 0; u < engine.num_units(); ++u) acc[u].resize(st.params[u].size());
+  std::vector<Pieces> pieces(engine.num_units());
+  std::vector<const UnitSpec*> unit_at(engine.num_units());
+  for (int64_t u = 0; u < engine.num_units(); ++u) {
+    acc[u].resize(st.params[u].size());
+    pieces[u].assign(M, std::vector<Piece>(K));
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    for (size_t j = 0; j < stages[s].units.size(); ++j) {
+      unit_at[st.first_unit[s] + j] = &stages[s].units[j];
+    }
+  }
+  WeightTasks weights(stages, st.first_unit, st.params);
   std::vector<OptTensor> gh0(L * M), gc0(L * M);
   std::vector<std::vector<TraceEvent>> traces(S);
   const auto faults = engine.faults();
@@ -929,8 +827,8 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
           for (j = n_units - 1; j >= 0; --j) {
             const int64_t gu = st.first_unit[s] + j;
             check_fault(faults, gu, "backward", m, k);
-            g = unit_backward(stage.units[j], st.params[gu], g, item.units[j], gh[j * M + m],
-                              gc[j * M + m], acc[gu]);
+            g = unit_backward_data(stage.units[j], st.params[gu], g, item.units[j], gh[j * M + m],
+                                   gc[j * M + m], pieces[gu][m][k]);
             item.units[j].clear();  // free activations as soon as they are used
           }
           j = -1;
@@ -970,6 +868,22 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
           return;
         }
       }
+    }
+    // The parameter gradients, while the last sends are in flight.
+    weights.mark_ready(sync, s);
+    for (;;) {
+      const auto [owner, gu] = weights.claim(sync, s);
+      if (owner < 0) break;
+      const UnitSpec& unit = *unit_at[gu];
+      const int64_t t0 = now_ns();
+      try {
+        unit_weight_grads(unit, st.params[gu], pieces[gu], acc[gu]);
+        pieces[gu].clear();
+      } catch (const std::exception& e) {
+        sync.fail(describe_failure(engine, owner, &unit, gu, "parameter gradients", -1, -1, e));
+        return;
+      }
+      traces[s].push_back({s, "weights", -1, -1, t0, now_ns()});
     }
     if (to_prev) {
       try {

@@ -3,7 +3,8 @@
 Used by ``Pipeline.timeline`` (stages in one process) and
 ``pipelstm.distributed.PipelineParallel.timeline`` (stages gathered from
 several processes). An event is a dict with ``stage``, ``phase``
-("forward", "recompute", "backward", "transfer"), ``micro_batch``, ``chunk``,
+("forward", "recompute", "backward", "weights" (a unit's parameter gradients,
+micro-batch and chunk -1), "transfer"), ``micro_batch``, ``chunk``,
 ``start_ns`` and ``end_ns`` (steady clock).
 """
 
@@ -13,8 +14,8 @@ from typing import Dict, List, Sequence
 
 __all__ = ["write_timeline", "bubbles"]
 
-_COLORS = {"forward": "#4c72b0", "recompute": "#8172b3", "backward": "#dd8452", "transfer": "#55a868",
-           "idle": "#e5e5e5"}
+_COLORS = {"forward": "#4c72b0", "recompute": "#8172b3", "backward": "#dd8452", "weights": "#c44e52",
+           "transfer": "#55a868", "idle": "#e5e5e5"}
 
 
 def bubbles(events: List[dict], num_stages: int):
@@ -69,7 +70,7 @@ def write_timeline(events: List[dict], stage_names: Sequence[str], path: str) ->
     spans = [dict(e, idle=False) for e in events] + [dict(e, idle=True) for e in idle]
     trace = [dict(name="thread_name", ph="M", pid=0, tid=s, args=dict(name=stage_names[s])) for s in range(S)]
     for e in spans:
-        label = e["phase"] if e["idle"] else f"{e['phase']} m{e['micro_batch']} k{e['chunk']}"
+        label = e["phase"] if e["idle"] or e["micro_batch"] < 0 else f"{e['phase']} m{e['micro_batch']} k{e['chunk']}"
         trace.append(dict(
             name=label, cat=e["phase"], ph="X", pid=0, tid=e["stage"],
             ts=(e["start_ns"] - t0) / 1e3, dur=(e["end_ns"] - e["start_ns"]) / 1e3,

@@ -1,0 +1,68 @@
+// What a pipeline stage runs on one work item (micro-batch m, chunk k), unit
+// by unit: forward, the data part of backward, the parameter gradients (once
+// per unit over all items of a pass) and the replay of a recomputed item.
+// Plain ATen, no threads or scheduling: that is engine.cpp's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+
+namespace pipelstm::pipeline {
+
+const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what);
+
+// What one stage keeps of one work item for its backward.
+struct SavedItem {
+  // Recomputed: `units` holds only what replaying the forward needs (each
+  // LSTM layer's initial {h, c}, each dropout mask) and `input` the
+  // stage's input; otherwise `units[j]` is what unit j's backward needs.
+  bool recompute = false;
+  Tensor input;
+  std::vector<std::vector<Tensor>> units;
+};
+
+// What a unit's parameter gradients need of one item (empty: no gradient
+// reached the unit there), kept from the data part of backward until the
+// unit's weight gradients run: pieces[m][k].
+using Piece = std::vector<Tensor>;
+using Pieces = std::vector<std::vector<Piece>>;
+
+// The seed of a dropout unit's mask for item (m, k) of a pass: the same
+// whatever order the stage threads run in, so a pass is reproducible under
+// torch.manual_seed (which governs `pass_seed`).
+uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k);
+
+// One unit forward on x; returns the output and updates the carried (h, c)
+// of an LSTM layer. With `keep`, fills `saved` with what its backward needs.
+Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
+                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed);
+
+// One unit backward without its parameter gradients ("B"): g (the gradient
+// of its output, possibly undefined) -> the gradient of its input; updates
+// the carried state gradients of an LSTM layer; what the parameter
+// gradients need goes to `piece`.
+Tensor unit_backward_data(const UnitSpec& u, const UnitParams& p, const Tensor& g,
+                          const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
+                          Piece& piece);
+
+// The unit's parameter gradients ("W") from the pieces of all items, added
+// into `acc` (one slot per parameter, as UnitParams). An LSTM layer runs one
+// GEMM per weight over the consecutive chunks of each micro-batch (with one
+// micro-batch: bitwise what the layer op computes over the whole sequence);
+// Linear and Embedding one over all items.
+void unit_weight_grads(const UnitSpec& u, const UnitParams& p, const Pieces& pieces,
+                       std::vector<Tensor>& acc);
+
+// After a recomputed item's forward: keep of a unit's saved tensors only
+// what replaying it needs.
+void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved);
+
+// Runs a recomputed item's forward again from its stage input, leaving in
+// item.units what each unit's backward needs (bitwise what the first
+// forward saved: the same ops on the same inputs and thread budget).
+void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& params,
+            int64_t first_unit, bool training, SavedItem& item);
+
+}  // namespace pipelstm::pipeline
