@@ -18,7 +18,8 @@ void init_bindings(py::module_& parent) {
       .value("lstm", UnitKind::Lstm)
       .value("embedding", UnitKind::Embedding)
       .value("linear", UnitKind::Linear)
-      .value("dropout", UnitKind::Dropout);
+      .value("dropout", UnitKind::Dropout)
+      .value("cross_entropy", UnitKind::CrossEntropy);
 
   py::enum_<Checkpoint>(m, "Checkpoint")
       .value("never", Checkpoint::Never)
@@ -27,7 +28,8 @@ void init_bindings(py::module_& parent) {
 
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
-                       bool scale_grad_by_freq, double p, int64_t state_index) {
+                       bool scale_grad_by_freq, double p, int64_t state_index,
+                       int64_t ignore_index, bool mean) {
              UnitSpec u;
              u.kind = kind;
              u.name = std::move(name);
@@ -35,11 +37,13 @@ void init_bindings(py::module_& parent) {
              u.scale_grad_by_freq = scale_grad_by_freq;
              u.p = p;
              u.state_index = state_index;
+             u.ignore_index = ignore_index;
+             u.mean = mean;
              return u;
            }),
            py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
            py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
-           py::arg("state_index") = -1)
+           py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true)
       .def_readonly("name", &UnitSpec::name);
 
   py::class_<StageSpec>(m, "StageSpec")
@@ -50,7 +54,8 @@ void init_bindings(py::module_& parent) {
              s.threads = threads;
              return s;
            }),
-           py::arg("device"), py::arg("units"), py::arg("threads") = 0);
+           py::arg("device"), py::arg("units"), py::arg("threads") = 0)
+      .def_readonly("units", &StageSpec::units);
 
   py::class_<RemoteSpec>(m, "RemoteSpec")
       .def(py::init([](std::string group_name, int peer, std::string peer_name) {
@@ -94,14 +99,14 @@ void init_bindings(py::module_& parent) {
           [](Engine& e, const at::Tensor& input, const std::vector<OptTensor>& h0,
              const std::vector<OptTensor>& c0, const std::vector<UnitParams>& params,
              int64_t chunks, int64_t micro_batches, bool training, bool keep_for_backward,
-             Checkpoint checkpoint) {
+             Checkpoint checkpoint, const OptTensor& target) {
             py::gil_scoped_release no_gil;
             return e.forward(input, h0, c0, params, chunks, micro_batches, training,
-                             keep_for_backward, checkpoint);
+                             keep_for_backward, checkpoint, target);
           },
           py::arg("input"), py::arg("h0"), py::arg("c0"), py::arg("params"), py::arg("chunks"),
           py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"),
-          py::arg("checkpoint") = Checkpoint::Never)
+          py::arg("checkpoint") = Checkpoint::Never, py::arg("target") = std::nullopt)
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
            py::arg("first_stage"), py::arg("process"))
       .def("trace", &Engine::trace)

@@ -49,6 +49,7 @@ const char* kind_name(UnitKind k) {
     case UnitKind::Embedding: return "Embedding";
     case UnitKind::Linear: return "Linear";
     case UnitKind::Dropout: return "Dropout";
+    case UnitKind::CrossEntropy: return "CrossEntropy";
   }
   return "?";
 }
@@ -342,6 +343,7 @@ struct RunState {
   std::vector<int64_t> t_sizes, b_sizes;
   bool training = false;
   bool index_input = false;
+  double loss_divisor = 1.0;  // the counted targets, for a mean loss
   c10::Device input_device{c10::kCPU};
   std::vector<int64_t> input_sizes;
   at::TensorOptions input_options;
@@ -367,6 +369,8 @@ Engine::Engine(std::vector<StageSpec> stages) : stages_(std::move(stages)) {
   for (const auto& st : stages_) {
     TORCH_CHECK(!st.units.empty(), "pipelstm.Pipeline: every stage needs at least one unit");
     for (const auto& u : st.units) {
+      TORCH_CHECK(loss_ == nullptr, "pipelstm.Pipeline: the loss must be the last unit");
+      if (u.kind == UnitKind::CrossEntropy) loss_ = &u;
       ++num_units_;
       if (u.kind == UnitKind::Lstm) {
         TORCH_CHECK(u.state_index == num_lstm_,
@@ -464,7 +468,8 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
                                      const std::vector<OptTensor>& c0,
                                      const std::vector<UnitParams>& params, int64_t chunks,
                                      int64_t micro_batches, bool training,
-                                     bool keep_for_backward, Checkpoint checkpoint) {
+                                     bool keep_for_backward, Checkpoint checkpoint,
+                                     const OptTensor& target) {
   const int64_t S = static_cast<int64_t>(stages_.size());
   TORCH_CHECK(static_cast<int64_t>(params.size()) == num_units_, "pipelstm.Pipeline: expected ",
               num_units_, " parameter lists, got ", params.size());
@@ -494,6 +499,27 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   st->input_device = input.device();
   st->input_sizes = input.sizes().vec();
   st->input_options = input.options();
+  // The loss's targets, per item, on the last stage's device.
+  std::vector<Tensor> targets(M * K);
+  TORCH_CHECK(target.has_value() == (loss_ != nullptr),
+              loss_ ? "pipelstm.Pipeline: this pipeline ends in a loss; pass the targets"
+                    : "pipelstm.Pipeline: targets given, but this pipeline has no loss");
+  if (loss_) {
+    TORCH_CHECK(!next_, "pipelstm.Pipeline: the loss must be on the last process's last stage");
+    TORCH_CHECK(target->dim() == 2 && target->size(0) == T && target->size(1) == B,
+                "pipelstm.Pipeline: expected target of shape [", T, ", ", B,
+                "] (the input's time and batch sizes), got ", target->sizes());
+    TORCH_CHECK(target->scalar_type() == at::kLong,
+                "pipelstm.Pipeline: expected target of dtype torch.int64 (class indices), got ",
+                target->scalar_type());
+    const Tensor t = to_device(*target, stages_.back().device);
+    if (loss_->mean) st->loss_divisor = static_cast<double>(t.ne(loss_->ignore_index).sum().item<int64_t>());
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) {
+        targets[m * K + k] = t.narrow(0, t_off[k], st->t_sizes[k]).narrow(1, b_off[m], st->b_sizes[m]);
+      }
+    }
+  }
   st->params = params;
   st->h0_given = h0;
   st->c0_given = c0;
@@ -614,7 +640,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
             check_fault(faults, gu, "forward", m, k);
             x = unit_forward(stage.units[j], params[gu], x, training, keep_for_backward,
                              h[j * M + m], c[j * M + m], item.units[j],
-                             dropout_seed(pass_seed, gu, m, k));
+                             dropout_seed(pass_seed, gu, m, k), targets[m * K + k]);
             if (item.recompute) keep_for_replay(stage.units[j], item.units[j]);
           }
           j = -1;
@@ -673,13 +699,19 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
       if (slot.event.has_value()) slot.event->block(c10::impl::VirtualGuardImpl(out_device.type()).getStream(out_device));
       per_k.push_back(slot.value);
     }
-    per_m.push_back(K == 1 ? per_k[0] : at::cat(per_k, 0));
+    per_m.push_back(K == 1 || loss_ ? per_k[0] : at::cat(per_k, 0));
   }
   {
     at::AutoDispatchBelowADInplaceOrView below;
     c10::AutoGradMode no_grad(false);
     if (next_) {
       st->output = at::empty({0}, st->out_options);
+    } else if (loss_) {  // the items' loss sums, in a fixed order
+      Tensor total = per_m[0].clone();
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t k = m == 0 ? 1 : 0; k < K; ++k) total.add_(channel[S][m * K + k].value);
+      }
+      st->output = total.div_(st->loss_divisor);
     } else {
       st->output = M == 1 ? per_m[0] : at::cat(per_m, 1);
     }
@@ -760,7 +792,9 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
       for (int64_t k = 0; k < K; ++k) {
         Slot& slot = channel[S][m * K + k];
         if (g_out.defined()) {
-          slot.value = g_out.narrow(0, t_off[k], st.t_sizes[k]).narrow(1, b_off[m], st.b_sizes[m]);
+          // A loss: each item's sum gets the gradient of the mean or sum.
+          slot.value = engine.loss() ? g_out / st.loss_divisor
+                                     : g_out.narrow(0, t_off[k], st.t_sizes[k]).narrow(1, b_off[m], st.b_sizes[m]);
         }
         slot.ready = true;
       }

@@ -23,7 +23,10 @@ namespace pipelstm::pipeline {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-enum class UnitKind { Lstm, Embedding, Linear, Dropout };
+// CrossEntropy: the loss as the last unit of the last stage; each work item
+// computes the loss of its tokens (the pass's output is their mean or sum)
+// and its backward the gradient of its logits.
+enum class UnitKind { Lstm, Embedding, Linear, Dropout, CrossEntropy };
 
 // Activation recomputation: which work items keep only what replaying their
 // forward needs (the stage input, each LSTM layer's initial (h, c) and the
@@ -42,6 +45,9 @@ struct UnitSpec {
   double p = 0.0;
   // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)
   int64_t state_index = -1;
+  // CrossEntropy: targets equal to ignore_index do not count; mean or sum
+  int64_t ignore_index = -100;
+  bool mean = true;
 };
 
 struct StageSpec {
@@ -95,13 +101,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // input: [T, B] int64 (when the first unit is an Embedding) or [T, B, I];
   // h0/c0: per LSTM layer, [B, P] / [B, H] (nullopt: zeros); params: per unit
-  // in stage order. chunks/micro_batches are clamped to T and B.
+  // in stage order. chunks/micro_batches are clamped to T and B. target:
+  // [T, B] class indices, exactly when the last unit is a CrossEntropy (the
+  // output is then the loss, a scalar).
   // Runs the forward pass; raises naming the stage and unit that failed.
   std::shared_ptr<Run> forward(const Tensor& input, const std::vector<OptTensor>& h0,
                                const std::vector<OptTensor>& c0,
                                const std::vector<UnitParams>& params, int64_t chunks,
                                int64_t micro_batches, bool training, bool keep_for_backward,
-                               Checkpoint checkpoint = Checkpoint::Never);
+                               Checkpoint checkpoint = Checkpoint::Never,
+                               const OptTensor& target = std::nullopt);
 
   // Makes this engine one part of a pipeline over processes: its first
   // stage receives its input (activations) from `prev` and sends back the
@@ -119,6 +128,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::vector<StageSpec>& stages() const { return stages_; }
   int64_t num_units() const { return num_units_; }
   int64_t num_lstm_layers() const { return num_lstm_; }
+  // The last unit, or nullptr: a CrossEntropy loss.
+  const UnitSpec* loss() const { return loss_; }
 
   // What ran last (forward, then the backward of a run of this engine).
   std::vector<TraceEvent> trace() const;
@@ -139,6 +150,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
  private:
   std::vector<StageSpec> stages_;
   int64_t num_units_ = 0, num_lstm_ = 0;
+  const UnitSpec* loss_ = nullptr;
   mutable std::mutex mutex_;
   std::vector<TraceEvent> forward_trace_, backward_trace_;
   std::vector<Fault> faults_;

@@ -45,7 +45,8 @@ uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
 }
 
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
-                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed) {
+                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed,
+                    const Tensor& target) {
   switch (u.kind) {
     case UnitKind::Lstm: {
       auto [out, h_n, c_n, ws] =
@@ -66,6 +67,15 @@ Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, boo
     case UnitKind::Linear: {
       if (keep) saved = {x};
       return at::linear(x, need(p[0], u, "weight"), p[1]);
+    }
+    case UnitKind::CrossEntropy: {
+      TORCH_CHECK(x.dim() == 3 && target.defined(), "the loss expects logits [T, B, classes], got ",
+                  x.sizes());
+      const Tensor lsm = at::log_softmax(x.reshape({-1, x.size(-1)}), 1);
+      auto [loss, total_weight] = at::nll_loss_forward(lsm, target.reshape({-1}), {},
+                                                       at::Reduction::Sum, u.ignore_index);
+      if (keep) saved = {lsm, target, total_weight};
+      return loss;
     }
     case UnitKind::Dropout: {
       if (!training || u.p == 0.0) return x;
@@ -110,6 +120,14 @@ Tensor unit_backward_data(const UnitSpec& u, const UnitParams& p, const Tensor& 
     case UnitKind::Dropout: {
       if (!g.defined() || saved.empty()) return g;
       return g * saved[0];
+    }
+    case UnitKind::CrossEntropy: {  // g: the gradient of the item's loss sum
+      if (!g.defined()) return g;
+      const Tensor &lsm = saved[0], &target = saved[1];
+      const Tensor grad_lsm = at::nll_loss_backward(g, lsm, target.reshape({-1}), {},
+                                                    at::Reduction::Sum, u.ignore_index, saved[2]);
+      return at::_log_softmax_backward_data(grad_lsm, lsm, 1, lsm.scalar_type())
+          .view({target.size(0), target.size(1), lsm.size(1)});
     }
   }
   TORCH_CHECK(false, "unknown unit kind");
@@ -192,7 +210,8 @@ void unit_weight_grads(const UnitSpec& u, const UnitParams& p, const Pieces& pie
                                           u.padding_idx, u.scale_grad_by_freq));
       return;
     }
-    case UnitKind::Dropout: return;
+    case UnitKind::Dropout:
+    case UnitKind::CrossEntropy: return;
   }
 }
 
@@ -203,6 +222,7 @@ void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved) {
     case UnitKind::Dropout: return;                              // the mask
     case UnitKind::Embedding:
     case UnitKind::Linear: saved.clear(); return;  // the input is recomputed
+    case UnitKind::CrossEntropy: saved = {saved[1]}; return;  // the target
   }
 }
 
@@ -217,6 +237,12 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
     if (u.kind == UnitKind::Dropout) {
       if (!last && !saved.empty()) x = x * saved[0];
       continue;
+    }
+    if (u.kind == UnitKind::CrossEntropy) {
+      Tensor h, c;
+      const Tensor target = saved[0];
+      unit_forward(u, {}, x, training, /*keep=*/true, h, c, saved, /*seed=*/0, target);
+      break;
     }
     if (last && u.kind != UnitKind::Lstm) {  // its backward needs only its input
       saved = {x};

@@ -36,8 +36,10 @@ uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k);
 
 // One unit forward on x; returns the output and updates the carried (h, c)
 // of an LSTM layer. With `keep`, fills `saved` with what its backward needs.
+// A CrossEntropy unit takes the item's `target` and returns its loss sum.
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
-                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed);
+                    bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed,
+                    const Tensor& target = Tensor());
 
 // One unit backward without its parameter gradients ("B"): g (the gradient
 // of its output, possibly undefined) -> the gradient of its input; updates

@@ -164,9 +164,10 @@ def _place(units: Sequence[_Unit], balance: Sequence[int], devices: Sequence[tor
 
 
 def _stage_specs(units: Sequence[_Unit], balance: Sequence[int], devices: Sequence[torch.device],
-                 threads: Sequence[int]) -> list:
+                 threads: Sequence[int], loss: Optional[dict] = None) -> list:
     """The engine's description of the stages. LSTM layers are numbered in
-    order from 0 (their slot among the initial and final states)."""
+    order from 0 (their slot among the initial and final states). A ``loss``
+    (``ignore_index``, ``mean``) ends the last stage."""
     specs, i, layer = [], 0, 0
     for s, count in enumerate(balance):
         stage_units = []
@@ -182,9 +183,23 @@ def _stage_specs(units: Sequence[_Unit], balance: Sequence[int], devices: Sequen
                 kw = dict(state_index=layer)
                 layer += 1
             stage_units.append(_engine.UnitSpec(kind, u.name, **kw))
+        if loss is not None and s == len(balance) - 1:
+            stage_units.append(_engine.UnitSpec(_engine.UnitKind.cross_entropy, "loss", **loss))
         specs.append(_engine.StageSpec(str(devices[s]), stage_units, int(threads[s])))
         i += count
     return specs
+
+
+def _loss_spec(loss_fn: Optional[nn.Module]) -> Optional[dict]:
+    """The engine's loss unit for ``loss_fn`` (``nn.CrossEntropyLoss``)."""
+    if loss_fn is None:
+        return None
+    if type(loss_fn) is not nn.CrossEntropyLoss:
+        raise ValueError(f"Pipeline: loss_fn must be an nn.CrossEntropyLoss, got {type(loss_fn).__name__}")
+    if loss_fn.weight is not None or loss_fn.label_smoothing != 0.0 or loss_fn.reduction not in ("mean", "sum"):
+        raise ValueError("Pipeline: loss_fn supports ignore_index and reduction='mean' or 'sum'; not class weights, "
+                         f"label_smoothing or reduction={loss_fn.reduction!r}")
+    return dict(ignore_index=int(loss_fn.ignore_index), mean=loss_fn.reduction == "mean")
 
 
 def _check_device(d) -> torch.device:
@@ -242,13 +257,13 @@ class _PipelineFunction(torch.autograd.Function):
     initial states and every parameter (each on its own stage's device)."""
 
     @staticmethod
-    def forward(ctx, pipe: "Pipeline", layout, input: Tensor, *tensors: Optional[Tensor]):
+    def forward(ctx, pipe: "Pipeline", layout, target: Optional[Tensor], input: Tensor, *tensors: Optional[Tensor]):
         L, unit_counts = layout
         h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
         params = _unflatten(tensors[2 * L :], unit_counts)
         run = pipe._engine.forward(
             input, h0, c0, params, pipe.chunks, pipe.micro_batches, pipe.training, True,
-            getattr(_engine.Checkpoint, getattr(pipe, "checkpoint", "never")),
+            getattr(_engine.Checkpoint, getattr(pipe, "checkpoint", "never")), target,
         )
         pipe.saved_activation_bytes = run.saved_bytes
         ctx.run, ctx.layout = run, layout
@@ -274,17 +289,18 @@ class _PipelineFunction(torch.autograd.Function):
         flat = []
         for unit_grads, count in zip(gparams, unit_counts):
             flat.extend(g for g, present in zip(unit_grads, count) if present)
-        return (None, None, grad_input, *states, *flat)
+        return (None, None, None, grad_input, *states, *flat)
 
 
 def run_engine(owner, units: Sequence[_Unit], x: Tensor, h0: List[Optional[Tensor]],
-               c0: List[Optional[Tensor]]) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+               c0: List[Optional[Tensor]], target: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
     """One pipelined forward of ``owner._engine`` (with ``owner.chunks``,
     ``.micro_batches``, ``.training``, ``.checkpoint``) over ``units``; differentiable through
     ``_PipelineFunction`` when anything requires grad. Returns the output
-    and the final states per LSTM layer."""
+    (with a ``target``, the loss of the engine's loss unit) and the final
+    states per LSTM layer."""
     L = len(h0)
-    params = [u.params() for u in units]
+    params = [u.params() for u in units] + ([[]] if target is not None else [])
     unit_counts = [tuple(p is not None for p in ps) for ps in params]
     flat = [p for ps in params for p in ps if p is not None]
     needs_grad = torch.is_grad_enabled() and (
@@ -292,10 +308,11 @@ def run_engine(owner, units: Sequence[_Unit], x: Tensor, h0: List[Optional[Tenso
         or any(t is not None and t.requires_grad for t in h0 + c0)
     )
     if needs_grad:
-        outs = _PipelineFunction.apply(owner, (L, unit_counts), x, *h0, *c0, *flat)
+        outs = _PipelineFunction.apply(owner, (L, unit_counts), target, x, *h0, *c0, *flat)
         return outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
     run = owner._engine.forward(
-        x, h0, c0, _unflatten(flat, unit_counts), owner.chunks, owner.micro_batches, owner.training, False
+        x, h0, c0, _unflatten(flat, unit_counts), owner.chunks, owner.micro_batches, owner.training, False,
+        _engine.Checkpoint.never, target,
     )
     return run.output, list(run.h_n), list(run.c_n)
 
@@ -336,11 +353,19 @@ class Pipeline(nn.Module):
             for all but each stage's last item (whose backward comes first).
             Results are bitwise the same; ``saved_activation_bytes`` tells
             what the last forward kept.
+        loss_fn: an ``nn.CrossEntropyLoss`` (``ignore_index``, reduction
+            ``"mean"`` or ``"sum"``) computed inside the last stage, item by
+            item, while the other stages work: ``forward(input, hx,
+            target=...)`` then returns the loss (a scalar) instead of the
+            logits, and its backward starts from there.
 
     ``forward(input, hx=None)`` takes ``[T, B]`` indices (first unit an
     Embedding) or ``[T, B, I]`` features (``[B, T, ...]`` when the LSTMs are
     ``batch_first``) and optional ``(h_0, c_0)`` of shape ``[L, B, P]`` and
     ``[L, B, H]`` over all L LSTM layers; it returns ``output, (h_n, c_n)``.
+    With ``loss_fn``, ``forward(input, hx=None, target=...)`` takes the
+    targets ``[T, B]`` (``[B, T]`` with ``batch_first``) and returns
+    ``loss, (h_n, c_n)``.
     """
 
     def __init__(
@@ -353,6 +378,7 @@ class Pipeline(nn.Module):
         sample: Optional[Tensor] = None,
         threads: Union[None, int, Sequence[int]] = None,
         checkpoint: str = "never",
+        loss_fn: Optional[nn.Module] = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
@@ -360,6 +386,7 @@ class Pipeline(nn.Module):
         check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
         self.checkpoint = check_checkpoint("Pipeline", checkpoint)
         self.saved_activation_bytes = 0
+        self._loss = _loss_spec(loss_fn)
         if isinstance(devices, (str, torch.device)) or len(devices) == 0:
             raise ValueError(f"Pipeline: devices must be a non-empty list of devices, got {devices!r}")
         self._devices = [_check_device(d) for d in devices]
@@ -383,7 +410,7 @@ class Pipeline(nn.Module):
         for name, child in module.named_children():
             self.add_module(name, child)
         self.training = module.training
-        self._engine = _engine.Engine(_stage_specs(units, self.balance, self._devices, self.threads))
+        self._engine = _engine.Engine(_stage_specs(units, self.balance, self._devices, self.threads, self._loss))
         self._num_layers = sum(u.kind == "lstm" for u in units)
 
     def __getitem__(self, index: int) -> nn.Module:
@@ -405,15 +432,25 @@ class Pipeline(nn.Module):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._engine = _engine.Engine(_stage_specs(self._units, self.balance, self._devices, self.threads))
+        self._engine = _engine.Engine(_stage_specs(self._units, self.balance, self._devices, self.threads,
+                                                   self._loss))
 
     # --- running -----------------------------------------------------------------
 
-    def forward(self, input: Tensor, hx=None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    def forward(self, input: Tensor, hx=None, target: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         if not isinstance(input, Tensor) or input.dim() < 2:
             raise ValueError("Pipeline: expected input of shape [T, B] (indices) or [T, B, I] "
                              "([B, T, ...] with batch_first)")
         x = input.transpose(0, 1) if self._batch_first else input
+        if (target is None) != (self._loss is None):
+            raise ValueError("Pipeline: pass target= exactly when the pipeline was built with a loss_fn")
+        if target is not None:
+            if not isinstance(target, Tensor) or target.dim() != 2 or target.dtype != torch.int64:
+                raise ValueError("Pipeline: expected target of dtype torch.int64 and shape [T, B] ([B, T] with "
+                                 f"batch_first), got {getattr(target, 'dtype', type(target).__name__)} "
+                                 f"{tuple(getattr(target, 'shape', ()))}")
+            if self._batch_first:
+                target = target.t()
         L = self._num_layers
         h0: List[Optional[Tensor]] = [None] * L
         c0: List[Optional[Tensor]] = [None] * L
@@ -425,8 +462,8 @@ class Pipeline(nn.Module):
                     raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
                 for l in range(L):
                     states[l] = given[l]
-        out, h_n, c_n = run_engine(self, self._units, x, h0, c0)
-        if self._batch_first:
+        out, h_n, c_n = run_engine(self, self._units, x, h0, c0, target)
+        if self._batch_first and target is None:
             out = out.transpose(0, 1)
         return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))
 
@@ -437,6 +474,11 @@ class Pipeline(nn.Module):
         if len({tuple(s.shape) for s in states}) > 1:
             return [s.to(device) for s in states]  # layers of different widths
         return torch.stack([s.to(device) for s in states])
+
+    def _engine_units(self) -> List[_engine.UnitSpec]:
+        """The units as the engine runs them (the loss last, if any)."""
+        specs = _stage_specs(self._units, self.balance, self._devices, self.threads, self._loss)
+        return [u for st in specs for u in st.units]
 
     # --- plan and balance ----------------------------------------------------------
 

@@ -6,6 +6,9 @@ B=16), one training step (forward, cross-entropy against random targets
 averaged over the tokens, backward), timed as:
 
 * 1 stage with 1 intra-op thread (the reference);
+
+(pipelstm computes the loss as the pipeline's last unit, ``loss_fn=``; with
+``--loss-outside`` on the caller's thread from the returned logits instead)
 * ``pipelstm.Pipeline`` with 2 CPU stages of 1 thread each, for every K x M
   asked for, with the measured bubble (idle fraction of the stages from the
   timeline, forward and backward passes averaged) next to the theoretical
@@ -42,8 +45,11 @@ def step_time(model: Pipeline, x: torch.Tensor, target: torch.Tensor, reps: int)
     for _ in range(reps + 1):  # the first one warms up
         model.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        out, _ = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.size(-1)), target.t().reshape(-1))
+        if model._loss is not None:
+            loss, _ = model(x, target=target.t())
+        else:
+            out, _ = model(x)
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), target.t().reshape(-1))
         loss.backward()
         best = min(best, time.perf_counter() - t)
     return best
@@ -67,6 +73,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                     help="micro-batch counts for the torch.distributed.pipelining peer (none: skip the peer)")
     ap.add_argument("--reps", type=int, default=None, help="timed steps per configuration (default 3, full size 1)")
     ap.add_argument("--timeline", default=None, help="write the best 2-stage run's timeline here (.json, + .png)")
+    ap.add_argument("--loss-outside", action="store_true",
+                    help="compute the loss on the caller's thread from the logits, not as the pipeline's last unit")
     args = ap.parse_args(argv)
     s = SIZES[args.quick]
     reps = args.reps if args.reps is not None else (3 if args.quick else 1)
@@ -78,13 +86,15 @@ def main(argv: Optional[List[str]] = None) -> None:
           f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}; one training step (forward, "
           f"cross-entropy, backward), best of {reps}", flush=True)
 
-    one = Pipeline(copy.deepcopy(base), devices=["cpu"], threads=1)
+    loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
+    one = Pipeline(copy.deepcopy(base), devices=["cpu"], threads=1, loss_fn=loss_fn)
     t1 = step_time(one, x, target, reps)
     rows = [("pipelstm, 1 stage, 1 thread", "-", "-", t1, "-", "-", f"{stage_busy(one)[0]:.2f}")]
     best = None
     for K in args.chunks:
         for M in args.micro_batches:
-            two = Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=K, micro_batches=M, threads=1)
+            two = Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=K, micro_batches=M, threads=1,
+                           loss_fn=loss_fn)
             t2 = step_time(two, x, target, reps)
             with tempfile.TemporaryDirectory() as d:
                 b = two.timeline(os.path.join(d, "t.json"))
