@@ -425,24 +425,44 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
   return {r.output.view({T, B, s.P}), r.h_n, r.c_n, r.workspace};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward(
-    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
-    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
-    bool reverse) {
-  constexpr const char* op = "lstm_layer_backward";
-  const OpGuard guard(input);
+namespace {
+
+// The checks of the dense backward ops, and their tensors as rows.
+struct DenseBackward {
+  int64_t T, B;
+  LayerShape s;
+  OptTensor grad_out;
+  Tensor x, out;
+};
+
+DenseBackward dense_backward(const char* op, const OptTensor& grad_output,
+                             const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+                             const Tensor& input, const Tensor& h0, const Tensor& c0,
+                             const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
+                             const Tensor& output, const Tensor& workspace) {
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
   check_shape(op, "output", output, {T, B, s.P});
   check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
-  const OptTensor grad_out =
-      grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt;
-  auto r = backward_core(dense_steps(T, B), s, grad_out, grad_h_n, grad_c_n,
-                         input.contiguous().view({T * B, s.I}), h0, c0, w_ih, w_hh, w_hr,
-                         output.reshape({T * B, s.P}), workspace, reverse);
-  return {r.grad_input.view({T, B, s.I}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+  return {T, B, s,
+          grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt,
+          input.contiguous().view({T * B, s.I}), output.reshape({T * B, s.P})};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
+    bool reverse) {
+  const OpGuard guard(input);
+  const DenseBackward a = dense_backward("lstm_layer_backward", grad_output, grad_h_n, grad_c_n,
+                                         input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
+  auto r = backward_core(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n, grad_c_n, a.x, h0, c0,
+                         w_ih, w_hh, w_hr, a.out, workspace, reverse);
+  return {r.grad_input.view({a.T, a.B, a.s.I}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
           r.grad_bias, r.grad_w_hr};
 }
 
@@ -451,19 +471,13 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
                                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                                         const Tensor& w_hh, const OptTensor& w_hr,
                                         const Tensor& output, const Tensor& workspace) {
-  constexpr const char* op = "lstm_layer_backward_data";
   const OpGuard guard(input);
-  check_dim(op, "input", input, 3, "[T, B, I]");
-  const int64_t T = input.size(0), B = input.size(1);
-  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
-  check_shape(op, "output", output, {T, B, s.P});
-  check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
-  const OptTensor grad_out =
-      grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt;
-  LayerDataGrads d = backward_data_core(
-      dense_steps(T, B), s, grad_out, grad_h_n, grad_c_n, input.contiguous().view({T * B, s.I}), h0,
-      c0, w_ih, w_hh, w_hr, output.reshape({T * B, s.P}), workspace, /*reverse=*/false);
-  d.grad_input = d.grad_input.view({T, B, s.I});
+  const DenseBackward a = dense_backward("lstm_layer_backward_data", grad_output, grad_h_n,
+                                         grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
+  LayerDataGrads d = backward_data_core(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n, grad_c_n,
+                                        a.x, h0, c0, w_ih, w_hh, w_hr, a.out, workspace,
+                                        /*reverse=*/false);
+  d.grad_input = d.grad_input.view({a.T, a.B, a.s.I});
   return d;
 }
 

@@ -1,6 +1,7 @@
 """Plain-torch LSTM math, used as the independent reference in tests."""
 
-from typing import Optional, Tuple
+import contextlib
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -47,3 +48,15 @@ def rel_error(actual: Tensor, expected: Tensor) -> float:
     scale = expected.detach().abs().max().item()
     err = (actual.detach().to(expected.dtype) - expected.detach()).abs().max().item()
     return err / scale if scale > 0 else err
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Runs the body with `n` intra-op threads (results that compare bitwise
+    need the same thread count on both sides)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -18,21 +18,11 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import pipelstm
 
-from reference import rel_error
-from test_module_bad_input import FORWARD_CASES
+from reference import num_threads, rel_error
+from test_module_bad_input import FORWARD_CASES, assert_rejects_like_nn_lstm
 
 TOL = 1e-5
 DEVICES = ["cpu", "cpu"]
-
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def make_pair(devices=DEVICES, chunks=1, micro_batches=1, balance="auto", **kw):
@@ -201,11 +191,7 @@ def test_plain_lstm_has_no_pipeline():
 
 @pytest.mark.parametrize("case", list(FORWARD_CASES))
 def test_forward_rejects_like_nn_lstm(case):
-    kw, make_args, pattern = FORWARD_CASES[case]
-    with pytest.raises(Exception) as ref_error:
-        nn.LSTM(**kw)(*make_args())
-    with pytest.raises(ref_error.type, match=pattern):
-        pipelstm.LSTM(**kw, devices=DEVICES, threads=1)(*make_args())
+    assert_rejects_like_nn_lstm(case, lambda **kw: pipelstm.LSTM(**kw, devices=DEVICES, threads=1))
 
 
 def test_unsupported_input_and_placement_are_rejected():

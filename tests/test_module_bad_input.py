@@ -29,13 +29,19 @@ FORWARD_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(FORWARD_CASES))
-def test_forward_rejects_like_nn_lstm(case):
+def assert_rejects_like_nn_lstm(case, make_ours):
+    """FORWARD_CASES[case] fails in `make_ours(**kw)` as in nn.LSTM: the same
+    exception type, a message matching the case's pattern."""
     kw, make_args, pattern = FORWARD_CASES[case]
     with pytest.raises(Exception) as ref_error:
         nn.LSTM(**kw)(*make_args())
     with pytest.raises(ref_error.type, match=pattern):
-        pipelstm.LSTM(**kw)(*make_args())
+        make_ours(**kw)(*make_args())
+
+
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+def test_forward_rejects_like_nn_lstm(case):
+    assert_rejects_like_nn_lstm(case, pipelstm.LSTM)
 
 
 def test_hidden_dtype_mismatch_is_rejected():

@@ -10,7 +10,6 @@ lighter stage of an unbalanced split runs some of the heavier stage's
 tasks; the parameter gradients of a unit that nothing reached stay None.
 """
 
-import contextlib
 import copy
 
 import torch
@@ -18,15 +17,7 @@ from torch import nn
 
 import pipelstm
 
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+from reference import num_threads
 
 
 def deep_lstm_model():

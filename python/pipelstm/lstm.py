@@ -28,7 +28,7 @@ __all__ = ["LSTM", "LSTMCell"]
 _State = Tuple[Tensor, Tensor]
 
 
-class LSTM(nn.RNNBase):
+class LSTM(_pl.EngineHolder, nn.RNNBase):
     """A multi-layer LSTM with the interface of :class:`torch.nn.LSTM`.
 
     Args: exactly those of :class:`torch.nn.LSTM` (``input_size, hidden_size,
@@ -104,13 +104,8 @@ class LSTM(nn.RNNBase):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             batch, is_batched = int(batch_sizes[0]), True
         else:
-            data, batch_sizes, sorted_indices, unsorted_indices = input, None, None, None
-            if data.dim() not in (2, 3):
-                raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
-            is_batched = data.dim() == 3
-            batch_dim = 0 if self.batch_first else 1
-            if not is_batched:
-                data = data.unsqueeze(batch_dim)
+            batch_sizes, sorted_indices, unsorted_indices = None, None, None
+            data, is_batched, batch_dim = self._batched(input)
             batch = data.size(batch_dim)
 
         hx = self._initial_state(data, batch, hx, is_batched)
@@ -164,20 +159,10 @@ class LSTM(nn.RNNBase):
         self._devices = devices
         self._build_engine()
 
-    def _build_engine(self) -> None:
-        self._engine = _pl._engine.Engine(_pl._stage_specs(self._units, self.balance, self._devices, self.threads))
-
-    # The engine is a C++ object that can be neither copied nor pickled: it is
-    # left out of the state and rebuilt from the same stage specs.
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_engine", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
+    def _build_engine(self) -> None:  # with devices= (the copy of a plain LSTM has no engine)
         if self._devices is not None:
-            self._build_engine()
+            self._engine = _pl._engine.Engine(_pl._stage_specs(self._units, self.balance, self._devices,
+                                                               self.threads))
 
     def flatten_parameters(self) -> None:
         # cuDNN's flattening would gather all weights into one buffer on one device.
@@ -224,13 +209,7 @@ class LSTM(nn.RNNBase):
                 "[T, B, ...] batch into time chunks and micro-batches); pad the batch "
                 "(torch.nn.utils.rnn.pad_packed_sequence) or construct the LSTM without devices="
             )
-        data = input
-        if data.dim() not in (2, 3):
-            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
-        is_batched = data.dim() == 3
-        batch_dim = 0 if self.batch_first else 1
-        if not is_batched:
-            data = data.unsqueeze(batch_dim)
+        data, is_batched, batch_dim = self._batched(input)
         L = self.num_layers
         if hx is None:
             self.check_input(data, None)
@@ -270,6 +249,14 @@ class LSTM(nn.RNNBase):
 
 
     # --- pieces of forward ---------------------------------------------------
+
+    def _batched(self, data: Tensor) -> Tuple[Tensor, bool, int]:
+        """(the input with a batch dimension, whether it had one, the batch dimension)."""
+        if data.dim() not in (2, 3):
+            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
+        is_batched = data.dim() == 3
+        batch_dim = 0 if self.batch_first else 1
+        return (data if is_batched else data.unsqueeze(batch_dim)), is_batched, batch_dim
 
     def _initial_state(self, data: Tensor, batch: int, hx, is_batched: bool) -> _State:
         directions = 2 if self.bidirectional else 1

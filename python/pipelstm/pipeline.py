@@ -329,7 +329,24 @@ def _unflatten(flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor
     return out
 
 
-class Pipeline(nn.Module):
+class EngineHolder:
+    """For modules holding a C++ engine (``_engine``), which can be neither
+    copied nor pickled: it is left out of the state and ``_build_engine()``
+    makes a new one from the same stage specs. ``copy.deepcopy`` goes
+    through these too (one memo for the whole state, so the copied units
+    point at the copied modules)."""
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_engine", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._build_engine()
+
+
+class Pipeline(EngineHolder, nn.Module):
     """A ``Sequential`` LSTM model pipelined over devices, time chunks and micro-batches.
 
     Args:
@@ -410,7 +427,7 @@ class Pipeline(nn.Module):
         for name, child in module.named_children():
             self.add_module(name, child)
         self.training = module.training
-        self._engine = _engine.Engine(_stage_specs(units, self.balance, self._devices, self.threads, self._loss))
+        self._build_engine()
         self._num_layers = sum(u.kind == "lstm" for u in units)
 
     def __getitem__(self, index: int) -> nn.Module:
@@ -419,19 +436,7 @@ class Pipeline(nn.Module):
     def __len__(self) -> int:
         return len(self._modules)
 
-    # --- copying and pickling --------------------------------------------------------
-    # The engine is a C++ object that can be neither copied nor pickled: it is
-    # left out of the state and a new one is built from the same stage specs.
-    # copy.deepcopy goes through these too (one memo for the whole state, so
-    # the copied units point at the copied modules).
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_engine", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
+    def _build_engine(self) -> None:
         self._engine = _engine.Engine(_stage_specs(self._units, self.balance, self._devices, self.threads,
                                                    self._loss))
 
