@@ -13,7 +13,6 @@ Exactness (docs/pipeline.md), with one thread on both sides:
   order. Bitwise against the unsplit model only for K = M = 1.
 """
 
-import contextlib
 import copy
 import json
 import threading
@@ -25,19 +24,9 @@ from torch import nn
 import pipelstm
 from pipelstm.pipeline import partition
 
-from reference import rel_error
+from reference import num_threads, rel_error
 
 TOL = 1e-6
-
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def run_reference(model: nn.Sequential, x, hx=None):
@@ -190,6 +179,25 @@ def test_projected_lstm_matches_unsplit(balance, K, M):
     x = torch.randn(T, B, 4)
     hx = (torch.randn(2, B, 3), torch.randn(2, B, 8))
     compare(proj_model, x, hx, balance, K, M, check_input_grad=True)
+
+
+def pointwise_model():
+    # 13 units: 0, 1, 2.l0, 3, 4, 5.l0, 5.l1, 6, ..., 11 (every activation; LayerNorm with and without bias)
+    return nn.Sequential(
+        nn.Linear(4, 6), nn.GELU(approximate="tanh"), pipelstm.LSTM(6, 8), nn.LayerNorm(8), nn.SiLU(),
+        pipelstm.LSTM(8, 8, num_layers=2), nn.LayerNorm(8, bias=False), nn.Tanh(), nn.Sigmoid(), nn.ReLU(),
+        nn.GELU(), nn.Linear(8, 3),
+    )
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("K", [1, 2, 7])
+@pytest.mark.parametrize("balance", [[13], [3, 10], [6, 4, 3]], ids=lambda b: "-".join(map(str, b)))
+def test_pointwise_layers_match_unsplit(balance, K, M):
+    T, B = 9, 4
+    x = torch.randn(T, B, 4)
+    hx = (torch.randn(3, B, 8), torch.randn(3, B, 8))
+    compare(pointwise_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
 
 
 @pytest.mark.parametrize("K, M", [(1, 1), (7, 3)])
@@ -394,7 +402,8 @@ def test_invalid_plans_are_rejected(kwargs, message):
     [
         (nn.Sequential(nn.LSTM(3, 4, bidirectional=True)), "bidirectional"),
         (nn.Sequential(nn.GRU(3, 4)), "only LSTMs"),
-        (nn.Sequential(nn.LSTM(3, 4), nn.ReLU()), "not supported"),
+        (nn.Sequential(nn.LSTM(3, 4), nn.Softplus()), "not supported"),
+        (nn.Sequential(nn.LSTM(3, 4), nn.LayerNorm((2, 4))), "over the last dimension"),
         (nn.Sequential(nn.Identity()), "no units"),
     ],
 )

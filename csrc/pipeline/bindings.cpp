@@ -19,7 +19,17 @@ void init_bindings(py::module_& parent) {
       .value("embedding", UnitKind::Embedding)
       .value("linear", UnitKind::Linear)
       .value("dropout", UnitKind::Dropout)
+      .value("activation", UnitKind::Activation)
+      .value("layer_norm", UnitKind::LayerNorm)
       .value("cross_entropy", UnitKind::CrossEntropy);
+
+  py::enum_<Activation>(m, "Activation")
+      .value("relu", Activation::Relu)
+      .value("tanh", Activation::Tanh)
+      .value("sigmoid", Activation::Sigmoid)
+      .value("gelu", Activation::Gelu)
+      .value("gelu_tanh", Activation::GeluTanh)
+      .value("silu", Activation::Silu);
 
   py::enum_<Checkpoint>(m, "Checkpoint")
       .value("never", Checkpoint::Never)
@@ -29,7 +39,7 @@ void init_bindings(py::module_& parent) {
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
                        bool scale_grad_by_freq, double p, int64_t state_index,
-                       int64_t ignore_index, bool mean) {
+                       int64_t ignore_index, bool mean, Activation activation, double eps) {
              UnitSpec u;
              u.kind = kind;
              u.name = std::move(name);
@@ -39,11 +49,14 @@ void init_bindings(py::module_& parent) {
              u.state_index = state_index;
              u.ignore_index = ignore_index;
              u.mean = mean;
+             u.activation = activation;
+             u.eps = eps;
              return u;
            }),
            py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
            py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
-           py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true)
+           py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true,
+           py::arg("activation") = Activation::Relu, py::arg("eps") = 1e-5)
       .def_readonly("name", &UnitSpec::name);
 
   py::class_<StageSpec>(m, "StageSpec")

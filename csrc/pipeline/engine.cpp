@@ -49,6 +49,8 @@ const char* kind_name(UnitKind k) {
     case UnitKind::Embedding: return "Embedding";
     case UnitKind::Linear: return "Linear";
     case UnitKind::Dropout: return "Dropout";
+    case UnitKind::Activation: return "activation";
+    case UnitKind::LayerNorm: return "LayerNorm";
     case UnitKind::CrossEntropy: return "CrossEntropy";
   }
   return "?";

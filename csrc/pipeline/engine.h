@@ -26,7 +26,10 @@ using OptTensor = std::optional<Tensor>;
 // CrossEntropy: the loss as the last unit of the last stage; each work item
 // computes the loss of its tokens (the pass's output is their mean or sum)
 // and its backward the gradient of its logits.
-enum class UnitKind { Lstm, Embedding, Linear, Dropout, CrossEntropy };
+// Activation and LayerNorm (over the last dimension) are the pointwise
+// layers that commonly sit between LSTM layers and the decoder.
+enum class UnitKind { Lstm, Embedding, Linear, Dropout, Activation, LayerNorm, CrossEntropy };
+enum class Activation { Relu, Tanh, Sigmoid, Gelu, GeluTanh, Silu };
 
 // Activation recomputation: which work items keep only what replaying their
 // forward needs (the stage input, each LSTM layer's initial (h, c) and the
@@ -43,6 +46,10 @@ struct UnitSpec {
   bool scale_grad_by_freq = false;
   // Dropout
   double p = 0.0;
+  // Activation
+  Activation activation = Activation::Relu;
+  // LayerNorm
+  double eps = 1e-5;
   // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)
   int64_t state_index = -1;
   // CrossEntropy: targets equal to ignore_index do not count; mean or sum
@@ -58,7 +65,7 @@ struct StageSpec {
 
 // Per unit, its parameters in a fixed order (absent ones nullopt):
 //   Lstm: w_ih, w_hh, b_ih, b_hh, w_hr;  Embedding: weight;
-//   Linear: weight, bias;  Dropout: none.
+//   Linear, LayerNorm: weight, bias;  Dropout, Activation, CrossEntropy: none.
 using UnitParams = std::vector<OptTensor>;
 
 struct TraceEvent {

@@ -68,6 +68,25 @@ Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, boo
       if (keep) saved = {x};
       return at::linear(x, need(p[0], u, "weight"), p[1]);
     }
+    case UnitKind::Activation: {
+      Tensor y;
+      switch (u.activation) {
+        case Activation::Relu: y = at::relu(x); break;
+        case Activation::Tanh: y = at::tanh(x); break;
+        case Activation::Sigmoid: y = at::sigmoid(x); break;
+        case Activation::Gelu: y = at::gelu(x, "none"); break;
+        case Activation::GeluTanh: y = at::gelu(x, "tanh"); break;
+        case Activation::Silu: y = at::silu(x); break;
+      }
+      if (keep) saved = {x, y};
+      return y;
+    }
+    case UnitKind::LayerNorm: {
+      auto [y, mean, rstd] =
+          at::native_layer_norm(x, {x.size(-1)}, p[0], p[1], u.eps);
+      if (keep) saved = {x, mean, rstd};
+      return y;
+    }
     case UnitKind::CrossEntropy: {
       TORCH_CHECK(x.dim() == 3 && target.defined(), "the loss expects logits [T, B, classes], got ",
                   x.sizes());
@@ -120,6 +139,27 @@ Tensor unit_backward_data(const UnitSpec& u, const UnitParams& p, const Tensor& 
     case UnitKind::Dropout: {
       if (!g.defined() || saved.empty()) return g;
       return g * saved[0];
+    }
+    case UnitKind::Activation: {
+      if (!g.defined()) return g;
+      const Tensor &x = saved[0], &y = saved[1];
+      switch (u.activation) {
+        case Activation::Relu: return at::threshold_backward(g, y, 0);
+        case Activation::Tanh: return at::tanh_backward(g, y);
+        case Activation::Sigmoid: return at::sigmoid_backward(g, y);
+        case Activation::Gelu: return at::gelu_backward(g, x, "none");
+        case Activation::GeluTanh: return at::gelu_backward(g, x, "tanh");
+        case Activation::Silu: return at::silu_backward(g, x);
+      }
+      TORCH_CHECK(false, "unknown activation");
+    }
+    case UnitKind::LayerNorm: {  // its parameter gradients go into the piece
+      if (!g.defined()) return g;
+      auto [gx, gw, gb] = at::native_layer_norm_backward(
+          g.contiguous(), saved[0], {saved[0].size(-1)}, saved[1], saved[2], p[0], p[1],
+          {true, p[0].has_value(), p[1].has_value()});
+      piece = {gw, gb};
+      return gx;
     }
     case UnitKind::CrossEntropy: {  // g: the gradient of the item's loss sum
       if (!g.defined()) return g;
@@ -210,7 +250,18 @@ void unit_weight_grads(const UnitSpec& u, const UnitParams& p, const Pieces& pie
                                           u.padding_idx, u.scale_grad_by_freq));
       return;
     }
+    case UnitKind::LayerNorm: {  // the items' sums, in a fixed order
+      for (const auto& row : pieces) {
+        for (const auto& piece : row) {
+          if (piece.empty()) continue;
+          if (p[0].has_value()) add(0, piece[0]);
+          if (p[1].has_value()) add(1, piece[1]);
+        }
+      }
+      return;
+    }
     case UnitKind::Dropout:
+    case UnitKind::Activation:
     case UnitKind::CrossEntropy: return;
   }
 }
@@ -221,7 +272,9 @@ void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved) {
     case UnitKind::Lstm: saved = {saved[1], saved[2]}; return;  // initial h, c
     case UnitKind::Dropout: return;                              // the mask
     case UnitKind::Embedding:
-    case UnitKind::Linear: saved.clear(); return;  // the input is recomputed
+    case UnitKind::Linear:
+    case UnitKind::Activation:
+    case UnitKind::LayerNorm: saved.clear(); return;  // the input is recomputed
     case UnitKind::CrossEntropy: saved = {saved[1]}; return;  // the target
   }
 }
@@ -244,7 +297,8 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
       unit_forward(u, {}, x, training, /*keep=*/true, h, c, saved, /*seed=*/0, target);
       break;
     }
-    if (last && u.kind != UnitKind::Lstm) {  // its backward needs only its input
+    if (last && (u.kind == UnitKind::Linear || u.kind == UnitKind::Embedding)) {
+      // its backward needs only its input
       saved = {x};
       break;
     }

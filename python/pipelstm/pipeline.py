@@ -51,6 +51,8 @@ class _Unit:
     hidden_size: int = 0
     proj_size: int = 0
     p: float = 0.0
+    activation: str = ""  # activation: the engine's name, e.g. "gelu_tanh"
+    eps: float = 1e-5  # layer_norm
     out_size: int = 0
     cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
     act_bytes: float = 0.0  # saved for backward, per token (or in all, with a sample)
@@ -61,6 +63,18 @@ class _Unit:
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.params() if p is not None)
+
+
+# The activations the engine runs natively: module type -> its name there.
+_ACTIVATIONS = {
+    nn.ReLU: lambda m: "relu",
+    nn.Tanh: lambda m: "tanh",
+    nn.Sigmoid: lambda m: "sigmoid",
+    nn.GELU: lambda m: "gelu" if m.approximate == "none" else "gelu_tanh",
+    nn.SiLU: lambda m: "silu",
+}
+_SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
+              "ReLU, Tanh, Sigmoid, GELU, SiLU and Identity")
 
 
 def _flatten(model: nn.Sequential) -> List[_Unit]:
@@ -103,10 +117,22 @@ def _flatten(model: nn.Sequential) -> List[_Unit]:
             ))
         elif isinstance(child, nn.Dropout):
             units.append(_Unit("dropout", name, child, [], p=child.p))
+        elif type(child) in _ACTIVATIONS:
+            width = units[-1].out_size if units else 0
+            units.append(_Unit("activation", name, child, [], activation=_ACTIVATIONS[type(child)](child),
+                               input_size=width, out_size=width))
+        elif isinstance(child, nn.LayerNorm):
+            if len(child.normalized_shape) != 1:
+                raise ValueError(f"Pipeline: LayerNorm {name!r} must normalise over the last dimension only, "
+                                 f"got normalized_shape={tuple(child.normalized_shape)}")
+            width = child.normalized_shape[0]
+            names = ["weight" if child.weight is not None else None,
+                     "bias" if getattr(child, "bias", None) is not None else None]
+            units.append(_Unit("layer_norm", name, child, names, eps=child.eps, input_size=width, out_size=width))
         else:
             raise ValueError(
                 f"Pipeline: module {name!r} ({type(child).__name__}) is not supported; a pipeline is a "
-                "Sequential of Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear and Identity"
+                f"Sequential of {_SUPPORTED}"
             )
     if not units:
         raise ValueError("Pipeline: the model has no units")
@@ -179,6 +205,10 @@ def _stage_specs(units: Sequence[_Unit], balance: Sequence[int], devices: Sequen
                 kw = dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
             elif u.kind == "dropout":
                 kw = dict(p=float(u.p))
+            elif u.kind == "activation":
+                kw = dict(activation=getattr(_engine.Activation, u.activation))
+            elif u.kind == "layer_norm":
+                kw = dict(eps=float(u.eps))
             elif u.kind == "lstm":
                 kw = dict(state_index=layer)
                 layer += 1
@@ -622,6 +652,8 @@ def _unit_fn(u: _Unit):
         return lambda x: F.embedding(x, p[0], m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
     if u.kind == "linear":
         return lambda x: F.linear(x, p[0], p[1])
+    if u.kind in ("activation", "layer_norm"):
+        return u.module
     return lambda x: F.dropout(x, u.p, training=True)
 
 
