@@ -120,12 +120,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
             return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self.permute_hidden(
                 (h_n, c_n), unsorted_indices
             )
-        if self.batch_first:
-            output = output.transpose(0, 1)
-        if not is_batched:
-            output = output.squeeze(batch_dim)
-            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
-        return output, (h_n, c_n)
+        return self._as_given(output, h_n, c_n, is_batched, batch_dim)
 
     # --- devices=: the layers as a pipeline ------------------------------------
 
@@ -224,12 +219,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
         output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
         dev = output.device
         h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
-        if self.batch_first:
-            output = output.transpose(0, 1)
-        if not is_batched:
-            output = output.squeeze(batch_dim)
-            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
-        return output, (h_n, c_n)
+        return self._as_given(output, h_n, c_n, is_batched, batch_dim)
 
     def _check_placement(self, data: Tensor) -> None:
         first = self._devices[0]
@@ -249,6 +239,16 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
 
 
     # --- pieces of forward ---------------------------------------------------
+
+    def _as_given(self, output: Tensor, h_n: Tensor, c_n: Tensor, is_batched: bool,
+                  batch_dim: int) -> Tuple[Tensor, _State]:
+        """Time-major results back in the layout of the input (batch_first, unbatched)."""
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        if not is_batched:
+            output = output.squeeze(batch_dim)
+            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
+        return output, (h_n, c_n)
 
     def _batched(self, data: Tensor) -> Tuple[Tensor, bool, int]:
         """(the input with a batch dimension, whether it had one, the batch dimension)."""
