@@ -22,7 +22,6 @@ import time
 from typing import List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import pipelstm
@@ -101,8 +100,11 @@ def build_model(vocab: int, emb: int, hidden: int, layers: int, dropout: float, 
     return model
 
 
-def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(output.reshape(-1, output.size(-1)), target.reshape(-1))
+def outside_loss(pipe):
+    """The loss function train_step/eval_step take when the pipeline has none inside."""
+    if pipe.computes_loss:
+        return None
+    return lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
 
 
 # --- progress --------------------------------------------------------------------------
@@ -145,6 +147,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=int, default=4, help="time chunks per step (K)")
     ap.add_argument("--micro-batches", type=int, default=2, help="micro-batches per step (M)")
     ap.add_argument("--balance", default="auto", help="'auto' or units per stage, e.g. 3,3")
+    ap.add_argument("--loss-outside", action="store_true",
+                    help="compute the loss from the logits on the last rank's caller thread, not inside the pipeline")
     ap.add_argument("--recompute", choices=("never", "except_last", "always"), default="never",
                     help="activation recomputation per stage (trades compute for memory)")
     ap.add_argument("--epochs", type=int, default=3)
@@ -201,7 +205,7 @@ def evaluate(pipe, data: torch.Tensor, mesh, bptt: int, max_batches: Optional[in
     n = num_batches(data, bptt) if max_batches is None else min(max_batches, num_batches(data, bptt))
     for i in range(n):
         x, y = get_batch(data, i, bptt)
-        loss = pipe.eval_step(mesh.shard(x), mesh.shard(y), loss_fn)
+        loss = pipe.eval_step(mesh.shard(x), mesh.shard(y), outside_loss(pipe))
         total += float(loss) * x.size(0)
         count += x.size(0)
     pipe.reset_state()
@@ -227,7 +231,8 @@ def main(argv=None) -> dict:
     valid = batchify(corpus.valid, args.batch_size)
     model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed)
     pipe = pdist.PipelineParallel(model, mesh, chunks=args.chunks, micro_batches=args.micro_batches,
-                                  balance=parse_balance(args.balance), checkpoint=args.recompute)
+                                  balance=parse_balance(args.balance), checkpoint=args.recompute,
+                                  loss_fn=None if args.loss_outside else nn.CrossEntropyLoss())
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(pipe.parameters(), lr=args.lr or 3e-3)
     else:
@@ -266,7 +271,7 @@ def main(argv=None) -> dict:
                 break
             maybe_inject_fault(args.inject_fault, mesh.rank, step)
             x, y = get_batch(train, i, args.bptt)
-            loss = pipe.train_step(mesh.shard(x), mesh.shard(y), loss_fn)
+            loss = pipe.train_step(mesh.shard(x), mesh.shard(y), outside_loss(pipe))
             pdist.clip_grad_norm_(pipe.parameters(), args.clip, mesh)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

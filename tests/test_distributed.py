@@ -31,10 +31,12 @@ def _check_trained(tmp_path, reference, result):
     assert max_difference(trained, reference) <= 1e-5
 
 
-@pytest.mark.parametrize("nproc,pp", [(2, 2), (2, 1), (4, 2)], ids=["pp2", "dp2", "dp2xpp2"])
-def test_matches_single_process(tmp_path, reference, nproc, pp):
-    result = torchrun(nproc, SMALL + ["--pp", str(pp), "--max-steps", str(STEPS), "--save-model",
-                                      str(tmp_path / "model.pt")])
+@pytest.mark.parametrize("nproc,pp,extra", [(2, 2, []), (2, 2, ["--loss-outside"]), (2, 1, []), (4, 2, [])],
+                         ids=["pp2", "pp2-loss-outside", "dp2", "dp2xpp2"])
+def test_matches_single_process(tmp_path, reference, nproc, pp, extra):
+    # the loss inside the last stage (PipelineParallel(loss_fn=...)), or from its logits
+    result = torchrun(nproc, SMALL + extra + ["--pp", str(pp), "--max-steps", str(STEPS), "--save-model",
+                                              str(tmp_path / "model.pt")])
     _check_trained(tmp_path, reference, result)
     assert f"pp={pp} x dp={nproc // pp}" in result.stdout
 

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..pipeline import (_engine, _flatten, _flop_model, _place, _stage_specs, _thread_budgets, check_checkpoint,
-                        check_positive_ints, partition, resolve_balance, run_engine)
+from ..pipeline import (_engine, _flatten, _flop_model, _loss_spec, _place, _stage_specs, _thread_budgets,
+                        check_checkpoint, check_positive_ints, partition, resolve_balance, run_engine)
 from ..timeline import write_timeline
 from .mesh import Mesh
 
@@ -39,8 +39,9 @@ class _Stage(nn.Module):
         self._input_features, self._dtype = input_features, dtype
         self.num_layers = sum(u.kind == "lstm" for u in units)
 
-    def forward(self, input: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]]):
-        return run_engine(self, self._units, input, h0, c0)
+    def forward(self, input: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]],
+                target: Optional[Tensor] = None):
+        return run_engine(self, self._units, input, h0, c0, target)
 
 
 class PipelineParallel(nn.Module):
@@ -61,6 +62,9 @@ class PipelineParallel(nn.Module):
             starts again from zeros.
         checkpoint: activation recomputation, as in :class:`pipelstm.Pipeline`
             (``"never"``, ``"except_last"``, ``"always"``).
+        loss_fn: an ``nn.CrossEntropyLoss`` computed inside the last stage,
+            item by item, as in :class:`pipelstm.Pipeline`; ``train_step`` and
+            ``eval_step`` then take no ``loss_fn`` of their own.
 
     ``parameters()`` are this stage's; give them to the optimizer.
     ``state_dict()`` has the unsplit model's names for this stage's
@@ -70,12 +74,13 @@ class PipelineParallel(nn.Module):
     def __init__(self, model: nn.Sequential, mesh: Mesh, *, chunks: int = 1, micro_batches: int = 1,
                  balance: Union[str, Sequence[int]] = "auto", devices: Optional[Sequence] = None,
                  threads: Union[None, int, Sequence[int]] = None, carry_state: bool = True,
-                 checkpoint: str = "never") -> None:
+                 checkpoint: str = "never", loss_fn: Optional[nn.Module] = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
         check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
         check_checkpoint("PipelineParallel", checkpoint)
+        self._loss = _loss_spec(loss_fn)
         self.mesh = mesh
         units = _flatten(model)
         for u in units:
@@ -99,7 +104,8 @@ class PipelineParallel(nn.Module):
         self.devices = local_devices
         self.threads = _thread_budgets(threads, local_devices)
         _place(mine, local_balance, local_devices)
-        engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads))
+        engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads,
+                                             self._loss if mesh.is_last_stage else None))
         prev = nxt = None
         if not mesh.is_first_stage:
             r = mesh.pp_ranks[mesh.pp_rank - 1]
@@ -128,15 +134,21 @@ class PipelineParallel(nn.Module):
     def is_last_stage(self) -> bool:
         return self.mesh.is_last_stage
 
+    @property
+    def computes_loss(self) -> bool:
+        """Whether the loss runs inside the pipeline (``loss_fn`` given at construction)."""
+        return self._loss is not None
+
     def reset_state(self) -> None:
         """Start the next step from zero LSTM states (a new sequence)."""
         self._hidden = None
 
-    def forward(self, input: Tensor) -> Optional[Tensor]:
+    def forward(self, input: Tensor, target: Optional[Tensor] = None) -> Optional[Tensor]:
         """The pipelined forward of this replica's batch ``input`` ([T, B]
         indices, the same tensor, or at least the same shape, on every stage).
-        Returns the model output on the last stage, an empty placeholder
-        (that ``backward`` starts from) elsewhere."""
+        Returns the model output on the last stage (with ``loss_fn``: the loss
+        of ``target`` [T, B], which only the last stage reads), an empty
+        placeholder (that ``backward`` starts from) elsewhere."""
         if not isinstance(input, Tensor) or input.dim() < 2:
             raise ValueError(f"PipelineParallel: expected input of shape [T, B, ...], got "
                              f"{getattr(input, 'shape', type(input).__name__)}")
@@ -154,19 +166,27 @@ class PipelineParallel(nn.Module):
                 raise ValueError(f"PipelineParallel: the batch changed from {self._hidden[0][0].shape[0]} to {B} "
                                  "while carrying the LSTM state; call reset_state() first")
             h0, c0 = list(self._hidden[0]), list(self._hidden[1])
-        out, h_n, c_n = self.stage(x, h0, c0)
+        if self._loss is not None and self.mesh.is_last_stage:
+            if target is None:
+                raise ValueError("PipelineParallel: built with a loss_fn, the last stage needs the target")
+            out, h_n, c_n = self.stage(x, h0, c0, target.to(self.devices[-1]))
+        else:
+            out, h_n, c_n = self.stage(x, h0, c0)
         if self.carry_state:
             self._hidden = ([h.detach() for h in h_n], [c.detach() for c in c_n])
         return out
 
-    def train_step(self, input: Tensor, target: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    def train_step(self, input: Tensor, target: Tensor,
+                   loss_fn: Optional[Callable[[Tensor, Tensor], Tensor]] = None) -> Tensor:
         """Forward and backward of one step: ``loss_fn(output, target)`` on
-        the last stage, the pipelined backward everywhere, gradients averaged
+        the last stage (or the ``loss_fn`` given at construction, inside the
+        pipeline), the pipelined backward everywhere, gradients averaged
         over the replicas. Returns the loss averaged over the replicas, on
         every rank (a 0-dim float64 tensor)."""
-        out = self.forward(input)
+        self._check_loss_fn(loss_fn)
+        out = self.forward(input, target)
         if self.mesh.is_last_stage:
-            loss = loss_fn(out, target.to(out.device))
+            loss = out if self._loss is not None else loss_fn(out, target.to(out.device))
             loss.backward()
             value = loss.detach()
         else:
@@ -175,12 +195,21 @@ class PipelineParallel(nn.Module):
         return self._share_loss(value)
 
     @torch.no_grad()
-    def eval_step(self, input: Tensor, target: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-        """A forward-only step; returns ``loss_fn(output, target)`` averaged
-        over the replicas, on every rank."""
-        out = self.forward(input)
-        value = loss_fn(out, target.to(out.device)) if self.mesh.is_last_stage else None
+    def eval_step(self, input: Tensor, target: Tensor,
+                  loss_fn: Optional[Callable[[Tensor, Tensor], Tensor]] = None) -> Tensor:
+        """A forward-only step; returns ``loss_fn(output, target)`` (or the
+        built-in loss) averaged over the replicas, on every rank."""
+        self._check_loss_fn(loss_fn)
+        out = self.forward(input, target)
+        value = None
+        if self.mesh.is_last_stage:
+            value = out if self._loss is not None else loss_fn(out, target.to(out.device))
         return self._share_loss(value)
+
+    def _check_loss_fn(self, loss_fn) -> None:
+        if (loss_fn is None) == (self._loss is None):
+            raise ValueError("PipelineParallel: give a loss_fn either at construction (computed inside the "
+                             "pipeline) or to train_step/eval_step, exactly one of the two")
 
     def _share_loss(self, value: Optional[Tensor]) -> Tensor:
         mesh = self.mesh
