@@ -57,7 +57,10 @@ def test_lstm_weight_gradients_do_not_depend_on_the_chunks():
 def test_a_lighter_stage_takes_over_parameter_gradients():
     base = deep_lstm_model()
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], balance=[4, 1], chunks=4, threads=1)
-    x = torch.randn(32, 8, 32)
+    # 128 steps x 16 sequences: each layer's weight GEMMs take tens of ms, far
+    # longer than it takes the idle stage's thread to wake up, even on a busy
+    # machine (with 32 x 8 it lost the race under load, 1 run in 10)
+    x = torch.randn(128, 16, 32)
     grads(pipe, x)
     spans = [e for e in pipe.trace() if e["phase"] == "weights"]
     assert len(spans) == 5  # one per unit with parameters
