@@ -30,7 +30,6 @@
 #include <unordered_set>
 #include <utility>
 
-#include "../lstm_ops.h"
 #include "units.h"
 
 namespace pipelstm::pipeline {
@@ -693,15 +692,11 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   // Assemble: time chunks along dim 0, then micro-batches along dim 1 (with
   // a next process, which has the output, an empty placeholder).
   const c10::Device out_device = stages_.back().device;
-  std::vector<Tensor> per_m;
-  for (int64_t m = 0; m < (next_ ? 0 : M); ++m) {
-    std::vector<Tensor> per_k;
-    for (int64_t k = 0; k < K; ++k) {
-      Slot& slot = channel[S][m * K + k];
-      if (slot.event.has_value()) slot.event->block(c10::impl::VirtualGuardImpl(out_device.type()).getStream(out_device));
-      per_k.push_back(slot.value);
-    }
-    per_m.push_back(K == 1 || loss_ ? per_k[0] : at::cat(per_k, 0));
+  std::vector<Tensor> items;  // the outputs of items (m, k) at m * K + k
+  for (int64_t i = 0; i < (next_ ? 0 : M * K); ++i) {
+    Slot& slot = channel[S][i];
+    if (slot.event.has_value()) slot.event->block(c10::impl::VirtualGuardImpl(out_device.type()).getStream(out_device));
+    items.push_back(slot.value);
   }
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -709,12 +704,15 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
     if (next_) {
       st->output = at::empty({0}, st->out_options);
     } else if (loss_) {  // the items' loss sums, in a fixed order
-      Tensor total = per_m[0].clone();
-      for (int64_t m = 0; m < M; ++m) {
-        for (int64_t k = m == 0 ? 1 : 0; k < K; ++k) total.add_(channel[S][m * K + k].value);
-      }
+      Tensor total = items[0].clone();
+      for (size_t i = 1; i < items.size(); ++i) total.add_(items[i]);
       st->output = total.div_(st->loss_divisor);
     } else {
+      std::vector<Tensor> per_m;
+      for (int64_t m = 0; m < M; ++m) {
+        const std::vector<Tensor> per_k(items.begin() + m * K, items.begin() + (m + 1) * K);
+        per_m.push_back(K == 1 ? per_k[0] : at::cat(per_k, 0));
+      }
       st->output = M == 1 ? per_m[0] : at::cat(per_m, 1);
     }
     for (int64_t l = 0; l < num_lstm_; ++l) {

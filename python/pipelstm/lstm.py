@@ -134,13 +134,9 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
                 "unidirectional LSTM or drop devices="
             )
         _pl.check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
-        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
-            raise ValueError(f"LSTM: devices must be a non-empty list of devices, got {devices!r}")
-        devices = [_pl._check_device(d) for d in devices]
-        units = _pl._flatten_named([("", self)])
-        if len(devices) > len(units):
-            raise ValueError(f"LSTM: {len(devices)} stages but only {len(units)} units "
-                             f"({', '.join(u.name for u in units)}); use at most as many devices as units")
+        devices = _pl.stage_devices("LSTM", devices)
+        units = _pl._flatten([("", self)])
+        _pl.check_stage_count("LSTM", len(devices), units)
         for u in units:
             u.cost, u.act_bytes = _pl._flop_model(u)
         self._units = units

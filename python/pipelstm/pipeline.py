@@ -17,7 +17,7 @@ as a Bernoulli mask), so the workers never take the GIL.
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -77,10 +77,14 @@ _SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, Laye
               "ReLU, Tanh, Sigmoid, GELU, SiLU and Identity")
 
 
-def _flatten(model: nn.Sequential) -> List[_Unit]:
+def _flatten(children: Iterable[Tuple[str, nn.Module]]) -> List[_Unit]:
+    """The units of a Sequential's ``named_children()``. A module named ``""``
+    gives its units without a prefix: one LSTM on its own
+    (``pipelstm.LSTM(devices=...)``) flattens into ``l0, dropout0, l1, ...``."""
     units: List[_Unit] = []
     layer = 0
-    for name, child in model.named_children():
+    for name, child in children:
+        prefix = f"{name}." if name else ""
         if isinstance(child, nn.Identity):
             continue
         if isinstance(child, nn.RNNBase):
@@ -99,13 +103,13 @@ def _flatten(model: nn.Sequential) -> List[_Unit]:
                 names += [f"bias_ih{sfx}", f"bias_hh{sfx}"] if child.bias else [None, None]
                 names += [f"weight_hr{sfx}"] if P > 0 else [None]
                 units.append(_Unit(
-                    "lstm", f"{name}.l{l}", child, names, layer=layer,
+                    "lstm", f"{prefix}l{l}", child, names, layer=layer,
                     input_size=child.input_size if l == 0 else (P or H), hidden_size=H, proj_size=P,
                     out_size=P or H,
                 ))
                 layer += 1
                 if child.dropout > 0 and l < child.num_layers - 1:
-                    units.append(_Unit("dropout", f"{name}.dropout{l}", child, [], p=child.dropout, out_size=P or H))
+                    units.append(_Unit("dropout", f"{prefix}dropout{l}", child, [], p=child.dropout, out_size=P or H))
         elif isinstance(child, nn.Embedding):
             if child.max_norm is not None or child.sparse:
                 raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
@@ -230,6 +234,19 @@ def _loss_spec(loss_fn: Optional[nn.Module]) -> Optional[dict]:
         raise ValueError("Pipeline: loss_fn supports ignore_index and reduction='mean' or 'sum'; not class weights, "
                          f"label_smoothing or reduction={loss_fn.reduction!r}")
     return dict(ignore_index=int(loss_fn.ignore_index), mean=loss_fn.reduction == "mean")
+
+
+def stage_devices(who: str, devices) -> List[torch.device]:
+    """The stages' devices, checked: a non-empty list of available devices."""
+    if isinstance(devices, (str, torch.device)) or len(devices) == 0:
+        raise ValueError(f"{who}: devices must be a non-empty list of devices, got {devices!r}")
+    return [_check_device(d) for d in devices]
+
+
+def check_stage_count(who: str, stages: int, units: Sequence[_Unit]) -> None:
+    if stages > len(units):
+        raise ValueError(f"{who}: {stages} stages but only {len(units)} units ({', '.join(u.name for u in units)}); "
+                         "use at most as many devices as units")
 
 
 def _check_device(d) -> torch.device:
@@ -434,14 +451,10 @@ class Pipeline(EngineHolder, nn.Module):
         self.checkpoint = check_checkpoint("Pipeline", checkpoint)
         self.saved_activation_bytes = 0
         self._loss = _loss_spec(loss_fn)
-        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
-            raise ValueError(f"Pipeline: devices must be a non-empty list of devices, got {devices!r}")
-        self._devices = [_check_device(d) for d in devices]
-        units = _flatten(module)
-        S, n = len(self._devices), len(units)
-        if S > n:
-            raise ValueError(f"Pipeline: {S} stages but only {n} units ({', '.join(u.name for u in units)}); "
-                             "use at most as many devices as units")
+        self._devices = stage_devices("Pipeline", devices)
+        units = _flatten(module.named_children())
+        S = len(self._devices)
+        check_stage_count("Pipeline", S, units)
         lstms = {id(u.module): u.module for u in units if u.kind == "lstm"}.values()
         batch_first = {m.batch_first for m in lstms}
         if len(batch_first) > 1:
@@ -678,21 +691,3 @@ def _profile(u: _Unit, x: Tensor, reps: int = 2) -> Tuple[Tensor, float, float]:
     _, per_token = _flop_model(u)
     tokens = x.shape[0] * x.shape[1]
     return y.detach(), best, per_token * tokens
-
-
-def _flatten_named(children: Sequence[Tuple[str, nn.Module]]) -> List[_Unit]:
-    """``_flatten`` over ``(name, module)`` pairs instead of a Sequential's
-    children. A module named ``""`` gives its units without a prefix: one
-    LSTM on its own (``pipelstm.LSTM(devices=...)``) flattens into ``"l0"``,
-    ``"dropout0"``, ``"l1"``, ... (Sequential names cannot contain a dot, so
-    a leading ``"."`` can only come from an empty name)."""
-    class _Children:
-        @staticmethod
-        def named_children():
-            return iter(children)
-
-    units = _flatten(_Children())
-    for u in units:
-        if u.name.startswith("."):
-            u.name = u.name[1:]
-    return units

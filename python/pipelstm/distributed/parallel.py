@@ -82,7 +82,7 @@ class PipelineParallel(nn.Module):
         check_checkpoint("PipelineParallel", checkpoint)
         self._loss = _loss_spec(loss_fn)
         self.mesh = mesh
-        units = _flatten(model)
+        units = _flatten(model.named_children())
         for u in units:
             u.cost, u.act_bytes = _flop_model(u)
         n = len(units)
