@@ -9,16 +9,20 @@
 // Both layouts share one core over rows: a dense [T, B, *] tensor is the
 // packed layout with B rows at every step. A packed step only touches the
 // rows of sequences still running, so padding costs nothing.
+//
+// On the CPU in float32 the time loops are cpu/fused_loops_cpu.cpp's: each
+// step one fused kernel (GEMM and cell together) on weights packed once per
+// call. The ATen step loop below serves every other device and dtype.
 #include <ATen/ATen.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "checks.h"
+#include "cpu/fused_loops_cpu.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
 #include "pointwise_backend.h"
-#include "prepared_linear.h"
 
 namespace pipelstm {
 
@@ -191,9 +195,21 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
   if (b_ih.has_value() || b_hh.has_value()) {
     bias = b_ih.has_value() && b_hh.has_value() ? *b_ih + *b_hh : b_ih.has_value() ? *b_ih : *b_hh;
   }
-  const Tensor input_gates = PreparedLinear(w_ih, N)(x, bias);
-
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
+  if (cpu::fused_loops_serve(x)) {
+    // The input's pre-activations straight into the workspace, where the
+    // fused steps turn them into the activated gates.
+    if (bias.defined()) {
+      at::addmm_out(ws.gates, bias, x, w_ih.t());
+    } else {
+      at::mm_out(ws.gates, x, w_ih.t());
+    }
+    cpu::fused_forward_loop(steps, reverse, h_init, c_init, w_hh, w_hr, ws.gates, ws.cells, ws.raw_h,
+                            r.output, r.h_n, r.c_n);
+    return r;
+  }
+  const Tensor input_gates = bias.defined() ? at::addmm(bias, x, w_ih.t()) : at::mm(x, w_ih.t());
+
   const auto& pointwise = pointwise_backend(x.device().type());
   // Small batches only: there the per-step GEMM is latency-bound; larger
   // batches keep cuBLAS (tensor cores) per step.
@@ -220,9 +236,6 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
       return r;
     }
   }
-  const PreparedLinear recurrent(w_hh, steps.max_batch);
-  const std::optional<PreparedLinear> projection =
-      s.projected ? std::optional<PreparedLinear>(std::in_place, *w_hr, steps.max_batch) : std::nullopt;
   const auto dtype = x.scalar_type();
   int64_t prev = -1;
   for (int64_t p = 0; p < T; ++p) {
@@ -238,7 +251,7 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
     } else {
       h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
     }
-    const Tensor hidden_gates = recurrent(h_prev);
+    const Tensor hidden_gates = at::mm(h_prev, w_hh.t());
     const Tensor& h_out = s.projected ? ws.raw_h : r.output;
     const int64_t h_width = s.projected ? H : P;
     for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
@@ -255,9 +268,9 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
       step.h = row_ptr_mut(h_out, row0 + begin, h_width);
       pointwise.forward(dtype, step);
     }
-    if (projection) {
+    if (s.projected) {
       Tensor out_t = r.output.narrow(0, row0, rows);
-      projection->into(out_t, ws.raw_h.narrow(0, row0, rows));
+      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
     }
     // Sequences that end at this step leave their final state.
     const int64_t on = steps.going_on(p, reverse);
@@ -316,13 +329,22 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
   const Workspace ws(workspace.contiguous(), N, s);
   const Tensor out = output.contiguous();
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
+  if (cpu::fused_loops_serve(x)) {
+    cpu::FusedBackward f = cpu::fused_backward_loop(steps, reverse, grad_output, grad_h_n, grad_c_n,
+                                                    h_init, c_init, w_hh, w_hr, ws.gates, ws.cells);
+    LayerDataGrads r;
+    r.grad_input = at::mm(f.grad_gates, w_ih);
+    r.grad_h0 = f.grad_h0;
+    r.grad_c0 = f.grad_c0;
+    r.grad_gates = f.grad_gates;
+    if (s.projected) {
+      r.grad_h = f.grad_h;
+      r.raw_h = ws.raw_h;
+    }
+    return r;
+  }
   // Strided (for example expanded) gradients are read in place, not copied.
   const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
-  // dg @ w_hh as a linear with weight w_hh^T; stored densely, on the at::mm
-  // path this is an "NT" GEMM, measurably faster in MKL for these shapes.
-  const PreparedLinear recurrent_back(w_hh.t().contiguous(), B);
-  const std::optional<PreparedLinear> projection_back =
-      s.projected ? std::optional<PreparedLinear>(std::in_place, w_hr->t().contiguous(), B) : std::nullopt;
 
   Tensor grad_gates = at::empty({N, 4 * H}, opts);
   // Per-sequence gradient state. Row i holds the gradient of the h (and c)
@@ -351,7 +373,7 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
       grad_h.copy_(grad_h_rec);
     }
     Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
-    if (projection_back) projection_back->into(grad_raw, grad_h);
+    if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
     for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
       if (end <= begin) continue;
       StepBackward step;
@@ -367,11 +389,11 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
       step.grad_c_prev = row_ptr_mut(grad_c_state, begin, H);
       pointwise.backward(dtype, step);
     }
-    recurrent_back.into(grad_h_rec, grad_gates.narrow(0, row0, rows));
+    at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
   }
 
   LayerDataGrads r;
-  r.grad_input = PreparedLinear(w_ih.t().contiguous(), N)(grad_gates);
+  r.grad_input = at::mm(grad_gates, w_ih);
   r.grad_h0 = grad_h_state;
   r.grad_c0 = grad_c_state;
   r.grad_gates = grad_gates;

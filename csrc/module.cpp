@@ -4,6 +4,9 @@
 
 namespace pipelstm {
 bool built_with_cuda();
+namespace cpu {
+const char* fused_loops_isa();
+}
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
 }
@@ -13,5 +16,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pipelstm native library: fused LSTM ops (torch.ops.pipelstm.*)";
   m.def("built_with_cuda", &pipelstm::built_with_cuda,
         "Whether the CUDA kernels were compiled into this build.");
+  m.def("cpu_isa", &pipelstm::cpu::fused_loops_isa,
+        "The instruction set of the fused CPU kernels in use: avx512, avx2 or generic "
+        "(the widest this CPU runs, capped by PIPELSTM_CPU_ISA).");
   pipelstm::pipeline::init_bindings(m);
 }

@@ -1,0 +1,289 @@
+#include "fused_loops_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "phase_team.h"
+#include "pipelstm/kernels/cpu_recurrent.h"
+
+namespace pipelstm {
+namespace cpu {
+
+namespace k = pipelstm::kernels::cpu;
+
+namespace {
+
+const k::RecurrentKernels& kernels() {
+  std::string error;
+  const k::RecurrentKernels* kernels = k::recurrent_kernels(&error);
+  TORCH_CHECK(kernels != nullptr, "pipelstm: ", error);
+  return *kernels;
+}
+
+// Below this many multiply-adds per thread and step, a second thread costs
+// more in synchronisation than it saves (tools/tune: measured on AVX2).
+constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
+
+int team_size(int64_t macs_per_step, int64_t panels) {
+  if (at::in_parallel_region()) return 1;
+  const int64_t by_work = std::max<int64_t>(1, macs_per_step / kMinMacsPerThread);
+  return static_cast<int>(std::min({static_cast<int64_t>(at::get_num_threads()), by_work, panels}));
+}
+
+float* ptr(const Tensor& t) { return t.data_ptr<float>(); }
+const float* cptr(const Tensor& t) { return t.const_data_ptr<float>(); }
+
+// Packs `w` into a fresh buffer with one of the kernels' packers.
+template <typename Pack>
+Tensor packed(int64_t size, const Tensor& like, Pack&& pack) {
+  Tensor out = at::empty({size}, like.options());
+  pack(ptr(out));
+  return out;
+}
+
+// Where step t's rows start in a [N, width] buffer (or null before the first step).
+const float* step_rows(const float* base, const LayerSteps& steps, int64_t t, int64_t width) {
+  return t < 0 ? nullptr : base + steps.offset[t] * width;
+}
+
+bool all_zero(const Tensor& t) {
+  const float* p = cptr(t);
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    if (p[i] != 0.0f) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool fused_loops_serve(const Tensor& x) {
+  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat) return false;
+  kernels();  // raises on a bad PIPELSTM_CPU_ISA
+  return true;
+}
+
+const char* fused_loops_isa() { return kernels().isa; }
+
+void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
+                        const Tensor& w_hh, const std::optional<Tensor>& w_hr, Tensor& gates,
+                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n) {
+  const auto& K = kernels();
+  const int64_t T = steps.steps(), H = w_hh.size(0) / 4, P = w_hh.size(1);
+  const bool projected = w_hr.has_value();
+  const Tensor w = w_hh.contiguous();
+  const Tensor packed_hh = packed(K.gate_packed_size(H, P), w, [&](float* out) {
+    K.pack_gates(cptr(w), H, P, out);
+  });
+  Tensor packed_hr;
+  if (projected) {
+    const Tensor wr = w_hr->contiguous();
+    packed_hr = packed(K.plain_packed_size(P, H), wr, [&](float* out) {
+      K.pack_rows(cptr(wr), P, H, out);
+    });
+  }
+  float* g = ptr(gates);
+  float* c = ptr(cells);
+  float* out = ptr(output);
+  float* raw = projected ? ptr(raw_h) : nullptr;
+  const float* h_init = cptr(h0);
+  const float* c_init = cptr(c0);
+
+  // A step that starts every row from a zero h0 (no hx given) has no
+  // recurrent product to compute.
+  const bool zero_h0 = all_zero(h0);
+  const int phases = projected ? 2 : 1;
+  const int64_t cell_panels = K.gate_panels(H), proj_panels = K.plain_panels(P);
+  const int threads = team_size(steps.max_batch * 4 * H * P, cell_panels);
+  auto chunks = [&](int64_t s) {
+    return std::min<int64_t>(threads, s % phases == 0 ? cell_panels : proj_panels);
+  };
+  run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
+    const int64_t p = s / phases;
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
+    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+    if (s % phases == 0) {
+      k::ForwardStep f;
+      f.rows = rows;
+      f.hidden = H;
+      f.k = zero_h0 && steps.continuing(p, reverse) == 0 ? 0 : P;
+      f.h_prev = {step_rows(out, steps, prev, P), h_init, steps.continuing(p, reverse), P};
+      f.w = cptr(packed_hh);
+      f.gates = g + row0 * 4 * H;
+      f.c_prev = {step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H};
+      f.c = c + row0 * H;
+      f.h = projected ? raw + row0 * H : out + row0 * P;
+      f.ldh = projected ? H : P;
+      const auto [b, e] = chunk_range(cell_panels, n_chunks, chunk);
+      K.forward_step(f, b, e);
+    } else {
+      k::Gemm m;
+      m.rows = rows;
+      m.n = P;
+      m.k = H;
+      m.a = {raw + row0 * H, nullptr, rows, H};
+      m.w = cptr(packed_hr);
+      m.out = out + row0 * P;
+      m.ldo = P;
+      const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
+      K.gemm(m, b, e);
+    }
+  });
+
+  // Sequences that end at a step leave their final state there.
+  float* hn = ptr(h_n);
+  float* cn = ptr(c_n);
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], on = steps.going_on(p, reverse);
+    if (rows <= on) continue;
+    const int64_t r0 = steps.offset[t] + on;
+    std::memcpy(hn + on * P, out + r0 * P, sizeof(float) * (rows - on) * P);
+    std::memcpy(cn + on * H, c + r0 * H, sizeof(float) * (rows - on) * H);
+  }
+}
+
+FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& h0,
+                                  const Tensor& c0, const Tensor& w_hh,
+                                  const std::optional<Tensor>& w_hr, const Tensor& act,
+                                  const Tensor& cells) {
+  const auto& K = kernels();
+  const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch;
+  const int64_t H = w_hh.size(0) / 4, P = w_hh.size(1);
+  const bool projected = w_hr.has_value();
+  const auto opts = act.options();
+
+  FusedBackward r;
+  r.grad_gates = at::empty({N, 4 * H}, opts);
+  r.grad_h0 = at::empty({B, P}, opts);
+  r.grad_c0 = grad_c_n.has_value() ? grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
+  if (projected) r.grad_h = at::empty({N, P}, opts);
+
+  // Read in place when rows are dense (e.g. a slice), else made so.
+  Tensor grad_out;
+  if (grad_output.has_value()) {
+    grad_out = grad_output->stride(1) == 1 ? *grad_output : grad_output->contiguous();
+  }
+  const Tensor grad_h_last = grad_h_n.has_value() ? grad_h_n->contiguous() : Tensor();
+  const Tensor w = w_hh.contiguous();
+  const Tensor packed_hh = packed(K.plain_packed_size(P, 4 * H), w, [&](float* out) {
+    K.pack_cols(cptr(w), 4 * H, P, out);
+  });
+  Tensor packed_hr;
+  if (projected) {
+    const Tensor wr = w_hr->contiguous();
+    packed_hr = packed(K.plain_packed_size(H, P), wr, [&](float* out) {
+      K.pack_cols(cptr(wr), P, H, out);
+    });
+  }
+  float* dg = ptr(r.grad_gates);
+  float* dc = ptr(r.grad_c0);  // per-sequence: grad of the c each row's next step started from
+  float* dh = projected ? ptr(r.grad_h) : nullptr;
+  const float* go = grad_out.defined() ? cptr(grad_out) : nullptr;
+  const int64_t ldo = grad_out.defined() ? grad_out.stride(0) : 0;
+  const float* state = grad_h_last.defined() ? cptr(grad_h_last) : nullptr;
+  const float* a = cptr(act);
+  const float* c = cptr(cells);
+  const float* c_init = cptr(c0);
+
+  const int phases = projected ? 2 : 1;
+  const int64_t cell_panels = K.plain_panels(H), proj_panels = K.plain_panels(P);
+  const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
+  auto chunks = [&](int64_t s) {
+    return std::min<int64_t>(threads, s % phases == phases - 1 ? cell_panels : proj_panels);
+  };
+  run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
+    const int64_t p = T - 1 - s / phases;  // position in the forward recurrence
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
+    const int64_t next = p + 1 < T ? LayerSteps::step_at(p + 1, T, reverse) : -1;
+    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+    // Rows that go on to the next step get their h's gradient from it.
+    const int64_t gemm_rows = steps.going_on(p, reverse);
+    const float* next_gates = step_rows(dg, steps, next, 4 * H);
+    if (projected && s % phases == 0) {
+      // grad_h = grad_gates_next @ w_hh (or grad_h_n) + grad_output
+      k::Gemm m;
+      m.rows = gemm_rows;
+      m.n = P;
+      m.k = 4 * H;
+      m.a = {next_gates, nullptr, gemm_rows, 4 * H};
+      m.w = cptr(packed_hh);
+      m.add = go ? go + row0 * ldo : nullptr;
+      m.ld_add = ldo;
+      m.out = dh + row0 * P;
+      m.ldo = P;
+      const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
+      K.gemm(m, b, e);
+      if (chunk == 0) {
+        for (int64_t i = gemm_rows; i < rows; ++i) {
+          for (int64_t j = 0; j < P; ++j) {
+            dh[(row0 + i) * P + j] = (state ? state[i * P + j] : 0.0f) + (go ? go[(row0 + i) * ldo + j] : 0.0f);
+          }
+        }
+      }
+      return;
+    }
+    k::BackwardStep b;
+    b.rows = rows;
+    b.hidden = H;
+    if (projected) {  // grad of h before the projection: grad_h @ w_hr
+      b.k = P;
+      b.gemm_rows = rows;
+      b.a = dh + row0 * P;
+      b.lda = P;
+      b.w = cptr(packed_hr);
+    } else {
+      b.k = 4 * H;
+      b.gemm_rows = gemm_rows;
+      b.a = next_gates;
+      b.lda = 4 * H;
+      b.w = cptr(packed_hh);
+      b.state = state;
+      b.lds = P;
+      b.grad_out = go ? go + row0 * ldo : nullptr;
+      b.ldo = ldo;
+    }
+    b.act = a + row0 * 4 * H;
+    b.c_prev = {step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H};
+    b.c = c + row0 * H;
+    b.grad_c = dc;
+    b.grad_gates = dg + row0 * 4 * H;
+    const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
+    K.backward_step(b, pb, pe);
+  });
+
+  // Rows that started from h0 at a step: grad_h0 = their grad_gates @ w_hh.
+  float* dh0 = ptr(r.grad_h0);
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], cont = steps.continuing(p, reverse);
+    if (rows <= cont) continue;
+    k::Gemm m;
+    m.rows = rows - cont;
+    m.n = P;
+    m.k = 4 * H;
+    m.a = {dg + (steps.offset[t] + cont) * 4 * H, nullptr, rows - cont, 4 * H};
+    m.w = cptr(packed_hh);
+    m.out = dh0 + cont * P;
+    m.ldo = P;
+    const int threads0 = team_size((rows - cont) * 4 * H * P, proj_panels);
+    run_phases(1, threads0, [&](int64_t) { return std::min<int64_t>(threads0, proj_panels); },
+               [&](int64_t, int64_t chunk, int64_t n_chunks) {
+                 const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
+                 K.gemm(m, b, e);
+               });
+  }
+  return r;
+}
+
+}  // namespace cpu
+}  // namespace pipelstm

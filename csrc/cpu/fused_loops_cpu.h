@@ -1,0 +1,52 @@
+// The time loops of one LSTM layer direction on the CPU in float32, on the
+// fused step kernels (kernels/include/pipelstm/kernels/cpu_recurrent.h):
+// the recurrent weights packed once per call, then per step one kernel
+// call per thread with no tensor, allocation or dispatcher call inside the
+// loop. lstm_layer.cpp calls these for CPU float32 input and keeps its
+// ATen step loop for every other case.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "../layer_steps.h"
+
+namespace pipelstm {
+namespace cpu {
+
+using at::Tensor;
+
+// Whether the fused loops serve `x` (a CPU float32 tensor). Raises if
+// PIPELSTM_CPU_ISA names no known ISA.
+bool fused_loops_serve(const Tensor& x);
+
+// The name of the kernels' ISA on this CPU ("avx512", "avx2", "generic").
+const char* fused_loops_isa();
+
+// Forward of all steps. In: gates [N, 4H] holds each row's input
+// pre-activations, biases included. Out: gates the activated gates, cells
+// [N, H], raw_h [N, H] (with w_hr only: h before the projection), output
+// [N, P], h_n [B, P] and c_n [B, H]. h0/c0 contiguous [B, P]/[B, H].
+void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
+                        const Tensor& w_hh, const std::optional<Tensor>& w_hr, Tensor& gates,
+                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n);
+
+struct FusedBackward {
+  Tensor grad_gates;  // [N, 4H]
+  Tensor grad_h0, grad_c0;
+  Tensor grad_h;  // with w_hr: [N, P], the total gradient of each step's h
+};
+
+// Backward of all steps from the forward's act (activated gates), cells and
+// output; grad_output [N, P] (any row stride), grad_h_n, grad_c_n optional.
+FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& h0,
+                                  const Tensor& c0, const Tensor& w_hh,
+                                  const std::optional<Tensor>& w_hr, const Tensor& act,
+                                  const Tensor& cells);
+
+}  // namespace cpu
+}  // namespace pipelstm

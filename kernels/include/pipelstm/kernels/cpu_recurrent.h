@@ -1,0 +1,124 @@
+// The CPU time step of an LSTM layer as fused float32 kernels: plain
+// pointers and sizes, no framework.
+//
+// Each step's recurrent GEMM runs on weights packed once per call into
+// panels, and the pointwise work of the step is done on the GEMM's
+// accumulators while they are still in registers:
+//
+//   forward   gates[r, g*H + j] += h_prev[r, :] . w_hh[g*H + j, :], then the
+//             cell: activated gates, c and h written for every (r, j)
+//   backward  grad_h[r, j] = grad_gates_next[r, :] . w_hh[:, j] (+ grad_out),
+//             then the cell's backward: grad_gates and grad_c written
+//
+// A forward panel holds V hidden units of all four gates (V = the vector
+// width), so one tile of accumulators is the i, f, g and o pre-activations
+// of the same units: the cell needs nothing else. A plain panel holds 4V
+// consecutive output columns.
+//
+// Work is split by panels: a step's panels may run on different threads in
+// any order (each call takes a range), and every step reads what the whole
+// previous step wrote, so the caller synchronises between steps.
+//
+// Three builds of the same source (cpu_recurrent_impl.h): AVX-512, AVX2+FMA
+// and a portable one; the best the CPU has is picked at first use, capped by
+// the environment variable PIPELSTM_CPU_ISA (avx512 | avx2 | generic).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pipelstm {
+namespace kernels {
+namespace cpu {
+
+// Rows [0, split) at first + r*ld, rows [split, ...) at rest + r*ld: a step
+// whose rows continue from the previous step (first) or start from the
+// initial state (rest) alike.
+struct RowSource {
+  const float* first = nullptr;
+  const float* rest = nullptr;
+  int64_t split = 0;
+  int64_t ld = 0;
+
+  const float* row(int64_t r) const { return (r < split ? first : rest) + r * ld; }
+};
+
+struct ForwardStep {
+  int64_t rows = 0;
+  int64_t hidden = 0;   // H
+  int64_t k = 0;        // width of h_prev (H, or P with a projection)
+  RowSource h_prev;     // [rows, k]
+  const float* w = nullptr;  // w_hh [4H, k] through pack_gates
+  float* gates = nullptr;    // [rows, 4H]: the input's pre-activations in (biases
+                             // included), the activated gates out
+  RowSource c_prev;          // [rows, H]
+  float* c = nullptr;        // [rows, H] out
+  float* h = nullptr;        // [rows, ldh] out (the first H columns)
+  int64_t ldh = 0;
+};
+
+struct BackwardStep {
+  int64_t rows = 0;
+  int64_t hidden = 0;         // H
+  int64_t k = 0;              // GEMM depth: 4H (or P with a projection)
+  int64_t gemm_rows = 0;      // rows [0, gemm_rows) take a @ w ...
+  const float* a = nullptr;   // [gemm_rows, lda]
+  int64_t lda = 0;
+  const float* w = nullptr;   // [k, H] through pack_cols
+  const float* state = nullptr;  // ... the others this [rows, lds] (null: zero)
+  int64_t lds = 0;
+  const float* grad_out = nullptr;  // optional [rows, ldo], added
+  int64_t ldo = 0;
+  const float* act = nullptr;  // [rows, 4H] activated gates
+  RowSource c_prev;            // [rows, H]
+  const float* c = nullptr;    // [rows, H]
+  float* grad_c = nullptr;     // [rows, H]: grad of c in, grad of c_prev out
+  float* grad_gates = nullptr; // [rows, 4H] out
+};
+
+// out[r, :n] = a[r, :k] @ w (+ add[r, :n])
+struct Gemm {
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  RowSource a;
+  const float* w = nullptr;  // through pack_cols or pack_rows
+  const float* add = nullptr;  // optional
+  int64_t ld_add = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+};
+
+struct RecurrentKernels {
+  const char* isa = nullptr;  // "avx512", "avx2" or "generic"
+  int64_t vec = 0;            // floats per vector (V)
+
+  // Panels and packed sizes (floats).
+  int64_t gate_panels(int64_t hidden) const { return (hidden + vec - 1) / vec; }
+  int64_t plain_panels(int64_t n) const { return (n + 4 * vec - 1) / (4 * vec); }
+  int64_t gate_packed_size(int64_t hidden, int64_t k) const { return gate_panels(hidden) * k * 4 * vec; }
+  int64_t plain_packed_size(int64_t n, int64_t k) const { return plain_panels(n) * k * 4 * vec; }
+
+  // w [4H, k] row-major, for ForwardStep.
+  void (*pack_gates)(const float* w, int64_t hidden, int64_t k, float* out) = nullptr;
+  // B[k][n] = w[n][k] for w [n, k] row-major (x @ w^T), for Gemm.
+  void (*pack_rows)(const float* w, int64_t n, int64_t k, float* out) = nullptr;
+  // B[k][n] = w[k][n] for w [k, n] row-major (x @ w), for Gemm and BackwardStep.
+  void (*pack_cols)(const float* w, int64_t k, int64_t n, float* out) = nullptr;
+
+  // Each computes the panels [panel_begin, panel_end) for all rows.
+  void (*forward_step)(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
+  void (*backward_step)(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
+  void (*gemm)(const Gemm& s, int64_t panel_begin, int64_t panel_end) = nullptr;
+};
+
+// The kernels for this CPU, capped by PIPELSTM_CPU_ISA; chosen once. Null,
+// with the reason in *error, if the variable names no known ISA.
+const RecurrentKernels* recurrent_kernels(std::string* error);
+
+// The kernels of one ISA if this CPU runs it (tests and benchmarks), else null.
+const RecurrentKernels* recurrent_kernels_for(const std::string& isa);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,386 @@
+// The fused CPU step kernels of cpu_recurrent.h, written once over a vector
+// type and compiled once per ISA. The including file defines
+//   PIPELSTM_ISA   the namespace (and name) of this build
+//   PIPELSTM_VEC   floats per vector register
+//   PIPELSTM_MR    rows per register tile: 4*MR accumulators + MR
+//                  broadcasts + 1 weight vector must fit the register file
+// and is compiled with the matching target flags (CMakeLists.txt).
+//
+// The math is gate_math.h's, lane-wise: the same polynomial exp and tanh,
+// the same order of operations.
+#include <cstring>
+
+#include "pipelstm/kernels/cpu_recurrent.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace cpu {
+namespace PIPELSTM_ISA {
+namespace {
+
+constexpr int V = PIPELSTM_VEC;
+constexpr int MR = PIPELSTM_MR;
+constexpr int W = 4 * V;  // floats per packed row of a panel
+
+typedef float vf __attribute__((vector_size(V * sizeof(float))));
+typedef float vf_unaligned __attribute__((vector_size(V * sizeof(float)), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(V * sizeof(float))));
+
+inline vf splat(float s) {
+  vf v;
+  for (int l = 0; l < V; ++l) v[l] = s;  // a broadcast (vf{} + s would add -0.0 + 0.0)
+  return v;
+}
+inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
+
+// The first n lanes (0 < n <= V); the rest read as zero, never touched.
+template <bool kFull>
+inline vf load_n(const float* p, int n) {
+  if constexpr (kFull) return load(p);
+  vf v = {};
+  std::memcpy(&v, p, sizeof(float) * n);
+  return v;
+}
+template <bool kFull>
+inline void store_n(float* p, vf v, int n) {
+  if constexpr (kFull) return store(p, v);
+  std::memcpy(p, &v, sizeof(float) * n);
+}
+
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+// gate_math.h's host_expf, lane-wise.
+inline vf vexp(vf x) {
+  x = vmin(x, splat(88.3762626647949f));
+  x = vmax(x, splat(-87.3365478515625f));
+  const vf shifter = splat(12582912.0f);
+  const vf t = x * 1.44269504088896341f + shifter;
+  const vf n = t - shifter;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi e = __builtin_convertvector(n, vi) + 127;
+  e <<= 23;
+  return p * (vf)e;  // same-size vector cast: the bits, as float
+}
+
+// gate_math.h's host_tanhf, lane-wise.
+inline vf vtanh(vf x) {
+  const vf a = vmax(x, -x);
+  const vf z = x * x;
+  vf small = splat(-5.70498872745e-3f);
+  small = small * z + 2.06390887954e-2f;
+  small = small * z - 5.37397155531e-2f;
+  small = small * z + 1.33314422036e-1f;
+  small = small * z - 3.33332819422e-1f;
+  small = small * z * x + x;
+  vf large = 1.0f - 2.0f / (vexp(2.0f * a) + 1.0f);
+  large = x < 0.0f ? -large : large;
+  return a < 0.625f ? small : large;
+}
+
+inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+
+// acc[m][q] += sum_k a[m][k] * panel[k][q*V .. q*V+V) for M rows and k in
+// [0, depth): the register tile, FMA-bound.
+template <int M>
+inline void tile(const float* const (&a)[MR], const float* __restrict__ panel, int64_t depth,
+                 vf (&acc)[MR][4]) {
+  for (int64_t kk = 0; kk < depth; ++kk) {
+    const float* w = panel + kk * W;
+    const vf w0 = *reinterpret_cast<const vf*>(w);
+    const vf w1 = *reinterpret_cast<const vf*>(w + V);
+    const vf w2 = *reinterpret_cast<const vf*>(w + 2 * V);
+    const vf w3 = *reinterpret_cast<const vf*>(w + 3 * V);
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) {
+      const float s = a[m][kk];
+      acc[m][0] += w0 * s;
+      acc[m][1] += w1 * s;
+      acc[m][2] += w2 * s;
+      acc[m][3] += w3 * s;
+    }
+  }
+}
+
+inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, int64_t depth,
+                     vf (&acc)[MR][4]) {
+  switch (rows) {
+#define PIPELSTM_TILE_CASE(n) \
+  case n:                     \
+    if constexpr (n <= MR) tile<n>(a, panel, depth, acc); \
+    break;
+    PIPELSTM_TILE_CASE(1)
+    PIPELSTM_TILE_CASE(2)
+    PIPELSTM_TILE_CASE(3)
+    PIPELSTM_TILE_CASE(4)
+    PIPELSTM_TILE_CASE(5)
+    PIPELSTM_TILE_CASE(6)
+    PIPELSTM_TILE_CASE(7)
+    PIPELSTM_TILE_CASE(8)
+#undef PIPELSTM_TILE_CASE
+  }
+}
+
+// Depth of one pass over a panel: its slice (KC x 4V floats, 16 KiB) stays in
+// L1 while every row block of a row chunk runs over it; the accumulators of
+// the chunk wait in a buffer between slices. Deeper panels would stream from
+// L2 or L3 once per row block (measured: 38 GFLOP/s at K = 4096 unblocked).
+constexpr int64_t KC = (16 * 1024) / (W * sizeof(float));
+constexpr int64_t RC = (96 / MR) * MR;  // rows per chunk
+
+// For rows [row_begin, row_end): acc = a @ panel over the whole depth k, then
+// body(row0, rows, acc) for each block of up to MR rows.
+template <typename RowFn, typename Body>
+inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* panel, int64_t k,
+                           RowFn row, Body&& body) {
+  vf acc[MR][4];
+  const float* a[MR] = {};
+  if (k <= 2 * KC) {
+    for (int64_t r = row_begin; r < row_end; r += MR) {
+      const int rows = static_cast<int>(row_end - r < MR ? row_end - r : MR);
+      for (int m = 0; m < rows; ++m) {
+        a[m] = row(r + m);
+        for (int q = 0; q < 4; ++q) acc[m][q] = vf{};
+      }
+      tile_any(rows, a, panel, k, acc);
+      body(r, rows, acc);
+    }
+    return;
+  }
+  vf partial[RC][4];
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += RC) {
+    const int64_t r1 = row_end - r0 < RC ? row_end : r0 + RC;
+    for (int64_t k0 = 0; k0 < k; k0 += KC) {
+      const int64_t depth = k - k0 < KC ? k - k0 : KC;
+      for (int64_t r = r0; r < r1; r += MR) {
+        const int rows = static_cast<int>(r1 - r < MR ? r1 - r : MR);
+        vf (*part)[4] = partial + (r - r0);
+        for (int m = 0; m < rows; ++m) {
+          a[m] = row(r + m) + k0;
+          for (int q = 0; q < 4; ++q) acc[m][q] = k0 == 0 ? vf{} : part[m][q];
+        }
+        tile_any(rows, a, panel + k0 * W, depth, acc);
+        if (k0 + depth == k) {
+          body(r, rows, acc);
+        } else {
+          for (int m = 0; m < rows; ++m)
+            for (int q = 0; q < 4; ++q) part[m][q] = acc[m][q];
+        }
+      }
+    }
+  }
+}
+
+static_assert(MR <= 8, "tile_any handles up to 8 rows");
+
+// ---- forward ----------------------------------------------------------
+
+template <bool kFull>
+inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, const vf (&acc)[4]) {
+  const int64_t H = s.hidden;
+  float* g = s.gates + r * 4 * H + j;
+  const vf pre_i = acc[0] + load_n<kFull>(g, n);
+  const vf pre_f = acc[1] + load_n<kFull>(g + H, n);
+  const vf pre_g = acc[2] + load_n<kFull>(g + 2 * H, n);
+  const vf pre_o = acc[3] + load_n<kFull>(g + 3 * H, n);
+  const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
+  const vf i = vsigmoid(pre_i);
+  const vf f = vsigmoid(pre_f);
+  const vf gg = vtanh(pre_g);
+  const vf o = vsigmoid(pre_o);
+  const vf c = f * c_prev + i * gg;
+  const vf h = o * vtanh(c);
+  store_n<kFull>(g, i, n);
+  store_n<kFull>(g + H, f, n);
+  store_n<kFull>(g + 2 * H, gg, n);
+  store_n<kFull>(g + 3 * H, o, n);
+  store_n<kFull>(s.c + r * H + j, c, n);
+  store_n<kFull>(s.h + r * s.ldh + j, h, n);
+}
+
+void forward_step(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t j = p * V;
+    const int n = static_cast<int>(s.hidden - j < V ? s.hidden - j : V);
+    const float* panel = s.w + p * s.k * W;
+    for_row_blocks(0, s.rows, panel, s.k, [&](int64_t r) { return s.h_prev.row(r); },
+                   [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
+                     for (int m = 0; m < rows; ++m) {
+                       if (n == V) forward_cell<true>(s, r0 + m, j, n, acc[m]);
+                       else forward_cell<false>(s, r0 + m, j, n, acc[m]);
+                     }
+                   });
+  }
+}
+
+// ---- backward ---------------------------------------------------------
+
+template <bool kFull>
+inline void backward_cell(const BackwardStep& s, int64_t r, int64_t j, int n, vf grad_h) {
+  const int64_t H = s.hidden;
+  if (s.grad_out) grad_h += load_n<kFull>(s.grad_out + r * s.ldo + j, n);
+  const float* act = s.act + r * 4 * H + j;
+  const vf i = load_n<kFull>(act, n);
+  const vf f = load_n<kFull>(act + H, n);
+  const vf g = load_n<kFull>(act + 2 * H, n);
+  const vf o = load_n<kFull>(act + 3 * H, n);
+  const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
+  const vf c = load_n<kFull>(s.c + r * H + j, n);
+  float* grad_c = s.grad_c + r * H + j;
+  const vf tanh_c = vtanh(c);
+  const vf dc = load_n<kFull>(grad_c, n) + grad_h * o * (1.0f - tanh_c * tanh_c);
+  float* dg = s.grad_gates + r * 4 * H + j;
+  store_n<kFull>(dg, dc * g * i * (1.0f - i), n);
+  store_n<kFull>(dg + H, dc * c_prev * f * (1.0f - f), n);
+  store_n<kFull>(dg + 2 * H, dc * i * (1.0f - g * g), n);
+  store_n<kFull>(dg + 3 * H, grad_h * tanh_c * o * (1.0f - o), n);
+  store_n<kFull>(grad_c, dc * f, n);
+}
+
+// The cells of row r, units [j, j + 4V), from the recurrent gradients acc.
+inline void backward_cells(const BackwardStep& s, int64_t r, int64_t j, const vf (&acc)[4]) {
+  for (int q = 0; q < 4; ++q) {
+    const int64_t jq = j + q * V;
+    if (jq >= s.hidden) return;
+    const int n = static_cast<int>(s.hidden - jq < V ? s.hidden - jq : V);
+    if (n == V) backward_cell<true>(s, r, jq, n, acc[q]);
+    else backward_cell<false>(s, r, jq, n, acc[q]);
+  }
+}
+
+void backward_step(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t j = p * W;
+    const float* panel = s.w + p * s.k * W;
+    for_row_blocks(0, s.gemm_rows, panel, s.k, [&](int64_t r) { return s.a + r * s.lda; },
+                   [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
+                     for (int m = 0; m < rows; ++m) backward_cells(s, r0 + m, j, acc[m]);
+                   });
+    // Rows that end at this step: their recurrent gradient is the state's.
+    for (int64_t r = s.gemm_rows; r < s.rows; ++r) {
+      vf acc[4] = {};
+      for (int q = 0; q < 4 && s.state; ++q) {
+        const int64_t jq = j + q * V;
+        if (jq >= s.hidden) break;
+        const int n = static_cast<int>(s.hidden - jq < V ? s.hidden - jq : V);
+        acc[q] = n == V ? load_n<true>(s.state + r * s.lds + jq, n)
+                        : load_n<false>(s.state + r * s.lds + jq, n);
+      }
+      backward_cells(s, r, j, acc);
+    }
+  }
+}
+
+// ---- plain GEMM -------------------------------------------------------
+
+template <bool kFull>
+inline void gemm_store(const Gemm& s, int64_t r, int64_t j, int n, vf v) {
+  if (s.add) v += load_n<kFull>(s.add + r * s.ld_add + j, n);
+  store_n<kFull>(s.out + r * s.ldo + j, v, n);
+}
+
+void gemm(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t j = p * W;
+    const float* panel = s.w + p * s.k * W;
+    for_row_blocks(0, s.rows, panel, s.k, [&](int64_t r) { return s.a.row(r); },
+                   [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
+                     for (int m = 0; m < rows; ++m) {
+                       for (int q = 0; q < 4; ++q) {
+                         const int64_t jq = j + q * V;
+                         if (jq >= s.n) break;
+                         const int n = static_cast<int>(s.n - jq < V ? s.n - jq : V);
+                         if (n == V) gemm_store<true>(s, r0 + m, jq, n, acc[m][q]);
+                         else gemm_store<false>(s, r0 + m, jq, n, acc[m][q]);
+                       }
+                     }
+                   });
+  }
+}
+
+// ---- packing ----------------------------------------------------------
+
+void pack_gates(const float* w, int64_t hidden, int64_t k, float* out) {
+  const int64_t panels = (hidden + V - 1) / V;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = out + p * k * W;
+    for (int g = 0; g < 4; ++g) {
+      for (int v = 0; v < V; ++v) {
+        const int64_t j = p * V + v;
+        float* dst = panel + g * V + v;
+        if (j < hidden) {
+          const float* src = w + (g * hidden + j) * k;
+          for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = src[kk];
+        } else {
+          for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+void pack_rows(const float* w, int64_t n, int64_t k, float* out) {
+  const int64_t panels = (n + W - 1) / W;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = out + p * k * W;
+    for (int c = 0; c < W; ++c) {
+      const int64_t col = p * W + c;
+      float* dst = panel + c;
+      if (col < n) {
+        const float* src = w + col * k;
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = src[kk];
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = 0.0f;
+      }
+    }
+  }
+}
+
+void pack_cols(const float* w, int64_t k, int64_t n, float* out) {
+  const int64_t panels = (n + W - 1) / W;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = out + p * k * W;
+    const int64_t col = p * W;
+    const int64_t width = n - col < W ? n - col : W;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      std::memcpy(panel + kk * W, w + kk * n + col, sizeof(float) * width);
+      std::memset(panel + kk * W + width, 0, sizeof(float) * (W - width));
+    }
+  }
+}
+
+}  // namespace
+
+const RecurrentKernels& kernels() {
+  static const RecurrentKernels k = [] {
+    RecurrentKernels r;
+#define PIPELSTM_STR2(x) #x
+#define PIPELSTM_STR(x) PIPELSTM_STR2(x)
+    r.isa = PIPELSTM_STR(PIPELSTM_ISA);
+#undef PIPELSTM_STR
+#undef PIPELSTM_STR2
+    r.vec = V;
+    r.pack_gates = &pack_gates;
+    r.pack_rows = &pack_rows;
+    r.pack_cols = &pack_cols;
+    r.forward_step = &forward_step;
+    r.backward_step = &backward_step;
+    r.gemm = &gemm;
+    return r;
+  }();
+  return k;
+}
+
+}  // namespace PIPELSTM_ISA
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace pipelstm
