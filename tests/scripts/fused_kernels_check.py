@@ -1,0 +1,80 @@
+"""Runs pipelstm.LSTM (float32, CPU) against nn.LSTM in float64 over shapes
+that reach every corner of the fused step kernels, in this process's
+PIPELSTM_CPU_ISA, and prints one JSON line: the ISA in use and each case's
+relative error over outputs, final states and every gradient.
+
+Shapes: hidden sizes that are not a multiple of any vector width (panel
+tails), batches that are not a multiple of any register tile (row tails),
+more than one row chunk (96+ rows), depths past the K-blocking threshold
+(4H > 512, P > 512), packed sequences, projections, both directions, given
+(h0, c0) and 1 or 2 threads.
+"""
+
+import json
+import sys
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import pipelstm
+
+CASES = [
+    # T, B, I, H, layers, bidirectional, proj_size, packed, hx, threads
+    (5, 3, 7, 5, 1, False, 0, False, False, 1),
+    (9, 1, 13, 37, 1, False, 0, False, True, 1),
+    (6, 7, 20, 19, 2, True, 0, False, True, 2),
+    (4, 4, 10, 12, 1, False, 5, False, True, 1),
+    (7, 5, 9, 17, 2, True, 6, True, True, 2),
+    (10, 11, 16, 33, 1, False, 0, True, False, 1),
+    (3, 101, 24, 40, 1, False, 0, True, True, 2),
+    (3, 5, 16, 150, 1, True, 0, False, True, 1),
+    (3, 4, 600, 530, 1, False, 0, False, True, 2),
+    (3, 3, 40, 600, 1, False, 520, False, True, 1),
+]
+
+
+def run_case(T, B, I, H, layers, bidirectional, proj, packed, hx, threads):
+    torch.set_num_threads(threads)
+    ref = nn.LSTM(I, H, layers, bidirectional=bidirectional, proj_size=proj).double()
+    ours = pipelstm.LSTM(I, H, layers, bidirectional=bidirectional, proj_size=proj)
+    ours.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    D, P = (2 if bidirectional else 1), (proj or H)
+    x = torch.randn(T, B, I, dtype=torch.double)
+    state = (torch.randn(layers * D, B, P, dtype=torch.double),
+             torch.randn(layers * D, B, H, dtype=torch.double)) if hx else None
+    if packed:
+        lengths = torch.randint(1, T + 1, (B,))
+        lengths[0] = T
+        xa = pack_padded_sequence(x, lengths, enforce_sorted=False)
+        xb = pack_padded_sequence(x.float(), lengths, enforce_sorted=False)
+        xa.data.requires_grad_()
+        xb.data.requires_grad_()
+        leaves = (xa.data, xb.data)
+    else:
+        xa, xb = x.clone().requires_grad_(), x.float().requires_grad_()
+        leaves = (xa, xb)
+    out_a, (h_a, c_a) = ref(xa, state)
+    out_b, (h_b, c_b) = ours(xb, None if state is None else tuple(s.float() for s in state))
+    out_a, out_b = (out_a.data, out_b.data) if packed else (out_a, out_b)
+    w_out, w_h, w_c = torch.randn_like(out_a), torch.randn_like(h_a), torch.randn_like(c_a)
+    ((out_a * w_out).sum() + (h_a * w_h).sum() + (c_a * w_c).sum()).backward()
+    ((out_b * w_out.float()).sum() + (h_b * w_h.float()).sum() + (c_b * w_c.float()).sum()).backward()
+    pairs = [(out_b, out_a), (h_b, h_a), (c_b, c_a), (leaves[1].grad, leaves[0].grad)]
+    pairs += [(pb.grad, pa.grad) for pa, pb in zip(ref.parameters(), ours.parameters())]
+    err = 0.0
+    for got, want in pairs:
+        scale = want.abs().max().item() or 1.0
+        err = max(err, (got.double() - want).abs().max().item() / scale)
+    return err
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    results = [dict(case=list(c), rel_error=run_case(*c)) for c in CASES]
+    json.dump(dict(isa=pipelstm._C.cpu_isa(), results=results), sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
