@@ -20,6 +20,7 @@
 
 #include "checks.h"
 #include "cpu/fused_loops_cpu.h"
+#include "cpu/huge_pages.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
 #include "pointwise_backend.h"
@@ -183,8 +184,8 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
   const int64_t T = steps.steps(), N = steps.rows, H = s.H, P = s.P;
   const auto opts = x.options();
   ForwardResult r;
-  r.workspace = at::empty({s.workspace_numel(N)}, opts);
-  r.output = at::empty({N, P}, opts);
+  r.workspace = cpu::empty_buffer({s.workspace_numel(N)}, opts);
+  r.output = cpu::empty_buffer({N, P}, opts);
   r.h_n = at::empty({steps.max_batch, P}, opts);
   r.c_n = at::empty({steps.max_batch, H}, opts);
   if (N == 0) return r;
@@ -295,7 +296,8 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
   const int64_t T = steps.steps(), B = steps.max_batch;
   if (steps.dense) {
     const int64_t first = LayerSteps::step_at(0, T, reverse);
-    Tensor grad = at::mm(grad_gates.narrow(0, first * B, B).t(), h0);
+    Tensor grad = cpu::empty_buffer({grad_gates.size(1), h0.size(1)}, h0.options());
+    at::mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0);
     if (T > 1) {
       const int64_t rest = (T - 1) * B;
       const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
@@ -333,7 +335,8 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
     cpu::FusedBackward f = cpu::fused_backward_loop(steps, reverse, grad_output, grad_h_n, grad_c_n,
                                                     h_init, c_init, w_hh, w_hr, ws.gates, ws.cells);
     LayerDataGrads r;
-    r.grad_input = at::mm(f.grad_gates, w_ih);
+    r.grad_input = cpu::empty_buffer({N, s.I}, opts);
+    at::mm_out(r.grad_input, f.grad_gates, w_ih);
     r.grad_h0 = f.grad_h0;
     r.grad_c0 = f.grad_c0;
     r.grad_gates = f.grad_gates;
@@ -409,7 +412,8 @@ LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads
                                    const Tensor& x, const Tensor& h0, const Tensor& output,
                                    bool reverse) {
   LayerWeightGrads r;
-  r.w_ih = at::mm(d.grad_gates.t(), x);
+  r.w_ih = cpu::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
+  at::mm_out(r.w_ih, d.grad_gates.t(), x);
   r.w_hh = recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse);
   r.bias = d.grad_gates.sum(0);
   r.w_hr = d.grad_h.defined() ? at::mm(d.grad_h.t(), d.raw_h) : at::empty({0}, x.options());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "huge_pages.h"
 #include "phase_team.h"
 #include "pipelstm/kernels/cpu_recurrent.h"
 
@@ -41,7 +42,7 @@ const float* cptr(const Tensor& t) { return t.const_data_ptr<float>(); }
 // Packs `w` into a fresh buffer with one of the kernels' packers.
 template <typename Pack>
 Tensor packed(int64_t size, const Tensor& like, Pack&& pack) {
-  Tensor out = at::empty({size}, like.options());
+  Tensor out = empty_huge({size}, like.options());
   pack(ptr(out));
   return out;
 }
@@ -162,10 +163,10 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
   const auto opts = act.options();
 
   FusedBackward r;
-  r.grad_gates = at::empty({N, 4 * H}, opts);
+  r.grad_gates = empty_huge({N, 4 * H}, opts);
   r.grad_h0 = at::empty({B, P}, opts);
   r.grad_c0 = grad_c_n.has_value() ? grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
-  if (projected) r.grad_h = at::empty({N, P}, opts);
+  if (projected) r.grad_h = empty_huge({N, P}, opts);
 
   // Read in place when rows are dense (e.g. a slice), else made so.
   Tensor grad_out;
