@@ -1,6 +1,12 @@
-"""Benchmarks: ``python -m pipelstm.bench {layer,module} [options]``.
+"""Benchmarks: ``python -m pipelstm.bench {layer,module,grid,pipeline,pipelining,distributed,floors} [options]``.
 
-Every row times pipelstm and its peer (torch.nn.LSTM) in the same process,
-interleaved, and reports medians and their ratio, so machine noise affects
-both sides alike.
+Every bench runs the things it compares in one loop, one run of each in
+turn (configurations in other processes stay up and take their turn, see
+:mod:`.groups`), so that drift and other processes' noise hit all alike,
+and reports medians of at least 5 runs (fewer only with ``--quick``).
+
+``--json PATH`` also writes the rows, the command, the machine (CPU, ISA,
+cores), the versions, the commit and the date (:mod:`.report`);
+``python -m pipelstm.bench docs`` regenerates the tables of
+docs/benchmarks.md from those files (:mod:`.docs`).
 """

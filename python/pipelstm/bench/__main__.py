@@ -1,15 +1,18 @@
 import sys
 
-from . import distributed, floors, layer, module, pipeline, pipelining_peer
+from . import distributed, docs, floors, grid, layer, module, pipeline, pipelining_peer
 
-BENCHMARKS = {"floors": floors.main, "layer": layer.main, "module": module.main, "pipeline": pipeline.main,
-              "pipelining": pipelining_peer.main, "distributed": distributed.main}
+COMMANDS = {"floors": floors.main, "layer": layer.main, "module": module.main, "grid": grid.main,
+              "pipeline": pipeline.main, "pipelining": pipelining_peer.main, "distributed": distributed.main,
+              "docs": docs.main}  # docs: the tables of docs/benchmarks.md from the JSON results
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
-        sys.exit(f"usage: python -m pipelstm.bench {{{','.join(BENCHMARKS)}}} [options]")
-    BENCHMARKS[sys.argv[1]](sys.argv[2:])
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m pipelstm.bench {{{','.join(COMMANDS)}}} [options]")
+    status = COMMANDS[sys.argv[1]](sys.argv[2:])
+    if isinstance(status, int):  # docs: 1 when the doc is out of date
+        sys.exit(status)
 
 
 if __name__ == "__main__":

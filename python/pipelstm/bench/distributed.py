@@ -1,111 +1,184 @@
-"""python -m pipelstm.bench distributed: pp=2 over 2 processes against 1 process
-and against torch.distributed.pipelining, in one run on the CPU.
+"""python -m pipelstm.bench distributed: pp=2 over 2 processes against 1 process,
+against the equal-cores baseline and against torch.distributed.pipelining,
+in one run on the CPU.
 
 The model of the pipeline benchmark (Embedding -> 4 LSTM layers -> decoder;
 ``--quick`` shrinks it), one training step (forward + backward, mean
-cross-entropy), 1 intra-op thread per process, gloo. Each configuration is
-timed in fresh processes: barrier, step, the slowest rank's time; best of
-``--reps`` after a warm-up.
+cross-entropy, computed inside the last stage), gloo.
+
+One process of one thread per stage stands in for one device per stage.
+What a CPU user would run instead of 2 such processes is the same model as
+one process with 2 intra-op threads (the equal-cores baseline, on
+``torch.nn.LSTM`` and on ``pipelstm.LSTM``), so that is measured too.
+
+Every configuration runs in processes of its own that stay up for the whole
+run (:class:`pipelstm.bench.groups.Group`); the configurations take turns,
+one step each (after a warm-up step each), and a step's time is the slowest
+rank's, from a barrier to the end of its step. Reported: the median of
+``--reps`` steps; each rank's busy time (its stage's spans in the engine's
+trace, transfers left out) from the median step itself; and per process its
+peak resident memory over the steps (``VmHWM``, reset once the model is
+built) and that peak's rise above the resident memory before the first
+step, next to the 1-process model's: measured by the kernel, Python and
+torch's own few hundred MiB included in the peak but not in the rise.
 """
 
 import argparse
-import math
-import os
-import socket
-import tempfile
-import time
+import statistics
+import sys
 from typing import List, Optional
 
 import torch
 from torch import nn
 
-from .pipelining_peer import SIZES, best_pipelining, make_data
+from . import report
+from .baseline import KINDS
+from .baseline import setup as setup_baseline
+from .groups import Group, close_all
+from .pipeline import build, stage_busy
+from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
+from .table import Column, markdown
+from .timing import interleaved_times, median_index, spread
+
+__all__ = ["setup_pipelstm", "main"]
+
+STAGES = 2
+MIB = 1 / 2**20
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class _PipelstmStep:
+    """This rank's stage of ``pipelstm.distributed.PipelineParallel`` and one training step of it."""
 
+    def __init__(self, world: int, chunks: int, micro_batches: int, quick: bool, timeout: float) -> None:
+        from .. import distributed as pdist
 
-def _worker(rank: int, world: int, port: int, chunks: int, micro_batches: int, quick: bool, reps: int,
-            result_path: str) -> None:
-    import torch.distributed as dist
-
-    from .. import LSTM
-    from .. import distributed as pdist
-
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    mesh = pdist.init_mesh(pp=world, timeout=1800)
-    try:
+        mesh = pdist.init_mesh(pp=world, timeout=timeout)  # on the group's process group
         s = SIZES[quick]
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Embedding(s["vocab"], s["emb"]), LSTM(s["emb"], s["hidden"], num_layers=s["layers"]),
-                              nn.Linear(s["hidden"], s["vocab"]))
-        pipe = pdist.PipelineParallel(model, mesh, chunks=chunks, micro_batches=micro_batches, carry_state=False,
-                                      threads=1, loss_fn=nn.CrossEntropyLoss())  # the loss inside the last stage
-        x, target = make_data(s["vocab"], s["T"], s["B"], 0)
-        target = target.t()  # time-major here
-        best = math.inf
-        for i in range(reps + 1):
-            pipe.zero_grad(set_to_none=True)
-            dist.barrier()
-            start = time.perf_counter()
-            pipe.train_step(x, target)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            if i > 0:
-                best = min(best, elapsed.item())
-        if rank == 0:
-            with open(result_path, "w") as f:
-                f.write(repr(best))
-    finally:
-        dist.destroy_process_group()
+        model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+        self.pipe = pdist.PipelineParallel(model, mesh, chunks=chunks, micro_batches=micro_batches,
+                                           carry_state=False, threads=1, loss_fn=nn.CrossEntropyLoss())
+        del model
+        self.x, target = make_data(s["vocab"], s["T"], s["B"], 0)
+        self.target = target.t()  # time-major here
+
+    def step(self) -> None:
+        self.pipe.zero_grad(set_to_none=True)
+        self.pipe.train_step(self.x, self.target)
+
+    def info(self) -> dict:
+        local = self.pipe._local
+        events = [dict(stage=e.stage, phase=e.phase, start_ns=e.start_ns, end_ns=e.end_ns)
+                  for e in local._engine.trace()]
+        return dict(busy=sum(stage_busy(events, self.pipe.num_local_stages)),
+                    kept=getattr(local, "saved_activation_bytes", None))
 
 
-def time_pipelstm(pp: int, chunks: int, micro_batches: int, *, quick: bool, reps: int) -> float:
-    """Best seconds of one training step of pipelstm.distributed over ``pp`` processes."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="bench_distributed") as d:
-        path = os.path.join(d, "seconds")
-        mp.start_processes(_worker, args=(pp, _free_port(), chunks, micro_batches, quick, reps, path), nprocs=pp,
-                           join=True, start_method="spawn")
-        with open(path) as f:
-            return float(f.read())
+def setup_pipelstm(rank: int, world: int, chunks: int, micro_batches: int, quick: bool,
+                   mesh_timeout: float = 1800.0) -> _PipelstmStep:
+    """A :class:`pipelstm.bench.groups.Group` workload: pipelstm's pipeline over ``world`` processes."""
+    return _PipelstmStep(world, chunks, micro_batches, quick, mesh_timeout)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench distributed")
+COLUMNS = [
+    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+    Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
+    Column("vs_one", "vs 1 process", "{:.2f}x"), Column("best_vs", "best pipelstm pp=2 vs this", "{:.2f}x"),
+    Column("busy", "busy per rank (s)", "{:.2f}"),
+]
+MEMORY_COLUMNS = [
+    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+    Column("peak", "peak RSS per process (MiB)", "{:.0f}", MIB),
+    Column("rise", "rise above start per process (MiB)", "{:.0f}", MIB),
+    Column("rise_of_one", "largest rise / 1 process's", "{:.2f}"),
+    Column("kept", "kept for backward per process, engine (MiB)", "{:.0f}", MIB),
+]
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench distributed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="vocab 1k, 128, H=256, T=64, B=16")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--chunks", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8])
+    report.add_arguments(ap)
     args = ap.parse_args(argv)
+    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    meta = report.metadata("distributed", argv)
     s = SIZES[args.quick]
-    print(f"model: Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-          f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}; 1 thread per process, gloo; "
-          f"best of {args.reps}", flush=True)
-    one = time_pipelstm(1, 1, 1, quick=args.quick, reps=args.reps)
-    rows = [("pipelstm, 1 process", "-", "-", one)]
-    for K in args.chunks:
-        for M in args.micro_batches:
-            rows.append(("pipelstm, pp=2 over 2 processes", str(K), str(M),
-                         time_pipelstm(2, K, M, quick=args.quick, reps=args.reps)))
-    best_ours = min(r[3] for r in rows[1:])
-    peers = best_pipelining(args.quick, args.reps, tuple(args.peer_micro_batches))
-    for schedule, mb, sec in peers:
-        rows.append((f"torch.distributed.pipelining {schedule}, 2 processes", "-", str(mb), sec))
-    print("| configuration | K | M | step (s) | vs 1 process | pipelstm pp=2 best vs this |")
-    print("|---|---|---|---|---|---|")
-    for name, K, M, sec in rows:
-        print(f"| {name} | {K} | {M} | {sec:.3f} | {one / sec:.2f}x | {sec / best_ours:.2f}x |")
+    model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
+             f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
+    print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turn. "
+          f"One process of one thread per stage stands in for one device per stage; the equal-cores baseline "
+          f"is the model as one process with {STAGES} intra-op threads.", flush=True)
+    timeout = 120.0 + (60.0 if args.quick else 1800.0)
+    configs = []  # (row, group)
+    try:
+        def add(row, world, setup, **kw):
+            configs.append((row, Group(row["config"], world, setup, timeout=timeout, **kw)))
+
+        add(dict(config="pipelstm, 1 process x 1 thread", kind="pipelstm"), 1, setup_pipelstm, chunks=1,
+            micro_batches=1, quick=args.quick, mesh_timeout=timeout)
+        for K in args.chunks:
+            for M in args.micro_batches:
+                add(dict(config=f"pipelstm, pp={STAGES}: {STAGES} processes x 1 thread", K=K, M=M,
+                         kind="pipelstm"), STAGES, setup_pipelstm, chunks=K, micro_batches=M, quick=args.quick,
+                    mesh_timeout=timeout)
+        for kind in KINDS:
+            add(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"), 1,
+                setup_baseline, kind=kind, quick=args.quick, threads=STAGES)
+        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
+            configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
+                                 M=mb, kind="peer"), start_peer(schedule, mb, quick=args.quick)))
+        logs = [[] for _ in configs]  # per step, per rank: busy, kept, memory
+
+        def stepper(group, log):
+            def run():
+                seconds = group.step()
+                log.append(group.last)
+                return seconds
+            return run
+
+        print(f"timing {len(configs)} configurations, {args.reps} steps each after a warm-up step", flush=True)
+        times = interleaved_times({str(i): stepper(g, logs[i]) for i, (_, g) in enumerate(configs)}, args.reps)
+    finally:
+        close_all([g for _, g in configs])
+
+    rows = []
+    for i, (row, _) in enumerate(configs):
+        samples = times[str(i)]
+        median_step = logs[i][1:][median_index(samples)]  # logs[i][0] is the warm-up
+        last = logs[i][-1]
+        row.update(seconds=statistics.median(samples), spread=spread(samples), samples=samples,
+                   peak=[r["peak_bytes"] for r in last], rise=[r["peak_bytes"] - r["start_bytes"] for r in last])
+        if row["kind"] == "pipelstm":
+            row.update(busy=[r["busy"] for r in median_step], kept=[r["kept"] for r in median_step])
+        rows.append(row)
+    one = rows[0]
+    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
+    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else one
+    for r in rows:
+        r.update(vs_one=one["seconds"] / r["seconds"], best_vs=r["seconds"] / best["seconds"],
+                 rise_of_one=max(r["rise"]) / max(one["rise"][0], 1))
+    memory = [{k: r.get(k) for k in ("config", "K", "M", "peak", "rise", "rise_of_one", "kept")} for r in rows]
+    notes = [f"Model: {model}. One process of one thread per stage stands in for one device per stage; the "
+             f"equal-cores rows are what a CPU user would run instead: the same model as one process with "
+             f"{STAGES} intra-op threads.",
+             f"Every step time is the median of {args.reps} steps, all configurations in turn; busy times come "
+             "from the median step. Memory: per process, the peak resident set over the steps (VmHWM) and its "
+             "rise above the resident set before the first step, measured by the kernel; the aim for a stage is "
+             "at most 1/S of the 1-process figure + 10 %."]
+    print(markdown(COLUMNS, rows))
+    print()
+    print(markdown(MEMORY_COLUMNS, memory))
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
+                          tables=[dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)])
+    return rows
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

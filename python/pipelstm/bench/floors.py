@@ -7,11 +7,21 @@ judged against these at once. Defaults describe one H100 SXM.
 """
 
 import argparse
+import sys
 from typing import List
+
+from . import report
+from .table import Column, header, row_line
 
 __all__ = ["main", "floors"]
 
 SIZES = [(100, 64, 512, 512), (256, 32, 1024, 1024)]  # T, B, I, H
+COLUMNS = [
+    Column("T", "T"), Column("B", "B"), Column("H", "I=H"), Column("layers", "layers"), Column("dtype", "dtype"),
+    Column("flop", "GFLOP", "{:.1f}", 1e-9), Column("t_flop", "floor at FLOP rate ms", "{:.3f}", 1e3),
+    Column("traffic", "MB moved", "{:.0f}", 1e-6), Column("t_mem", "floor at bandwidth ms", "{:.3f}", 1e3),
+    Column("t_lat", "launch floor ms", "{:.2f}", 1e3),
+]
 
 
 def floors(T: int, B: int, I: int, H: int, layers: int, elem_bytes: int, flops_rate: float, bandwidth: float,
@@ -37,20 +47,24 @@ def floors(T: int, B: int, I: int, H: int, layers: int, elem_bytes: int, flops_r
 
 
 def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m pipelstm.bench floors", description=__doc__)
     p.add_argument("--fp32-tflops", type=float, default=50.0, help="fp32 without tensor cores")
     p.add_argument("--bf16-tflops", type=float, default=790.0, help="bf16 dense matrix work")
     p.add_argument("--bandwidth-tbs", type=float, default=3.0, help="memory bandwidth, TB/s")
     p.add_argument("--step-latency-us", type=float, default=3.0, help="one kernel launch on the critical path, µs")
+    report.add_arguments(p)
     args = p.parse_args(argv)
+    meta = report.metadata("floors", argv)
     rows = []
-    print("| T | B | I=H | layers | dtype | GFLOP | floor at FLOP rate ms | MB moved | floor at bandwidth ms | launch floor ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(header(COLUMNS))
     for T, B, I, H in SIZES:
         for layers in (1, 4):
             for dtype, size, rate in (("fp32", 4, args.fp32_tflops), ("bf16", 2, args.bf16_tflops)):
-                f = floors(T, B, I, H, layers, size, rate * 1e12, args.bandwidth_tbs * 1e12, args.step_latency_us * 1e-6)
+                f = floors(T, B, I, H, layers, size, rate * 1e12, args.bandwidth_tbs * 1e12,
+                           args.step_latency_us * 1e-6)
                 rows.append(dict(T=T, B=B, H=H, layers=layers, dtype=dtype, **f))
-                print(f"| {T} | {B} | {H} | {layers} | {dtype} | {f['flop'] / 1e9:.1f} | {f['t_flop'] * 1e3:.3f} | "
-                      f"{f['traffic'] / 1e6:.0f} | {f['t_mem'] * 1e3:.3f} | {f['t_lat'] * 1e3:.2f} |")
+                print(row_line(COLUMNS, rows[-1]))
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows)
     return rows

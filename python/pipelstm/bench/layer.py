@@ -5,13 +5,17 @@ op, against nn.LSTM with the same weights and data, fp32 on the CPU.
 """
 
 import argparse
+import statistics
+import sys
 from typing import List, Tuple
 
 import torch
 from torch import nn
 
 from ..ops import lstm_layer
-from .timing import gemm_gflops, interleaved_medians
+from . import report
+from .table import Column, header, row_line
+from .timing import gemm_gflops, interleaved_times
 
 __all__ = ["main"]
 
@@ -35,6 +39,14 @@ def flops(T: int, B: int, I: int, H: int, layers: int) -> float:
     return 3 * forward
 
 
+COLUMNS = [
+    Column("threads", "threads"), Column("T", "T"), Column("B", "B"), Column("H", "I=H"), Column("layers", "layers"),
+    Column("ours", "pipelstm ms", "{:.1f}", 1e3), Column("peer", "nn.LSTM ms", "{:.1f}", 1e3),
+    Column("speedup", "speedup", "{:.2f}x"), Column("gflops", "GFLOP/s", "{:.1f}"),
+    Column("gemm", "mm GFLOP/s", "{:.1f}"), Column("of_gemm", "of mm", "{:.2f}"),
+]
+
+
 def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List[int], repeats: int,
         device: str = "cpu") -> List[dict]:
     rows = []
@@ -53,44 +65,42 @@ def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List
                 def peer():
                     model(x)[0].sum().backward()
 
-                t = interleaved_medians({"pipelstm": ours, "nn.LSTM": peer}, repeats, device=device)
+                times = interleaved_times({"pipelstm": ours, "nn.LSTM": peer}, repeats, device=device)
+                t = {k: statistics.median(v) for k, v in times.items()}
                 gflops = flops(T, B, I, H, L) / t["pipelstm"] / 1e9
                 rows.append(
                     dict(threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],
-                         speedup=t["nn.LSTM"] / t["pipelstm"], gflops=gflops, gemm=gemm, of_gemm=gflops / gemm)
+                         speedup=t["nn.LSTM"] / t["pipelstm"], gflops=gflops, gemm=gemm, of_gemm=gflops / gemm,
+                         samples=times)
                 )
-                print(format_row(rows[-1]), flush=True)
+                print(row_line(COLUMNS, rows[-1]), flush=True)
     return rows
 
 
-HEADER = (
-    "| threads | T | B | I=H | layers | pipelstm ms | nn.LSTM ms | speedup | GFLOP/s | mm GFLOP/s | of mm |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
-)
-
-
-def format_row(r: dict) -> str:
-    return (
-        f"| {r['threads']} | {r['T']} | {r['B']} | {r['H']} | {r['layers']} | {r['ours'] * 1e3:.1f} | "
-        f"{r['peer'] * 1e3:.1f} | {r['speedup']:.2f}x | {r['gflops']:.1f} | {r['gemm']:.1f} | {r['of_gemm']:.2f} |"
-    )
-
-
 def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m pipelstm.bench layer", description=__doc__)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported; at least 5)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     p.add_argument("--device", default="cpu", help="cpu or cuda (against cuDNN there; TF32 off)")
+    report.add_arguments(p)
     args = p.parse_args(argv)
+    report.check_repeats(p, args.repeats, args.quick)
     if torch.device(args.device).type == "cuda":
         if not torch.cuda.is_available():
             p.error("--device cuda needs a GPU; none is visible here")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         args.threads = args.threads[:1]  # host threads do not matter there
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    print(f"torch {torch.__version__}, fp32 {where}, forward+backward, median of {args.repeats}")
-    print(HEADER)
-    return run(QUICK_SIZES if args.quick else SIZES, args.threads, args.layers, args.repeats, args.device)
+    meta = report.metadata("layer", argv)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {report.isa_label()}"
+    print(f"torch {torch.__version__}, fp32 {where}, forward+backward, median of {args.repeats} interleaved runs")
+    print(header(COLUMNS))
+    rows = run(QUICK_SIZES if args.quick else SIZES, args.threads, args.layers, args.repeats, args.device)
+    if args.json:
+        if torch.device(args.device).type == "cuda":
+            meta["device"] = where
+        report.write_json(args.json, meta, COLUMNS, rows)
+    return rows

@@ -6,6 +6,8 @@ PackedSequence whose lengths are drawn uniformly from [T/2, T].
 """
 
 import argparse
+import statistics
+import sys
 from typing import List
 
 import torch
@@ -13,9 +15,16 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from ..lstm import LSTM
-from .timing import interleaved_medians
+from . import report
+from .table import Column, header, row_line
+from .timing import interleaved_times
 
 __all__ = ["main"]
+
+COLUMNS = [
+    Column("threads", "threads"), Column("case", "case"), Column("ours", "pipelstm.LSTM ms", "{:.1f}", 1e3),
+    Column("peer", "nn.LSTM ms", "{:.1f}", 1e3), Column("speedup", "speedup", "{:.2f}x"),
+]
 
 CASES = [
     dict(name="1 layer", layers=1, bidirectional=False, packed=False),
@@ -51,27 +60,29 @@ def run(T: int, B: int, I: int, H: int, threads: List[int], repeats: int) -> Lis
                 out = model(inp)[0]
                 (out.data if case["packed"] else out).sum().backward()
 
-            t = interleaved_medians({"ours": lambda: step(ours), "peer": lambda: step(peer)}, repeats)
-            rows.append(dict(threads=n_threads, case=case["name"], ours=t["ours"], peer=t["peer"],
-                             speedup=t["peer"] / t["ours"]))
-            print(format_row(rows[-1]), flush=True)
+            times = interleaved_times({"ours": lambda: step(ours), "peer": lambda: step(peer)}, repeats)
+            t = {k: statistics.median(v) for k, v in times.items()}
+            rows.append(dict(threads=n_threads, case=case["name"], T=T, B=B, I=I, H=H, ours=t["ours"], peer=t["peer"],
+                             speedup=t["peer"] / t["ours"], samples=times))
+            print(row_line(COLUMNS, rows[-1]), flush=True)
     return rows
 
 
-HEADER = "| threads | case | pipelstm.LSTM ms | nn.LSTM ms | speedup |\n|---|---|---|---|---|"
-
-
-def format_row(r: dict) -> str:
-    return f"| {r['threads']} | {r['case']} | {r['ours'] * 1e3:.1f} | {r['peer'] * 1e3:.1f} | {r['speedup']:.2f}x |"
-
-
 def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m pipelstm.bench module", description=__doc__)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported; at least 5)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    report.add_arguments(p)
     args = p.parse_args(argv)
+    report.check_repeats(p, args.repeats, args.quick)
+    meta = report.metadata("module", argv)
     T, B, I, H = (8, 4, 16, 16) if args.quick else (100, 64, 512, 512)
-    print(f"torch {torch.__version__}, fp32 CPU, forward+backward, T={T} B={B} I=H={H}, median of {args.repeats}")
-    print(HEADER)
-    return run(T, B, I, H, args.threads, args.repeats)
+    print(f"torch {torch.__version__}, fp32 CPU, {report.isa_label()}, forward+backward, T={T} B={B} I=H={H}, "
+          f"median of {args.repeats} interleaved runs")
+    print(header(COLUMNS))
+    rows = run(T, B, I, H, args.threads, args.repeats)
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows)
+    return rows

@@ -3,133 +3,230 @@
 The pipeline issue's model, Embedding (vocab 10k, 512) -> 4 LSTM layers
 (H=1024) -> decoder, T=256, B=32 (``--quick``: vocab 1k, 128, H=256, T=64,
 B=16), one training step (forward, cross-entropy against random targets
-averaged over the tokens, backward), timed as:
+averaged over the tokens, backward).
 
-* 1 stage with 1 intra-op thread (the reference);
+One thread per stage stands in for one device per stage: the stages are
+CPU threads of one process, one core each. What a CPU user would run
+instead of N such stages is the same model as one process with N intra-op
+threads, the equal-cores baseline, so that is measured too. All of these
+run in one loop, one step of each in turn (after a warm-up step each), and
+every figure is the median of ``--reps`` steps:
 
-(pipelstm computes the loss as the pipeline's last unit, ``loss_fn=``; with
-``--loss-outside`` on the caller's thread from the returned logits instead)
-* ``pipelstm.Pipeline`` with 2 CPU stages of 1 thread each, for every K x M
-  asked for, with the measured bubble (idle fraction of the stages from the
-  timeline, forward and backward passes averaged) next to the theoretical
-  (S-1)/(K*M+S-1), and each stage's busy time (forward + backward);
+* ``pipelstm.Pipeline`` with 1 stage of 1 thread: the single-device model;
+* ``pipelstm.Pipeline`` with 2 stages of 1 thread each, for every K x M
+  asked for, with the measured bubble (idle fraction of the stages,
+  forward and backward passes averaged) next to the theoretical
+  (S-1)/(K*M+S-1), and each stage's busy time (forward + backward), both
+  taken from the median step itself;
+* the equal-cores baseline (:mod:`pipelstm.bench.baseline`): the model as one
+  process with 2 intra-op threads, on ``torch.nn.LSTM`` and on
+  ``pipelstm.LSTM``;
 * the peer, ``torch.distributed.pipelining`` (ScheduleGPipe, Schedule1F1B)
   over 2 gloo processes with nn.LSTM stages at the same split, for each
-  micro-batch count asked for (``python -m pipelstm.bench pipelining``).
+  micro-batch count asked for; its processes stay up and step in turn with
+  the rest.
 
-Every time is the best of ``--reps`` steps after one warm-up step.
+pipelstm computes the loss as the pipeline's last unit (``loss_fn=``); with
+``--loss-outside`` on the caller's thread from the returned logits instead.
+
+Memory: the stages share one process, so the system cannot tell their
+peaks apart. Measured: what the engine kept for backward in the median
+step, all stages together (``Pipeline.saved_activation_bytes``, bytes of
+the saved tensors' storage). Estimated per stage from ``Pipeline.plan``:
+weights + their gradients + activations kept for backward at this batch,
+next to the same for the single-stage model. ``bench distributed`` (one
+process per stage) measures each stage's peak resident memory.
 """
 
 import argparse
 import copy
-import os
-import tempfile
+import statistics
+import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import LSTM, Pipeline
-from .pipelining_peer import SIZES, best_pipelining, make_data
+from ..timeline import bubbles
+from . import report
+from .baseline import KINDS, TrainStep
+from .groups import close_all
+from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
+from .table import Column, markdown
+from .timing import interleaved_times, median_index, spread
+
+__all__ = ["build", "stage_busy", "stage_memory", "PipelineStep", "main"]
+
+STAGES = 2
+MIB = 1 / 2**20
 
 
 def build(vocab: int, emb: int, hidden: int, layers: int) -> nn.Sequential:
     return nn.Sequential(nn.Embedding(vocab, emb), LSTM(emb, hidden, num_layers=layers), nn.Linear(hidden, vocab))
 
 
-def step_time(model: Pipeline, x: torch.Tensor, target: torch.Tensor, reps: int) -> float:
-    """Best seconds of one training step; `target` is [B, T] as the peer's."""
-    best = float("inf")
-    for _ in range(reps + 1):  # the first one warms up
-        model.zero_grad(set_to_none=True)
-        t = time.perf_counter()
-        if model._loss is not None:
-            loss, _ = model(x, target=target.t())
-        else:
-            out, _ = model(x)
-            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), target.t().reshape(-1))
-        loss.backward()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def stage_busy(model: Pipeline) -> List[float]:
-    """Seconds each stage computed in the last step (forward + backward)."""
-    busy = [0.0] * len(model.balance)
-    for e in model.trace():
+def stage_busy(events: Sequence[dict], stages: int) -> List[float]:
+    """Seconds each stage computed (forward + backward) in a trace's spans, transfers left out."""
+    busy = [0.0] * stages
+    for e in events:
         if e["phase"] != "transfer":
             busy[e["stage"]] += (e["end_ns"] - e["start_ns"]) / 1e9
     return busy
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench pipeline")
+class PipelineStep:
+    """One training step of a Pipeline, timed; keeps each step's figures in ``runs``
+    (busy seconds per stage, bubbles, bytes kept for backward)."""
+
+    def __init__(self, pipe: Pipeline, x: torch.Tensor, target: torch.Tensor) -> None:
+        self.pipe, self.x, self.target = pipe, x, target  # target [B, T] as the peer's
+        self.runs: List[dict] = []
+
+    def __call__(self) -> float:
+        pipe = self.pipe
+        start = time.perf_counter()
+        pipe.zero_grad(set_to_none=True)
+        if pipe._loss is not None:
+            loss, _ = pipe(self.x, target=self.target.t())
+        else:
+            out, _ = pipe(self.x)
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), self.target.t().reshape(-1))
+        loss.backward()
+        seconds = time.perf_counter() - start
+        events = pipe.trace()
+        S = len(pipe.balance)
+        _, b = bubbles(events, S)
+        self.runs.append(dict(
+            busy=stage_busy(events, S), kept=pipe.saved_activation_bytes,
+            bubble=(b.get("forward_bubble", 0.0) + b.get("backward_bubble", 0.0)) / 2 if S > 1 else None,
+            theory=b["theoretical_bubble"] if S > 1 else None,
+        ))
+        return seconds
+
+
+def stage_memory(pipe: Pipeline, tokens: int) -> List[float]:
+    """Estimated bytes per stage from ``pipe.plan``: weights and their
+    gradients (fp32) + activations kept for backward for ``tokens`` tokens."""
+    return [2 * 4 * r["params"] + r["act_bytes"] * tokens for r in pipe.plan.rows]
+
+
+COLUMNS = [
+    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+    Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
+    Column("vs_one", "vs 1 stage", "{:.2f}x"), Column("best_vs", "best 2-stage pipelstm vs this", "{:.2f}x"),
+    Column("bubble", "bubble (measured)", "{:.3f}"), Column("theory", "bubble (theory)", "{:.3f}"),
+    Column("busy", "stage busy (s)", "{:.2f}"),
+]
+MEMORY_COLUMNS = [
+    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+    Column("stage_est", "per stage, est. (MiB)", "{:.0f}", MIB),
+    Column("single_est", "1 stage, est. (MiB)", "{:.0f}", MIB),
+    Column("largest_of_single", "largest stage / 1 stage", "{:.2f}"),
+    Column("kept", "kept for backward, all stages, measured (MiB)", "{:.0f}", MIB),
+]
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench pipeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small model (vocab 1k, 128, H=256, T=64, B=16)")
     ap.add_argument("--chunks", type=int, nargs="*", default=[8, 16], help="K values to try")
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2], help="M values to try")
     ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8],
                     help="micro-batch counts for the torch.distributed.pipelining peer (none: skip the peer)")
-    ap.add_argument("--reps", type=int, default=None, help="timed steps per configuration (default 3, full size 1)")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--timeline", default=None, help="write the best 2-stage run's timeline here (.json, + .png)")
     ap.add_argument("--loss-outside", action="store_true",
                     help="compute the loss on the caller's thread from the logits, not as the pipeline's last unit")
+    report.add_arguments(ap)
     args = ap.parse_args(argv)
+    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    meta = report.metadata("pipeline", argv)
     s = SIZES[args.quick]
-    reps = args.reps if args.reps is not None else (3 if args.quick else 1)
+    tokens = s["T"] * s["B"]
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the caller's share: the loss between forward and backward
     base = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
     x, target = make_data(s["vocab"], s["T"], s["B"], seed=0)
-    print(f"model: Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-          f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}; one training step (forward, "
-          f"cross-entropy, backward), best of {reps}", flush=True)
+    model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
+             f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
+    print(f"model: {model}; one training step (forward, cross-entropy, backward); median of {args.reps} steps, "
+          f"all configurations in turn. One thread per stage stands in for one device per stage; the "
+          f"equal-cores baseline is the model as one process with {STAGES} intra-op threads.", flush=True)
 
     loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
-    one = Pipeline(copy.deepcopy(base), devices=["cpu"], threads=1, loss_fn=loss_fn)
-    t1 = step_time(one, x, target, reps)
-    rows = [("pipelstm, 1 stage, 1 thread", "-", "-", t1, "-", "-", f"{stage_busy(one)[0]:.2f}")]
-    best = None
+    configs = []  # (row, step function)
+    one = PipelineStep(Pipeline(copy.deepcopy(base), devices=["cpu"], threads=1, loss_fn=loss_fn), x, target)
+    configs.append((dict(config="pipelstm Pipeline, 1 stage x 1 thread", kind="pipelstm", step=one), one))
     for K in args.chunks:
         for M in args.micro_batches:
-            two = Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=K, micro_batches=M, threads=1,
-                           loss_fn=loss_fn)
-            t2 = step_time(two, x, target, reps)
-            with tempfile.TemporaryDirectory() as d:
-                b = two.timeline(os.path.join(d, "t.json"))
-            bubble = (b["forward_bubble"] + b["backward_bubble"]) / 2
-            busy = " / ".join(f"{v:.2f}" for v in stage_busy(two))
-            rows.append((f"pipelstm, 2 stages {two.balance}, 1 thread each", str(K), str(M), t2, f"{bubble:.3f}",
-                         f"{b['theoretical_bubble']:.3f}", busy))
-            print(f"  K={K} M={M}: {t2:.3f} s", flush=True)
-            if best is None or t2 < best[0]:
-                best = (t2, two)
-    for schedule, mb, sec in best_pipelining(args.quick, reps, tuple(args.peer_micro_batches)):
-        rows.append((f"torch.distributed.pipelining {schedule}, 2 processes", "-", str(mb), sec, "-", "-", "-"))
-        print(f"  peer {schedule} M={mb}: {sec:.3f} s", flush=True)
+            pipe = Pipeline(copy.deepcopy(base), devices=["cpu"] * STAGES, chunks=K, micro_batches=M, threads=1,
+                            loss_fn=loss_fn)
+            step = PipelineStep(pipe, x, target)
+            configs.append((dict(config=f"pipelstm Pipeline, {STAGES} stages {pipe.balance} x 1 thread", K=K, M=M,
+                                 kind="pipelstm", step=step), step))
+    for kind in KINDS:
+        step = TrainStep(kind, args.quick, threads=STAGES)
+        configs.append((dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"),
+                        step))
+    groups = []
+    try:
+        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
+            groups.append(start_peer(schedule, mb, quick=args.quick))
+            configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
+                                 M=mb, kind="peer"), groups[-1].step))
+        print(f"timing {len(configs)} configurations, {args.reps} steps each after a warm-up step", flush=True)
+        times = interleaved_times({str(i): fn for i, (_, fn) in enumerate(configs)}, args.reps)
+    finally:
+        close_all(groups)
 
-    best_ours = best[0] if best else t1
-    head = ("configuration", "K", "M", "step (s)", "vs 1 stage", "best 2-stage pipelstm vs this",
-            "bubble (measured)", "bubble (theory)", "stage busy (s)")
-    body = [(r[0], r[1], r[2], f"{r[3]:.3f}", f"{t1 / r[3]:.2f}x", f"{r[3] / best_ours:.2f}x", *r[4:]) for r in rows]
-    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
-    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    print(fmt(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in body:
-        print(fmt(row))
-    if best is not None:
-        busy = stage_busy(best[1])
-        print(f"balance bound of the best 2-stage split: {sum(busy) / max(busy):.2f}x "
-              "(both stages' busy time over the busier one's: no schedule can beat it)")
-    if args.timeline and best is not None:
-        model = best[1]
-        step_time(model, x, target, 0)
-        print("timeline:", model.timeline(args.timeline))
+    rows = []
+    for i, (row, _) in enumerate(configs):
+        samples = times[str(i)]
+        step = row.pop("step", None)
+        row.update(seconds=statistics.median(samples), spread=spread(samples), samples=samples)
+        if step is not None:  # figures of the median step itself (the warm-up run is runs[0])
+            run = step.runs[1:][median_index(samples)]
+            row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"], kept=run["kept"],
+                       stage_est=stage_memory(step.pipe, tokens))
+        rows.append(row)
+    t1 = rows[0]["seconds"]
+    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
+    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else rows[0]
+    for r in rows:
+        r.update(vs_one=t1 / r["seconds"], best_vs=r["seconds"] / best["seconds"])
+    single = rows[0]["stage_est"][0]
+    memory = [dict(config=r["config"], K=r.get("K"), M=r.get("M"), stage_est=r["stage_est"], single_est=single,
+                   largest_of_single=max(r["stage_est"]) / single, kept=r["kept"]) for r in rows if "stage_est" in r]
+    notes = [f"Model: {model}. One thread per stage stands in for one device per stage; the equal-cores rows are "
+             f"what a CPU user would run instead: the same model as one process with {STAGES} intra-op threads.",
+             f"Every step time is the median of {args.reps} steps, all configurations run in turn in one loop; "
+             "bubbles and busy times come from the median step."]
+    if pipelined:
+        busy = best["busy"]
+        notes.append(f"Balance bound of the best {STAGES}-stage split: {sum(busy) / max(busy):.2f}x (the stages' "
+                     "busy time over the busier one's: no schedule can beat it).")
+    notes.append("Memory: the stages share one process; per stage is an estimate from Pipeline.plan (weights + "
+                 "gradients + activations kept for backward); the aim is at most 1/S of the 1-stage figure + 10 %. "
+                 "Measured: the bytes the engine kept for backward, all stages together.")
+    print(markdown(COLUMNS, rows))
+    print()
+    print(markdown(MEMORY_COLUMNS, memory))
+    for note in notes[2:]:
+        print(note)
+    if args.timeline and pipelined:
+        step = configs[rows.index(best)][1]
+        step()
+        print("timeline:", step.pipe.timeline(args.timeline))
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
+                          tables=[dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)])
+    return rows
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

@@ -22,23 +22,27 @@ backend on the CPU, 1 intra-op thread each) under ``ScheduleGPipe`` or
 * the schedules always split ``target`` along dim 0, so the target is kept
   batch-first [B, T] and the loss function transposes it back.
 
-Timing: after start-up and one warm-up step, each rank waits at a barrier, times
-``schedule.step(...)`` and the two times are all-reduced with MAX; the best of
-``reps`` such steps is reported. Process start-up is not timed.
+Timing: the two processes stay up (a :class:`pipelstm.bench.groups.Group`);
+after start-up and one warm-up step, for every timed step each rank waits at
+a barrier, times ``schedule.step(...)`` and the two times are all-reduced
+with MAX; the median of ``--reps`` such steps is reported. Several
+configurations are up at once and take turns step by step (interleaved).
+Process start-up is not timed.
 """
 
 import argparse
 import math
-import os
-import socket
-import tempfile
-import time
-from datetime import timedelta
+import statistics
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import report
+from .groups import Group, close_all
+from .table import Column, markdown
+from .timing import interleaved_times, spread
 
 __all__ = [
     "SIZES",
@@ -49,8 +53,11 @@ __all__ = [
     "balanced_split",
     "split_model",
     "loss_fn",
+    "make_data",
+    "setup_peer",
+    "peer_configs",
+    "start_peer",
     "time_pipelining",
-    "best_pipelining",
     "main",
 ]
 
@@ -64,12 +71,16 @@ NUM_STAGES = 2
 
 
 class LanguageModel(nn.Module):
-    """Embedding -> multi-layer nn.LSTM -> Linear decoder; [T, B] int64 -> [T, B, vocab] logits."""
+    """Embedding -> multi-layer LSTM -> Linear decoder; [T, B] int64 -> [T, B, vocab] logits.
 
-    def __init__(self, vocab: int, emb: int, hidden: int, layers: int):
+    ``lstm``: the LSTM class, ``nn.LSTM`` (default) or ``pipelstm.LSTM``
+    (same parameters and initialisation: the same seed gives the same model).
+    """
+
+    def __init__(self, vocab: int, emb: int, hidden: int, layers: int, lstm: type = nn.LSTM):
         super().__init__()
         self.embedding = nn.Embedding(vocab, emb)
-        self.lstm = nn.LSTM(emb, hidden, num_layers=layers)
+        self.lstm = lstm(emb, hidden, num_layers=layers)
         self.decoder = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,25 +183,22 @@ def _check_args(schedule: str, micro_batches: int, B: int) -> None:
         raise ValueError(f"1f1b needs at least {NUM_STAGES} micro-batches (got {micro_batches})")
 
 
-def _worker(rank: int, port: int, schedule: str, micro_batches: int, quick: bool, reps: int,
-            seed: int, timeout_s: float, result_path: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    from torch.distributed.pipelining.microbatch import TensorChunkSpec
+class _PeerStep:
+    """One rank's stage and schedule; ``step()`` is one training step (see the module's docstring)."""
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=NUM_STAGES, timeout=timedelta(seconds=timeout_s))
-    try:
+    def __init__(self, rank: int, schedule: str, micro_batches: int, quick: bool, seed: int) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining.microbatch import TensorChunkSpec
+
         s = SIZES[quick]
         vocab, emb, hidden, layers, T, B = s["vocab"], s["emb"], s["hidden"], s["layers"], s["T"], s["B"]
         torch.manual_seed(seed)
         model = LanguageModel(vocab, emb, hidden, layers)
         k = balanced_split(vocab, emb, hidden, layers)
-        submod = split_model(model, k)[rank]
+        self.submod = split_model(model, k)[rank]
         del model
-        x, target = make_data(vocab, T, B, seed)
+        self.rank, self.micro_batches = rank, micro_batches
+        self.x, self.target = make_data(vocab, T, B, seed)
         mb = B // micro_batches
         # static shapes of one micro-batch (no runtime shape inference). The float examples must
         # say requires_grad=True: in static mode PipelineStage derives the gradient buffers from
@@ -201,139 +209,93 @@ def _worker(rank: int, port: int, schedule: str, micro_batches: int, quick: bool
         else:
             example_in = torch.empty(T, mb, hidden, requires_grad=True)
             example_out = torch.empty(T, mb, vocab, requires_grad=True)
-        stage = PipelineStage(submod, rank, NUM_STAGES, torch.device("cpu"),
+        stage = PipelineStage(self.submod, rank, NUM_STAGES, torch.device("cpu"),
                               input_args=example_in, output_args=example_out)
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        sched = cls(stage, micro_batches, loss_fn=loss_fn, args_chunk_spec=(TensorChunkSpec(1),))
+        self.schedule = cls(stage, micro_batches, loss_fn=loss_fn, args_chunk_spec=(TensorChunkSpec(1),))
 
-        best = math.inf
-        for i in range(reps + 1):  # the first one warms up
-            submod.zero_grad(set_to_none=True)
-            losses: list = []
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                sched.step(x)
-            else:
-                sched.step(target=target, losses=losses, return_outputs=False)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            if rank == NUM_STAGES - 1:
-                if len(losses) != micro_batches or not all(torch.isfinite(l).all() for l in losses):
-                    raise RuntimeError(f"bad micro-batch losses from the last stage: {losses}")
-            if rank == 0 and submod.embedding.weight.grad is None:
-                raise RuntimeError("stage 0 got no gradient")
-            if i > 0:
-                best = min(best, elapsed.item())
-        dist.barrier()
-        if rank == 0:
-            with open(result_path, "w") as f:
-                f.write(repr(best))
-    finally:
-        dist.destroy_process_group()
+    def step(self) -> None:
+        self.submod.zero_grad(set_to_none=True)
+        losses: list = []
+        if self.rank == 0:
+            self.schedule.step(self.x)
+        else:
+            self.schedule.step(target=self.target, losses=losses, return_outputs=False)
+        if self.rank == NUM_STAGES - 1:
+            if len(losses) != self.micro_batches or not all(torch.isfinite(l).all() for l in losses):
+                raise RuntimeError(f"bad micro-batch losses from the last stage: {losses}")
+        if self.rank == 0 and self.submod.embedding.weight.grad is None:
+            raise RuntimeError("stage 0 got no gradient")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def setup_peer(rank: int, world: int, schedule: str, micro_batches: int, quick: bool, seed: int = 0) -> _PeerStep:
+    """A :class:`pipelstm.bench.groups.Group` workload: this rank's stage under ``schedule``."""
+    if world != NUM_STAGES:
+        raise ValueError(f"the peer runs {NUM_STAGES} processes, not {world}")
+    return _PeerStep(rank, schedule, micro_batches, quick, seed)
 
 
-def _timeout_s(quick: bool, reps: int) -> float:
-    """Generous wall-clock limit for one measurement (start-up + warm-up + reps steps)."""
-    return 120.0 + (reps + 1) * (60.0 if quick else 900.0)
+def _timeout_s(quick: bool) -> float:
+    """Generous wall-clock limit for one wait (start-up, or one step)."""
+    return 120.0 + (60.0 if quick else 900.0)
 
 
-def time_pipelining(schedule: str, micro_batches: int, *, quick: bool, reps: int, seed: int = 0) -> float:
-    """Best (min) seconds of one training step over `reps` timed steps after 1 warm-up,
-    schedule in {"gpipe", "1f1b"}, measured with 2 gloo processes (spawned with
-    torch.multiprocessing on a free localhost port), 1 thread each."""
+def peer_configs(quick: bool, choices: Sequence[int] = (1, 2, 4, 8, 16),
+                 schedules: Sequence[str] = SCHEDULES) -> List[Tuple[str, int]]:
+    """(schedule, micro-batches) for every schedule and choice that divides B
+    (1f1b with 1 micro-batch, which Schedule1F1B rejects and which would be
+    GPipe anyway, is left out)."""
+    B = SIZES[quick]["B"]
+    return [(sch, m) for sch in schedules for m in choices
+            if m >= 1 and B % m == 0 and not (sch == "1f1b" and m < NUM_STAGES)]
+
+
+def start_peer(schedule: str, micro_batches: int, *, quick: bool, seed: int = 0) -> Group:
+    """Starts the 2 gloo processes of one peer configuration (without waiting
+    for them); ``group.step()`` then times one training step."""
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
     if not dist.is_available() or not dist.is_gloo_available():
         raise RuntimeError("torch.distributed with the gloo backend is not available in this build of torch")
     _check_args(schedule, micro_batches, SIZES[quick]["B"])
+    return Group(f"torch.distributed.pipelining {schedule} M={micro_batches}", NUM_STAGES, setup_peer,
+                 timeout=_timeout_s(quick), schedule=schedule, micro_batches=micro_batches, quick=quick, seed=seed)
+
+
+def time_pipelining(schedule: str, micro_batches: int, *, quick: bool, reps: int, seed: int = 0) -> float:
+    """Median seconds of one training step over ``reps`` timed steps after 1
+    warm-up, schedule in {"gpipe", "1f1b"}, measured with 2 gloo processes,
+    1 thread each."""
+    _check_args(schedule, micro_batches, SIZES[quick]["B"])
     if reps < 1:
         raise ValueError(f"reps must be >= 1, not {reps}")
-    timeout = _timeout_s(quick, reps)
-    for attempt in range(3):
-        with tempfile.TemporaryDirectory(prefix="pipelining_peer") as d:
-            result_path = os.path.join(d, "seconds")
-            ctx = mp.start_processes(
-                _worker,
-                args=(_free_port(), schedule, micro_batches, quick, reps, seed, timeout, result_path),
-                nprocs=NUM_STAGES,
-                join=False,
-                start_method="spawn",
-            )
-            deadline = time.monotonic() + timeout
-            try:
-                while not ctx.join(timeout=1.0):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"pipelining peer ({schedule}, {micro_batches} micro-batches) did not finish "
-                            f"within {timeout:.0f} s")
-            except mp.ProcessRaisedException as e:
-                # the port picked can be taken before rank 0 binds it: try another one
-                if attempt < 2 and ("EADDRINUSE" in str(e) or "address already in use" in str(e).lower()):
-                    continue
-                raise
-            finally:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.terminate()
-                for p in ctx.processes:
-                    p.join(5)
-                    if p.is_alive():
-                        p.kill()
-                        p.join()
-            with open(result_path) as f:
-                seconds = float(f.read())
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise RuntimeError(f"pipelining peer measured a bad step time: {seconds}")
-        return seconds
-    raise AssertionError("unreachable")
+    with start_peer(schedule, micro_batches, quick=quick, seed=seed) as group:
+        seconds = statistics.median(interleaved_times({"peer": group.step}, reps)["peer"])
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise RuntimeError(f"pipelining peer measured a bad step time: {seconds}")
+    return seconds
 
 
-def best_pipelining(quick: bool, reps: int, micro_batch_choices=(1, 2, 4, 8, 16)) -> List[Tuple[str, int, float]]:
-    """[(schedule, micro_batches, seconds), ...] for both schedules and every choice that divides B.
-
-    (1f1b with 1 micro-batch, which Schedule1F1B rejects and which would be GPipe anyway, is left out.)
-    """
-    return _measure(SCHEDULES, micro_batch_choices, quick, reps)
+COLUMNS = [Column("schedule", "schedule"), Column("micro_batches", "micro-batches"),
+           Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)")]
 
 
-def _measure(schedules: Sequence[str], choices: Sequence[int], quick: bool, reps: int,
-             verbose: bool = False) -> List[Tuple[str, int, float]]:
-    B = SIZES[quick]["B"]
-    rows = []
-    for schedule in schedules:
-        for m in choices:
-            if m < 1 or B % m or (schedule == "1f1b" and m < NUM_STAGES):
-                if verbose:
-                    print(f"  {schedule} M={m}: skipped (does not divide B={B}, or 1f1b needs >= "
-                          f"{NUM_STAGES} micro-batches)", flush=True)
-                continue
-            seconds = time_pipelining(schedule, m, quick=quick, reps=reps)
-            if verbose:
-                print(f"  {schedule} M={m}: {seconds:.3f} s", flush=True)
-            rows.append((schedule, m, seconds))
-    return rows
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    import sys
 
-
-def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m pipelstm.bench pipelining")
     ap.add_argument("--quick", action="store_true", help="a small model (vocab 1k, 128, H=256, T=64, B=16)")
-    ap.add_argument("--reps", type=int, default=None, help="timed steps per configuration (default 3, full size 1)")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--micro-batches", type=int, nargs="*", default=None,
                     help="micro-batch counts to try (default 1 2 4 8 16, those that divide B)")
     ap.add_argument("--schedules", nargs="*", choices=SCHEDULES, default=None, help="default: gpipe 1f1b")
+    report.add_arguments(ap)
     args = ap.parse_args(argv)
+    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    meta = report.metadata("pipelining", argv)
     s = SIZES[args.quick]
-    reps = args.reps if args.reps is not None else (3 if args.quick else 1)
     choices = args.micro_batches or [1, 2, 4, 8, 16]
-    schedules = args.schedules or list(SCHEDULES)
     for m in choices:
         if m < 1 or s["B"] % m:
             ap.error(f"--micro-batches {m} does not divide B={s['B']}")
@@ -341,21 +303,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     f = layer_flops(s["vocab"], s["emb"], s["hidden"], s["layers"])
     print(f"model: Embedding({s['vocab']}, {s['emb']}) -> nn.LSTM(H={s['hidden']}, {s['layers']} layers) -> "
           f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}; one training step (forward + backward, "
-          f"cross-entropy), best of {reps} after 1 warm-up")
+          f"cross-entropy), median of {args.reps} interleaved steps after 1 warm-up")
     span = lambda a, b: f"LSTM layer {a}" if a == b else f"LSTM layers {a}-{b}"  # noqa: E731
-    print(f"torch.distributed.pipelining, 2 stages in 2 gloo processes, 1 thread each: stage 0 = embedding + "
-          f"{span(0, k - 1)}, stage 1 = {span(k, s['layers'] - 1)} + decoder "
-          f"(forward MFLOP/token {sum(f[:k]) / 1e6:.2f} : {sum(f[k:]) / 1e6:.2f})", flush=True)
-    rows = _measure(schedules, choices, args.quick, reps, verbose=True)
-    head = ("schedule", "micro-batches", "step (s)")
-    body = [(sch, str(m), f"{sec:.3f}") for sch, m, sec in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    print(fmt(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for b in body:
-        print(fmt(b))
-
+    split = (f"stage 0 = embedding + {span(0, k - 1)}, stage 1 = {span(k, s['layers'] - 1)} + decoder "
+             f"(forward MFLOP/token {sum(f[:k]) / 1e6:.2f} : {sum(f[k:]) / 1e6:.2f})")
+    print(f"torch.distributed.pipelining, 2 stages in 2 gloo processes, 1 thread each: {split}", flush=True)
+    configs = peer_configs(args.quick, choices, args.schedules or SCHEDULES)
+    groups = []
+    try:
+        for sch, m in configs:
+            groups.append(start_peer(sch, m, quick=args.quick))
+        times = interleaved_times({g.name: g.step for g in groups}, args.reps)
+    finally:
+        close_all(groups)
+    rows = [dict(schedule=sch, micro_batches=m, seconds=statistics.median(times[g.name]),
+                 spread=spread(times[g.name]), samples=times[g.name]) for (sch, m), g in zip(configs, groups)]
+    print(markdown(COLUMNS, rows))
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows, notes=[f"Split: {split}."])
+    return rows
 
 if __name__ == "__main__":
     import sys

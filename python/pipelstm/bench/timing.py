@@ -1,20 +1,29 @@
-"""Timing helpers shared by the benchmarks."""
+"""Timing helpers shared by the benchmarks.
+
+Every bench alternates the things it compares, run by run, in one loop
+(:func:`interleaved_times`), so that drift and other processes' noise hit
+all of them alike, and reports the median of each.
+"""
 
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
-__all__ = ["interleaved_medians", "gemm_gflops"]
+__all__ = ["interleaved_times", "interleaved_medians", "median_index", "spread", "gemm_gflops"]
 
 
-def interleaved_medians(
-    fns: Dict[str, Callable[[], None]], repeats: int, warmup: int = 1, device: str = "cpu"
-) -> Dict[str, float]:
-    """Median seconds of each function, run alternately so drift hits all alike.
+def interleaved_times(
+    fns: Dict[str, Callable[[], Optional[float]]], repeats: int, warmup: int = 1, device: str = "cpu"
+) -> Dict[str, List[float]]:
+    """Seconds of each of ``repeats`` runs of every function, run alternately
+    (one run of each, then the next round) after ``warmup`` untimed rounds.
 
-    On CUDA each run is timed from a synchronised start to a synchronised end.
+    A function may return its own measured seconds as a ``float`` (e.g. a
+    step timed inside worker processes); that replaces the wall time around
+    the call (any other return value is ignored). On CUDA each run is timed from a synchronised start to a
+    synchronised end.
     """
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(warmup):
@@ -25,10 +34,31 @@ def interleaved_medians(
         for name, fn in fns.items():
             sync()
             start = time.perf_counter()
-            fn()
+            own = fn()
             sync()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(own if isinstance(own, float) else time.perf_counter() - start)
+    return times
+
+
+def interleaved_medians(
+    fns: Dict[str, Callable[[], Optional[float]]], repeats: int, warmup: int = 1, device: str = "cpu"
+) -> Dict[str, float]:
+    """Median seconds of each function, run alternately so drift hits all alike."""
+    times = interleaved_times(fns, repeats, warmup, device)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def median_index(samples: List[float]) -> int:
+    """The index of the run whose time is the median (the lower middle one
+    for an even count), so that figures taken in that same run (busy times,
+    bubbles) go with the median."""
+    order = sorted(range(len(samples)), key=lambda i: samples[i])
+    return order[(len(order) - 1) // 2]
+
+
+def spread(samples: List[float]) -> str:
+    """The fastest and the slowest run, ``min-max`` seconds, for a table."""
+    return f"{min(samples):.3f}-{max(samples):.3f}"
 
 
 def gemm_gflops(n: int = 2048, repeats: int = 5, device: str = "cpu") -> float:

@@ -1,0 +1,55 @@
+"""Resident memory of this process, for per-process peaks (Linux ``/proc``).
+
+``reset_peak()`` clears the kernel's high-water mark of the resident set
+(``VmHWM``, by writing 5 to ``/proc/self/clear_refs``) so that
+``peak_bytes()`` tells the largest resident set since then: everything the
+process touched (tensors, the allocator's free lists, libraries), measured
+by the kernel, not estimated. Where that is not possible, ``peak_bytes()``
+falls back to ``ru_maxrss`` (the peak since the process started).
+"""
+
+import re
+import resource
+from typing import Optional
+
+__all__ = ["rss_bytes", "peak_bytes", "reset_peak", "available_bytes"]
+
+
+def _status(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def rss_bytes() -> Optional[int]:
+    """The resident set now (None off Linux)."""
+    return _status("VmRSS")
+
+
+def reset_peak() -> bool:
+    """Restarts the peak from the resident set now; False if the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_bytes() -> int:
+    """The largest resident set since :func:`reset_peak` (or since the start)."""
+    hwm = _status("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def available_bytes() -> Optional[int]:
+    """``MemAvailable`` of the machine (None off Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None

@@ -1,0 +1,197 @@
+"""Benchmark result files: one JSON file per run, saying what produced it.
+
+Every bench command takes ``--json PATH`` and writes::
+
+    {"bench": "grid", "command": "python -m pipelstm.bench grid ...",
+     "columns": [...], "rows": [...], "tables": [...], "notes": [...],
+     "machine": {"cpu": ..., "isa": {...}, "cores": ..., "threads": ...},
+     "versions": {"torch": ..., "python": ..., "pipelstm": ...},
+     "commit": "<sha>[-dirty]" or null, "date": "<ISO 8601, UTC>"}
+
+``columns`` describe how ``rows`` show as a markdown table (see
+:mod:`pipelstm.bench.table`); ``tables`` holds further tables (a summary,
+per-stage memory) in the same form. ``python -m pipelstm.bench docs``
+turns these files into the tables of docs/benchmarks.md.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+from typing import Dict, Mapping, Optional, Sequence
+
+import torch
+
+from .table import Column, columns_to_json
+
+__all__ = [
+    "ISA_ENV",
+    "cpu_model",
+    "isa",
+    "isa_label",
+    "machine",
+    "versions",
+    "git_commit",
+    "command",
+    "metadata",
+    "add_arguments",
+    "check_repeats",
+    "write_json",
+    "read_json",
+]
+
+# Environment variables that cap or pick the instruction set of oneDNN, MKL,
+# ATen's own kernels and pipelstm's kernels.
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA")
+MIN_REPEATS = 5
+
+
+def cpu_model() -> Optional[str]:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _pipelstm_isa() -> Optional[str]:
+    """``pipelstm._C.cpu_isa()``, where this build has it."""
+    try:
+        from .. import _C
+    except ImportError:
+        return None
+    fn = getattr(_C, "cpu_isa", None)
+    if fn is None:
+        return None
+    try:
+        return str(fn())
+    except Exception as e:  # noqa: BLE001  (metadata must not stop a run)
+        return f"error: {e}"
+
+
+def isa() -> Dict[str, object]:
+    """The instruction set actually used: ATen's CPU capability, pipelstm's
+    (``_C.cpu_isa()``, None where the build lacks it) and the ISA-capping
+    environment variables that are set."""
+    return dict(aten=torch.backends.cpu.get_cpu_capability(), pipelstm=_pipelstm_isa(),
+                env={k: os.environ[k] for k in ISA_ENV if k in os.environ})
+
+
+def isa_label(info: Optional[Mapping] = None) -> str:
+    """A short description, e.g. ``ATen AVX2, pipelstm avx2 (ONEDNN_MAX_CPU_ISA=AVX2)``."""
+    info = isa() if info is None else info
+    text = f"ATen {info.get('aten')}"
+    if info.get("pipelstm") is not None:
+        text += f", pipelstm {info['pipelstm']}"
+    env = info.get("env") or {}
+    if env:
+        text += " (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")"
+    return text
+
+
+def machine() -> Dict[str, object]:
+    """CPU model, ISA, logical cores and torch's intra-op threads now."""
+    return dict(cpu=cpu_model(), isa=isa(), cores=os.cpu_count(), threads=torch.get_num_threads())
+
+
+def versions() -> Dict[str, str]:
+    from .. import __version__
+
+    return dict(torch=torch.__version__, python=platform.python_version(), pipelstm=__version__)
+
+
+def git_commit(path: Optional[str] = None) -> Optional[str]:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this
+    package's source), with ``-dirty`` when the tree has changes; None when
+    the package does not run from a git checkout (e.g. an installed wheel)."""
+    path = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", path, *args], check=True, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", "__init__.py")  # a tracked source file, not a copy inside the tree
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
+def command(bench: str, argv: Sequence[str]) -> str:
+    """The command line that ran the bench, as a user would type it."""
+    return shlex.join(["python", "-m", "pipelstm.bench", bench, *argv])
+
+
+def metadata(bench: str, argv: Sequence[str]) -> Dict[str, object]:
+    """Everything but the results; take it when the run starts."""
+    return dict(bench=bench, command=command(bench, argv), machine=machine(), versions=versions(),
+                commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json PATH``, common to every bench."""
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the results, the command and the machine to this JSON file")
+
+
+def check_repeats(parser: argparse.ArgumentParser, repeats: int, quick: bool, flag: str = "--repeats") -> None:
+    """Medians need at least MIN_REPEATS timed runs (fewer only with --quick)."""
+    if repeats < 1 or (repeats < MIN_REPEATS and not quick):
+        parser.error(f"{flag} must be at least {MIN_REPEATS} (the median of fewer runs is not reported; "
+                     f"--quick allows fewer)")
+
+
+def _clean(value):
+    """JSON-safe: NaN/inf as null, tuples as lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: str, meta: Mapping, columns: Sequence[Column], rows: Sequence[Mapping], *,
+               tables: Sequence[Mapping] = (), notes: Sequence[str] = (), **fields) -> str:
+    """Writes one result file (atomically) and returns its path.
+
+    ``tables``: further tables, each ``dict(title=..., columns=[Column...], rows=[...])``;
+    ``notes``: lines printed under the tables; ``fields``: anything else to keep.
+    """
+    data = dict(meta)
+    data.update(columns=columns_to_json(columns), rows=list(rows),
+                tables=[dict(title=t.get("title", ""), columns=columns_to_json(t["columns"]), rows=list(t["rows"]))
+                        for t in tables],
+                notes=list(notes))
+    data.update(fields)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(_clean(data), f, indent=1, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+    print(f"results written to {path}", flush=True)
+    return path
+
+
+def read_json(path: str) -> dict:
+    """One result file; raises ValueError if a required field is missing."""
+    with open(path) as f:
+        data = json.load(f)
+    missing = [k for k in ("bench", "command", "columns", "rows", "machine", "versions", "commit", "date")
+               if k not in data]
+    if missing:
+        raise ValueError(f"{path}: not a pipelstm bench result (missing {', '.join(missing)})")
+    return data

@@ -1,0 +1,66 @@
+"""``bench pipeline`` and ``bench distributed``: medians of interleaved steps,
+the equal-cores baseline beside the pipelines, busy times from the median
+step itself, and per-process memory; the process groups behind them.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+from pipelstm.bench import baseline, report
+from pipelstm.bench.groups import Group
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed or its gloo backend is not available")
+
+
+def _bench(tmp_path, name, *args):
+    path = tmp_path / f"{name}.json"
+    subprocess.run([sys.executable, "-m", "pipelstm.bench", name, "--quick", "--reps", "1", *args, "--json", str(path)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    return report.read_json(str(path))
+
+
+def test_group_steps_and_reports_memory():
+    with Group("baseline", 1, baseline.setup, timeout=300, kind="nn.LSTM", quick=True, threads=1) as g:
+        first, second = g.step(), g.step()
+        assert first > 0 and second > 0
+        (rank0,) = g.last
+        assert rank0["peak_bytes"] >= rank0["start_bytes"] > 0
+
+
+def test_group_reports_a_failing_setup():
+    with Group("bad", 1, baseline.setup, timeout=300, kind="no such LSTM", quick=True, threads=1) as g:
+        with pytest.raises(RuntimeError, match="no such LSTM"):
+            g.step()
+
+
+def test_pipeline_quick(tmp_path):
+    data = _bench(tmp_path, "pipeline", "--chunks", "4", "--micro-batches", "1", "--peer-micro-batches")
+    rows = {r["config"]: r for r in data["rows"]}
+    one = rows["pipelstm Pipeline, 1 stage x 1 thread"]
+    (two,) = [r for r in data["rows"] if r.get("K") == 4]
+    assert {"nn.LSTM model, 1 process x 2 threads (equal cores)",
+            "pipelstm.LSTM model, 1 process x 2 threads (equal cores)"} <= set(rows)
+    assert one["busy"][0] <= one["seconds"] * 1.02  # busy time from the same step
+    assert len(two["busy"]) == 2 and max(two["busy"]) <= two["seconds"] * 1.02
+    assert all(len(r["samples"]) == 1 for r in data["rows"])
+    (memory,) = data["tables"]
+    assert [len(m["stage_est"]) for m in memory["rows"]] == [1, 2]
+    assert all(m["kept"] > 0 for m in memory["rows"])
+    assert any("stands in for one device per stage" in n for n in data["notes"])
+
+
+def test_distributed_quick(tmp_path):
+    data = _bench(tmp_path, "distributed", "--chunks", "4", "--micro-batches", "1", "--peer-micro-batches", "2")
+    rows = data["rows"]
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["pipelstm", "pipelstm", "baseline", "baseline", "peer", "peer"]
+    one, pp2 = rows[0], rows[1]
+    assert len(pp2["busy"]) == 2 and len(pp2["peak"]) == 2 and len(pp2["kept"]) == 2
+    assert all(b <= pp2["seconds"] * 1.02 for b in pp2["busy"])
+    assert all(len(r["peak"]) == (2 if r["kind"] != "baseline" and r is not one else 1) for r in rows)
+    assert all(p > 0 for r in rows for p in r["peak"])
+    assert data["tables"][0]["title"] == "Memory per process"

@@ -1,0 +1,254 @@
+"""Benchmark results a user can trust: the JSON result files, the tables of
+docs/benchmarks.md generated from them, and the grid bench that fills them.
+
+* the JSON writer records the command, rows, machine (CPU, ISA, cores,
+  threads), versions, commit and date;
+* the doc generator puts a JSON file's numbers between its markers, leaves
+  the prose alone, and ``--check`` catches a stale or hand-edited table;
+* ``python -m pipelstm.bench grid --quick --json ...`` times both sides of
+  every row; the default grid covers every value of every axis.
+"""
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pipelstm
+from pipelstm.bench import docs, grid, report
+from pipelstm.bench.table import Column, markdown
+from pipelstm.bench.timing import interleaved_times, median_index
+
+COLUMNS = [Column("name", "name"), Column("ours", "pipelstm ms", "{:.2f}", 1e3), Column("ratio", "ratio", "{:.2f}x")]
+ROWS = [dict(name="small", ours=0.0012345, ratio=1.25), dict(name="large", ours=0.5, ratio=None)]
+
+
+def _write(path, rows=ROWS, **kw):
+    meta = report.metadata("demo", ["--quick", "--json", str(path)])
+    return report.write_json(str(path), meta, COLUMNS, rows, **kw)
+
+
+# --- the JSON file -------------------------------------------------------------------------------------------
+
+
+def test_json_has_every_field(tmp_path):
+    path = tmp_path / "sub" / "demo.json"  # the folder is created
+    _write(path, notes=["a note"], extra=dict(x=float("nan")))
+    data = json.loads(path.read_text())
+    assert data["bench"] == "demo"
+    assert data["command"] == f"python -m pipelstm.bench demo --quick --json {path}"
+    assert data["rows"] == ROWS
+    assert [c["key"] for c in data["columns"]] == ["name", "ours", "ratio"]
+    m = data["machine"]
+    assert m["cpu"] and m["cores"] == os.cpu_count() and m["threads"] >= 1
+    assert m["isa"]["aten"] == torch.backends.cpu.get_cpu_capability()
+    assert "pipelstm" in m["isa"] and isinstance(m["isa"]["env"], dict)
+    assert data["versions"] == dict(torch=torch.__version__,
+                                    python=".".join(map(str, sys.version_info[:3])), pipelstm=pipelstm.__version__)
+    assert data["commit"] is None or len(data["commit"].split("-")[0]) == 40
+    date = datetime.datetime.fromisoformat(data["date"])
+    assert date.utcoffset() == datetime.timedelta(0)
+    assert data["notes"] == ["a note"] and data["extra"] == dict(x=None)  # NaN is not JSON: null
+    assert report.read_json(str(path))["rows"] == ROWS
+
+
+def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
+    for k in report.ISA_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setattr(pipelstm._C, "cpu_isa", lambda: "avx2", raising=False)
+    info = report.isa()
+    assert info["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and info["pipelstm"] == "avx2"
+    assert report.isa_label(info) == f"ATen {info['aten']}, pipelstm avx2 (ONEDNN_MAX_CPU_ISA=AVX2)"
+    monkeypatch.delattr(pipelstm._C, "cpu_isa", raising=False)
+    assert report.isa()["pipelstm"] is None  # a build without cpu_isa()
+
+
+def test_git_commit_and_dirty(tmp_path):
+    assert report.git_commit(str(tmp_path)) is None  # not a checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (tmp_path / "__init__.py").write_text("")
+    subprocess.run(git + ["add", "__init__.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    sha = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert report.git_commit(str(tmp_path)) == sha
+    (tmp_path / "__init__.py").write_text("changed")
+    assert report.git_commit(str(tmp_path)) == sha + "-dirty"
+
+
+def test_repeats_below_five_only_with_quick():
+    with pytest.raises(SystemExit):
+        grid.main(["--repeats", "3", "--H", "16", "--B", "1", "--T", "2"])
+
+
+# --- tables and timing ---------------------------------------------------------------------------------------
+
+
+def test_table_cells():
+    text = markdown(COLUMNS + [Column("busy", "busy", "{:.1f}")], [dict(name="a", ours=0.002, ratio=None,
+                                                                        busy=[1.25, 2.0])])
+    assert text.splitlines() == ["| name | pipelstm ms | ratio | busy |", "|---|---|---|---|",
+                                 "| a | 2.00 | - | 1.2 / 2.0 |"]
+
+
+def test_interleaved_times_alternate_and_take_own_times():
+    order = []
+    times = interleaved_times({"a": lambda: order.append("a"), "b": lambda: order.append("b") or 7.0}, 3, warmup=1)
+    assert order == ["a", "b"] * 4
+    assert times["b"] == [7.0] * 3 and len(times["a"]) == 3
+    assert median_index([3.0, 1.0, 2.0]) == 2 and median_index([4.0, 1.0, 3.0, 2.0]) == 3
+
+
+# --- the doc generator ---------------------------------------------------------------------------------------
+
+DOC = """# Benchmarks
+
+Prose before, kept as it is.
+
+<!-- bench:demo:begin -->
+stale text typed by hand
+<!-- bench:demo:end -->
+
+Prose between.
+
+<!-- bench:later:begin -->
+<!-- bench:later:end -->
+
+Prose after.
+"""
+
+
+def _docs(tmp_path, *extra):
+    return docs.main(["--dir", str(tmp_path / "bench"), "--doc", str(tmp_path / "benchmarks.md"), *extra])
+
+
+def test_docs_round_trip(tmp_path):
+    _write(tmp_path / "bench" / "demo.json", notes=["The note."],
+           tables=[dict(title="Summary", columns=[Column("geomean", "geomean", "{:.3f}x")], rows=[dict(geomean=1.5)])])
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOC)
+    assert _docs(tmp_path, "--check") == 1  # the hand-typed text is not what the JSON gives
+    assert doc.read_text() == DOC  # --check writes nothing
+    assert _docs(tmp_path) == 0
+    text = doc.read_text()
+    data = report.read_json(str(tmp_path / "bench" / "demo.json"))
+    section = text.split("<!-- bench:demo:begin -->")[1].split("<!-- bench:demo:end -->")[0]
+    for expected in ("| small | 1.23 | 1.25x |", "| large | 500.00 | - |", "**Summary**", "| 1.500x |", "The note.",
+                     f"`{data['command']}`", data["machine"]["cpu"], f"{data['machine']['cores']} cores",
+                     f"ATen {data['machine']['isa']['aten']}", data["versions"]["torch"], data["date"],
+                     "from bench/demo.json"):
+        assert expected in section, expected
+    assert "stale text" not in text
+    assert "_No results yet: bench/later.json is missing" in text
+    for prose in ("Prose before, kept as it is.\n", "\nProse between.\n", "\nProse after.\n"):
+        assert prose in text
+    assert _docs(tmp_path, "--check") == 0  # up to date
+    assert _docs(tmp_path) == 0 and doc.read_text() == text  # and stable
+
+
+def test_docs_check_finds_stale_and_edited_tables(tmp_path, capsys):
+    path = tmp_path / "bench" / "demo.json"
+    _write(path)
+    (tmp_path / "benchmarks.md").write_text(DOC)
+    assert _docs(tmp_path) == 0
+    data = json.loads(path.read_text())
+    data["rows"][0]["ratio"] = 0.5  # a new measurement
+    path.write_text(json.dumps(data))
+    assert _docs(tmp_path, "--check") == 1
+    assert "section 'demo' is not what" in capsys.readouterr().err
+    assert _docs(tmp_path) == 0 and "| small | 1.23 | 0.50x |" in (tmp_path / "benchmarks.md").read_text()
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(doc.read_text().replace("0.50x", "1.50x"))  # a figure typed over
+    assert _docs(tmp_path, "--check") == 1
+
+
+def test_docs_json_without_markers_is_an_error(tmp_path, capsys):
+    _write(tmp_path / "bench" / "orphan.json")
+    (tmp_path / "benchmarks.md").write_text(DOC)
+    assert _docs(tmp_path, "--check") == 1
+    assert "bench/orphan.json has no <!-- bench:orphan:begin -->" in capsys.readouterr().err
+
+
+def test_repository_doc_is_up_to_date():
+    """docs/benchmarks.md matches docs/bench/*.json (run `python -m pipelstm.bench docs` after a bench)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = os.path.join(root, "docs", "benchmarks.md")
+    if not os.path.exists(doc):
+        pytest.skip("no docs/benchmarks.md in this checkout")
+    assert docs.main(["--dir", os.path.join(root, "docs", "bench"), "--doc", doc, "--check"]) == 0
+
+
+# --- the grid ------------------------------------------------------------------------------------------------
+
+
+def test_default_grid_covers_every_axis_value():
+    todo = grid.cases(grid.GRID["H"], grid.GRID["B"], grid.GRID["T"], [1, 4], grid.VARIANTS, grid.REPRESENTATIVE,
+                      layers_given=False, sizes_given=False, full=False)
+    assert {c.H for c in todo} == {64, 128, 256, 512, 1024}
+    assert {c.B for c in todo} == {1, 8, 32, 64} and {c.T for c in todo} == {32, 128}
+    assert {c.layers for c in todo} == {1, 4} and {c.variant for c in todo} == set(grid.VARIANTS)
+    dense = [c for c in todo if (c.variant, c.layers) == ("dense", 1)]
+    assert len(dense) == 5 * 4 * 2  # the whole H x B x T
+    assert len(todo) == len(dense) + 4 * len(grid.REPRESENTATIVE)  # 4 layers, bidirectional, proj, packed
+    picked = grid.cases([64], [8], [32], [1, 4], ["packed"], grid.REPRESENTATIVE, layers_given=True,
+                        sizes_given=True, full=False)
+    assert picked == [grid.Case("packed", 1, 64, 8, 32), grid.Case("packed", 4, 64, 8, 32)]
+
+
+def test_grid_flops_match_the_layer_bench():
+    from pipelstm.bench import layer
+
+    T, B, H = 16, 4, 32
+    for L in (1, 4):
+        assert grid.flops(grid.Case("dense", L, H, B, T), T * B, "fwdbwd") == layer.flops(T, B, H, H, L)
+        assert grid.flops(grid.Case("dense", L, H, B, T), T * B, "fwd") == layer.flops(T, B, H, H, L) / 3
+    # bidirectional: twice the directions, the next layer's input 2H
+    bi = grid.flops(grid.Case("bidirectional", 2, H, B, T), 1, "fwd")
+    assert bi == 2 * (8 * H * (H + H)) + 2 * (8 * H * (2 * H + H))
+    P = H // 2  # proj_size: recurrent input P, plus the projection
+    assert grid.flops(grid.Case("proj", 1, H, B, T), 1, "fwd") == 8 * H * (H + P) + 2 * H * P
+
+
+def test_summary_geomean_and_worst():
+    rows = [dict(threads=1, mode="fwd", variant="dense", layers=1, H=64, B=1, T=32, ratio=2.0, ratio_padded=None),
+            dict(threads=1, mode="fwd", variant="packed", layers=1, H=64, B=8, T=32, ratio=4.0, ratio_padded=0.5)]
+    (s,) = grid.summarize(rows)
+    assert s["rows"] == 2 and math.isclose(s["geomean"], 1.0) and s["worst"] == 0.5
+    assert s["worst_row"] == "packed L=1 H=64 B=8 T=32" and s["at_least_1"] == 1
+
+
+def test_grid_quick_writes_rows_with_both_sides_timed(tmp_path):
+    path = tmp_path / "grid.json"
+    cmd = [sys.executable, "-m", "pipelstm.bench", "grid", "--quick", "--repeats", "2", "--threads", "1",
+           "--json", str(path)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = report.read_json(str(path))
+    assert data["bench"] == "grid" and data["command"].endswith(f"grid --quick --repeats 2 --threads 1 --json {path}")
+    rows = data["rows"]
+    assert {r["variant"] for r in rows} == set(grid.VARIANTS) and {r["mode"] for r in rows} == set(grid.MODES)
+    for r in rows:
+        assert r["ours"] > 0 and r["peer"] > 0 and math.isclose(r["ratio"], r["peer"] / r["ours"])
+        assert len(r["samples"]["ours"]) == len(r["samples"]["peer"]) == 2
+        assert r["isa"].startswith("ATen ")
+        if r["variant"] == "packed":
+            assert r["padded"] > 0 and math.isclose(r["ratio_padded"], r["padded"] / r["ours"])
+        assert (r["of_mm"] is not None) == (r["H"] >= 512 and r["B"] >= 32)
+    assert any(r["of_mm"] for r in rows)
+    (summary,) = data["tables"][:1]
+    assert [(s["threads"], s["mode"]) for s in summary["rows"]] == [(1, "fwd"), (1, "fwdbwd")]
+
+
+def test_grid_budget_skips_and_reports(tmp_path):
+    path = tmp_path / "grid.json"
+    cmd = [sys.executable, "-m", "pipelstm.bench", "grid", "--quick", "--repeats", "1", "--threads", "1",
+           "--variants", "dense", "--layers", "1", "--budget-seconds", "1e-9", "--json", str(path)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout
+    data = report.read_json(str(path))
+    assert data["rows"] == [] and len(data["skipped"]) == 2 * 2 * 2  # H x B x modes, all over budget
+    assert "skipped 8 rows" in out and data["tables"][-1]["title"] == "Skipped (estimated too slow)"
