@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m pipelstm.bench {layer,module,grid,pipeline,pipelining,distributed,floors} [options]``.
+"""Benchmarks: ``python -m pipelstm.bench {layer,module,grid,pipeline,lm,pipelining,distributed,floors} [options]``.
 
 Every bench runs the things it compares in one loop, one run of each in
 turn (configurations in other processes stay up and take their turn, see
