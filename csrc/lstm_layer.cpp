@@ -199,14 +199,11 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   if (cpu::fused_loops_serve(x)) {
     // The input's pre-activations straight into the workspace, where the
-    // fused steps turn them into the activated gates.
-    if (bias.defined()) {
-      at::addmm_out(ws.gates, bias, x, w_ih.t());
-    } else {
-      at::mm_out(ws.gates, x, w_ih.t());
-    }
-    cpu::fused_forward_loop(steps, reverse, h_init, c_init, w_hh, w_hr, ws.gates, ws.cells, ws.raw_h,
-                            r.output, r.h_n, r.c_n);
+    // fused steps add the bias and turn them into the activated gates (no
+    // pass of addmm copying the bias over the whole buffer first).
+    at::mm_out(ws.gates, x, w_ih.t());
+    cpu::fused_forward_loop(steps, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates, ws.cells,
+                            ws.raw_h, r.output, r.h_n, r.c_n);
     return r;
   }
   const Tensor input_gates = bias.defined() ? at::addmm(bias, x, w_ih.t()) : at::mm(x, w_ih.t());

@@ -71,7 +71,8 @@ bool fused_loops_serve(const Tensor& x) {
 const char* fused_loops_isa() { return kernels().isa; }
 
 void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
-                        const Tensor& w_hh, const std::optional<Tensor>& w_hr, Tensor& gates,
+                        const Tensor& w_hh, const std::optional<Tensor>& w_hr,
+                        const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n) {
   const auto& K = kernels();
   const int64_t T = steps.steps(), H = w_hh.size(0) / 4, P = w_hh.size(1);
@@ -91,6 +92,7 @@ void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0,
   float* c = ptr(cells);
   float* out = ptr(output);
   float* raw = projected ? ptr(raw_h) : nullptr;
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   const float* h_init = cptr(h0);
   const float* c_init = cptr(c0);
 
@@ -116,6 +118,7 @@ void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0,
       f.h_prev = {step_rows(out, steps, prev, P), h_init, steps.continuing(p, reverse), P};
       f.w = cptr(packed_hh);
       f.gates = g + row0 * 4 * H;
+      f.bias = b.defined() ? cptr(b) : nullptr;
       f.c_prev = {step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H};
       f.c = c + row0 * H;
       f.h = projected ? raw + row0 * H : out + row0 * P;

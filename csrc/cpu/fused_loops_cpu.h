@@ -25,11 +25,13 @@ bool fused_loops_serve(const Tensor& x);
 const char* fused_loops_isa();
 
 // Forward of all steps. In: gates [N, 4H] holds each row's input
-// pre-activations, biases included. Out: gates the activated gates, cells
+// pre-activations, bias (optional [4H], both biases summed) is added to
+// them. Out: gates the activated gates, cells
 // [N, H], raw_h [N, H] (with w_hr only: h before the projection), output
 // [N, P], h_n [B, P] and c_n [B, H]. h0/c0 contiguous [B, P]/[B, H].
 void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
-                        const Tensor& w_hh, const std::optional<Tensor>& w_hr, Tensor& gates,
+                        const Tensor& w_hh, const std::optional<Tensor>& w_hr,
+                        const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n);
 
 struct FusedBackward {

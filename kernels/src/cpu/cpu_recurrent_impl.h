@@ -134,8 +134,19 @@ inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, 
 // L1 while every row block of a row chunk runs over it; the accumulators of
 // the chunk wait in a buffer between slices. Deeper panels would stream from
 // L2 or L3 once per row block (measured: 38 GFLOP/s at K = 4096 unblocked).
-constexpr int64_t KC = (16 * 1024) / (W * sizeof(float));
+#ifndef PIPELSTM_KC_BYTES
+#define PIPELSTM_KC_BYTES (16 * 1024)
+#endif
+constexpr int64_t KC = PIPELSTM_KC_BYTES / (W * sizeof(float));
 constexpr int64_t RC = (96 / MR) * MR;  // rows per chunk
+
+// Rows of the next block when `left` rows remain: MR, except that a
+// remainder just over MR is halved (4 = 2 + 2 rather than 3 + 1 on AVX2): a
+// one-row tile has too few accumulators to hide the FMA latency.
+inline int block_rows(int64_t left) {
+  if (left > MR && left < 2 * MR) return static_cast<int>((left + 1) / 2);
+  return static_cast<int>(left < MR ? left : MR);
+}
 
 // For rows [row_begin, row_end): acc = a @ panel over the whole depth k, then
 // body(row0, rows, acc) for each block of up to MR rows.
@@ -145,8 +156,8 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
   vf acc[MR][4];
   const float* a[MR] = {};
   if (k <= KC) {
-    for (int64_t r = row_begin; r < row_end; r += MR) {
-      const int rows = static_cast<int>(row_end - r < MR ? row_end - r : MR);
+    for (int64_t r = row_begin, rows = 0; r < row_end; r += rows) {
+      rows = block_rows(row_end - r);
       for (int m = 0; m < rows; ++m) {
         a[m] = row(r + m);
         for (int q = 0; q < 4; ++q) acc[m][q] = vf{};
@@ -161,8 +172,8 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
     const int64_t r1 = row_end - r0 < RC ? row_end : r0 + RC;
     for (int64_t k0 = 0; k0 < k; k0 += KC) {
       const int64_t depth = k - k0 < KC ? k - k0 : KC;
-      for (int64_t r = r0; r < r1; r += MR) {
-        const int rows = static_cast<int>(r1 - r < MR ? r1 - r : MR);
+      for (int64_t r = r0, rows = 0; r < r1; r += rows) {
+        rows = block_rows(r1 - r);
         vf (*part)[4] = partial + (r - r0);
         for (int m = 0; m < rows; ++m) {
           a[m] = row(r + m) + k0;
@@ -210,10 +221,16 @@ inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, cons
     prefetch_lines_for_write(s.c + r * H + j + a, V);
     prefetch_lines_for_write(s.h + r * s.ldh + j + a, V);
   }
-  const vf pre_i = acc[0] + load_n<kFull>(g, n);
-  const vf pre_f = acc[1] + load_n<kFull>(g + H, n);
-  const vf pre_g = acc[2] + load_n<kFull>(g + 2 * H, n);
-  const vf pre_o = acc[3] + load_n<kFull>(g + 3 * H, n);
+  vf pre_i = acc[0] + load_n<kFull>(g, n);
+  vf pre_f = acc[1] + load_n<kFull>(g + H, n);
+  vf pre_g = acc[2] + load_n<kFull>(g + 2 * H, n);
+  vf pre_o = acc[3] + load_n<kFull>(g + 3 * H, n);
+  if (s.bias) {
+    pre_i += load_n<kFull>(s.bias + j, n);
+    pre_f += load_n<kFull>(s.bias + H + j, n);
+    pre_g += load_n<kFull>(s.bias + 2 * H + j, n);
+    pre_o += load_n<kFull>(s.bias + 3 * H + j, n);
+  }
   const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
   const vf i = vsigmoid(pre_i);
   const vf f = vsigmoid(pre_f);

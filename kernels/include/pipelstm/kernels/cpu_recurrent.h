@@ -49,8 +49,9 @@ struct ForwardStep {
   int64_t k = 0;        // width of h_prev (H, or P with a projection)
   RowSource h_prev;     // [rows, k]
   const float* w = nullptr;  // w_hh [4H, k] through pack_gates
-  float* gates = nullptr;    // [rows, 4H]: the input's pre-activations in (biases
-                             // included), the activated gates out
+  float* gates = nullptr;    // [rows, 4H]: the input's pre-activations in, the
+                             // activated gates out
+  const float* bias = nullptr;  // optional [4H], added to the pre-activations
   RowSource c_prev;          // [rows, H]
   float* c = nullptr;        // [rows, H] out
   float* h = nullptr;        // [rows, ldh] out (the first H columns)
