@@ -2,10 +2,10 @@
 //
 // A layer allocates its workspace, outputs and gradients afresh on every
 // call (autograd keeps them), and a fresh buffer costs a page fault per
-// 4 KiB on first touch. On virtual machines those faults are slow: a GEMM
-// writing a fresh 32 MiB result ran 12 % slower than into a reused buffer,
-// and as fast as that on huge pages (tools: docs/cpu.md, "Memory").
-// Buffers of 4 MiB and more are therefore mapped 2 MiB-aligned with
+// 4 KiB on first touch. On virtual machines those faults are slow (on the
+// development VM a GEMM writing a fresh buffer of tens of MiB was visibly
+// slower than one writing a reused buffer, and not on huge pages; see
+// docs/cpu.md, "Memory"). Buffers of 4 MiB and more are therefore mapped 2 MiB-aligned with
 // MADV_HUGEPAGE (512 times fewer faults); smaller ones, and systems without
 // it, get torch's ordinary CPU allocation. The tensors are ordinary CPU
 // tensors (resizable; freed when the last reference goes).

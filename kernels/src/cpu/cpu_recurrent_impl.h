@@ -90,9 +90,9 @@ inline vf vtanh(vf x) {
 inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
 
 // acc[m][q] += sum_k a[m][k] * panel[k][q*V .. q*V+V) for M rows and k in
-// [0, depth): the register tile, FMA-bound. Not inlined: inside a caller
-// with more values alive GCC kept an accumulator on the stack (perf: a
-// load and a store around every fourth FMA of the forward).
+// [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
+// forward, where more values are alive, GCC kept an accumulator on the
+// stack (seen in perf annotate: a load and a store in the inner loop).
 template <int M>
 __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const float* __restrict__ panel,
                                     int64_t depth, vf (&acc_io)[MR][4]) {
@@ -142,8 +142,8 @@ inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, 
 
 // Depth of one pass over a panel: its slice (KC x 4V floats, 16 KiB) stays in
 // L1 while every row block of a row chunk runs over it; the accumulators of
-// the chunk wait in a buffer between slices. Deeper panels would stream from
-// L2 or L3 once per row block (measured: 38 GFLOP/s at K = 4096 unblocked).
+// the chunk wait in a buffer between slices. Unblocked, a deep panel (the
+// backward's 4H at large H) streams from L2 or L3 once per row block.
 #ifndef PIPELSTM_KC_BYTES
 #define PIPELSTM_KC_BYTES (16 * 1024)
 #endif
@@ -208,8 +208,9 @@ static_assert(MR <= 8, "tile_any handles up to 8 rows");
 // (the four gates H apart, c, h); the hardware prefetcher does not follow
 // so many short streams, and the gates come from memory (the input
 // projection wrote them long before). Each cell therefore asks for the
-// lines a later panel of the same row will touch (perf: the first load of
-// the gates was the hottest instruction of the forward without it).
+// lines a later panel of the same row will touch (without it, perf
+// annotate showed the first load of the gates as the forward's hottest
+// instruction).
 
 inline void prefetch_lines(const float* p, int64_t floats) {
   for (int64_t f = 0; f < floats; f += 64 / sizeof(float)) __builtin_prefetch(p + f, 0, 3);
