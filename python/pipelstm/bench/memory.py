@@ -15,13 +15,18 @@ from typing import Optional
 __all__ = ["rss_bytes", "peak_bytes", "reset_peak", "available_bytes"]
 
 
-def _status(field: str) -> Optional[int]:
+def _kib_field(path: str, field: str) -> Optional[int]:
+    """Bytes of a ``field:  N kB`` line of a /proc file (None if absent)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
     except OSError:
         return None
     return int(m.group(1)) * 1024 if m else None
+
+
+def _status(field: str) -> Optional[int]:
+    return _kib_field("/proc/self/status", field)
 
 
 def rss_bytes() -> Optional[int]:
@@ -47,9 +52,4 @@ def peak_bytes() -> int:
 
 def available_bytes() -> Optional[int]:
     """``MemAvailable`` of the machine (None off Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
+    return _kib_field("/proc/meminfo", "MemAvailable")
