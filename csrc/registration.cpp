@@ -1,6 +1,8 @@
 // The op schemas, declared once. Kernels are registered per backend
 // (cpu/pointwise_cpu.cpp, cuda/...); fake kernels and autograd formulas are
-// registered from Python (pipelstm/ops.py).
+// registered from Python (pipelstm/ops.py). The *_composite ops are the same
+// math in ATen ops (lstm_composite.cpp), for the transforms the fused
+// formulas do not cover.
 #include <torch/library.h>
 
 TORCH_LIBRARY(pipelstm, m) {
@@ -30,4 +32,15 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor? w_hr, Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, "
       "Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
       "Tensor grad_w_hr)");
+  m.def(
+      "lstm_cell_composite(Tensor input_gates, Tensor hidden_gates, Tensor cx, Tensor? b_ih, "
+      "Tensor? b_hh) -> (Tensor hy, Tensor cy)");
+  m.def(
+      "lstm_layer_composite(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> (Tensor output, Tensor h_n, "
+      "Tensor c_n)");
+  m.def(
+      "lstm_packed_layer_composite(Tensor input, int[] batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "
+      "(Tensor output, Tensor h_n, Tensor c_n)");
 }

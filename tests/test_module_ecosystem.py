@@ -3,7 +3,8 @@
 torch.compile (aot_eager and inductor), torch.export, functional_call,
 parametrizations (custom and weight_norm) that really train, tied weights,
 dtype moves, meta construction, autocast, serialisation, module structure,
-DDP, LSTMCell, and double backward / torch.func transforms.
+DDP and LSTMCell. (torch.func, forward-mode AD and double backward:
+test_module_transforms.py.)
 
 The reference is always independent of pipelstm: nn.LSTM / nn.LSTMCell holding
 the same weights (load_state_dict), or the same module run eagerly.
@@ -14,47 +15,19 @@ import io
 
 import pytest
 import torch
-import torch.autograd.forward_ad as fwAD
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parametrize
-from torch.nn.utils.rnn import pack_padded_sequence
 
 import pipelstm
+from lstm_pairs import KW, assert_all_close, make_hx, pair, weighted_loss
 from reference import rel_error
 
-KW = dict(input_size=4, hidden_size=6, num_layers=2, bidirectional=True, proj_size=3)
 CONFIGS = {
     "plain": dict(input_size=4, hidden_size=6),
     "bidirectional_proj": KW,
     "no_bias_batch_first_dropout": dict(input_size=4, hidden_size=5, num_layers=3, bias=False, batch_first=True, dropout=0.25),
 }
-
-
-def pair(dtype=torch.float32, **kw):
-    """(nn.LSTM, pipelstm.LSTM) with the same weights."""
-    kw = kw or KW
-    ref = nn.LSTM(**kw).to(dtype)
-    ours = pipelstm.LSTM(**kw).to(dtype)
-    ours.load_state_dict(ref.state_dict())
-    return ref, ours
-
-
-def make_hx(m, batch, dtype=torch.float32):
-    d = 2 if m.bidirectional else 1
-    h0 = torch.randn(m.num_layers * d, batch, m.proj_size or m.hidden_size, dtype=dtype, requires_grad=True)
-    c0 = torch.randn(m.num_layers * d, batch, m.hidden_size, dtype=dtype, requires_grad=True)
-    return h0, c0
-
-
-def _weights_like(t, seed):
-    return torch.randn(t.shape, generator=torch.Generator().manual_seed(seed), dtype=t.dtype)
-
-
-def weighted_loss(out, h, c):
-    """A loss that depends on every output element with a distinct weight
-    (a plain sum would hide sign and permutation errors in the gradients)."""
-    return sum((t * _weights_like(t, k)).sum() for k, t in enumerate((out, h, c)))
 
 
 def forward_and_grads(model, x, hx=None):
@@ -63,14 +36,6 @@ def forward_and_grads(model, x, hx=None):
     leaves = [x, *(hx or ()), *model.parameters()]
     grads = torch.autograd.grad(weighted_loss(out, h, c), leaves)
     return [out, h, c, *grads]
-
-
-def assert_all_close(actual, expected, tol):
-    assert len(actual) == len(expected)
-    for k, (a, e) in enumerate(zip(actual, expected)):
-        assert a.shape == e.shape, k
-        err = rel_error(a, e)
-        assert err <= tol, f"item {k}: relative error {err:.3g} > {tol}"
 
 
 def sgd_steps(model, x, steps=3, lr=0.5):
@@ -414,145 +379,3 @@ def test_cell_compiles_fullgraph(with_hx):
     assert_all_close(run(compiled), run(cell), 1e-6)
     ref_out = ref(x, hx)
     assert_all_close(run(compiled)[:2], list(ref_out), 1e-5)
-
-
-# --- double backward, torch.func ----------------------------------------------------
-# Double backward is not supported by pipelstm's ops: every way of reaching a
-# second derivative of the LSTM raises a clear error (never a silent wrong
-# answer). nn.LSTM's CPU path supports it; these tests pin down pipelstm's
-# behaviour as "clear error".
-
-_DOUBLE_BACKWARD = "double backward .* is not supported"
-
-
-def _second_order(kind):
-    torch.manual_seed(0)
-    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
-    if kind == "cell":
-        cell = pipelstm.LSTMCell(3, 4).double()
-        (g,) = torch.autograd.grad(cell(x[0])[0].pow(2).sum(), cell.weight_ih, create_graph=True)
-        return lambda: torch.autograd.grad(g.pow(2).sum(), x)
-    m = pipelstm.LSTM(3, 4, num_layers=2, bidirectional=True, proj_size=2).double()
-    if kind == "dx_dx":
-        (g,) = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
-        return lambda: g.pow(2).sum().backward()
-    if kind == "gradient_penalty_on_parameters":
-        gs = torch.autograd.grad(m(x)[0].pow(2).sum(), list(m.parameters()), create_graph=True)
-        return lambda: sum(g.pow(2).sum() for g in gs).backward()
-    if kind == "packed":
-        packed = pack_padded_sequence(x, torch.tensor([2, 5]), enforce_sorted=False)
-        (g,) = torch.autograd.grad(m(packed)[0].data.pow(2).sum(), x, create_graph=True)
-        return lambda: torch.autograd.grad(g.pow(2).sum(), m.weight_hh_l0)
-    raise AssertionError(kind)
-
-
-@pytest.mark.parametrize("kind", ["dx_dx", "gradient_penalty_on_parameters", "packed", "cell"])
-def test_double_backward_raises_a_clear_error(kind):
-    second = _second_order(kind)
-    with pytest.raises(RuntimeError, match=_DOUBLE_BACKWARD):
-        second()
-
-
-@pytest.mark.parametrize("module", ["LSTM", "LSTMCell"])
-def test_gradgradcheck_raises_rather_than_passing_wrong_values(module):
-    m = (pipelstm.LSTM(2, 3) if module == "LSTM" else pipelstm.LSTMCell(2, 3)).double()
-    x = torch.randn(*((3, 1, 2) if module == "LSTM" else (1, 2)), dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: m(t)[0], (x,))
-    with pytest.raises(RuntimeError, match=_DOUBLE_BACKWARD):
-        torch.autograd.gradgradcheck(lambda t: m(t)[0], (x,))
-
-
-def test_create_graph_without_a_second_lstm_derivative_is_correct():
-    # create_graph=True where the second-order term never differentiates the
-    # LSTM's backward (a gradient penalty on a decoder weight): no error, and
-    # the same values as nn.LSTM.
-    ref, ours = pair(torch.float64)
-    decoder = torch.randn(3 * 2, 1, dtype=torch.float64, requires_grad=True)
-    x = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
-
-    def run(m):
-        y = m(x)[0] @ decoder
-        (g,) = torch.autograd.grad(y.pow(2).sum(), decoder, create_graph=True)
-        return torch.autograd.grad(g.pow(2).sum(), [x, decoder, *m.parameters()])
-
-    assert_all_close(list(run(ours)), list(run(ref)), 1e-10)
-
-
-def test_vmap_over_inputs_matches_a_loop():
-    ref, ours = pair()
-    xs = torch.randn(3, 5, 2, 4)
-    got = torch.func.vmap(lambda x: ours(x)[0])(xs)
-    assert rel_error(got, torch.stack([ref(x)[0] for x in xs])) <= 1e-5
-
-
-def _forward_mode_tangent(how, f, x, t):
-    if how == "jvp":
-        return torch.func.jvp(f, (x,), (t,))[1]
-    if how == "jacfwd":
-        return (torch.func.jacfwd(f)(x) * t).flatten(-t.dim()).sum(-1)
-    if how == "linearize":
-        return torch.func.linearize(f, x)[1](t)
-    if how == "forward_ad":
-        with fwAD.dual_level():
-            return fwAD.unpack_dual(f(fwAD.make_dual(x, t))).tangent
-    if how == "compiled_jvp":
-        compiled = torch.compile(lambda a, b: torch.func.jvp(f, (a,), (b,))[1], backend="aot_eager", fullgraph=True, dynamic=False)
-        return compiled(x, t)
-    raise AssertionError(how)
-
-
-# BUG (reported, not fixed here): under torch.compile (aot_eager or inductor,
-# fullgraph=True), torch.func.jvp through pipelstm.LSTM / LSTMCell still
-# returns an all-zero tangent -- a silent wrong answer. ops._refuse_forward_mode_ad
-# returns early when torch.compiler.is_compiling(), and the traced op has no
-# forward-AD formula. Expected: the true JVP or a clear error, as in eager.
-# Remove the xfail marker once fixed.
-_COMPILED_JVP_BUG = pytest.mark.xfail(strict=True, reason="compiled torch.func.jvp gives zero tangents")
-
-
-@pytest.mark.parametrize(
-    "how", ["jvp", "jacfwd", "linearize", "forward_ad", pytest.param("compiled_jvp", marks=_COMPILED_JVP_BUG)]
-)
-@pytest.mark.parametrize("module", ["LSTM", "LSTMCell"])
-def test_forward_mode_ad_is_correct_or_raises(module, how):
-    # Regression: torch.func.jvp used to return all-zero tangents (the ops
-    # have no forward-AD formula and torch.library's autograd wrapper took
-    # its no-grad path). A clear error is acceptable (nn.LSTM's default
-    # oneDNN path raises too); a wrong tangent is not.
-    torch.manual_seed(0)
-    m = (pipelstm.LSTM(4, 6) if module == "LSTM" else pipelstm.LSTMCell(4, 6)).double()
-    x = torch.randn(3, 2, 4, dtype=torch.float64)
-    x = x if module == "LSTM" else x[0]
-    t = torch.randn_like(x)
-    f = lambda a: m(a)[0]  # noqa: E731
-    try:
-        tangent = _forward_mode_tangent(how, f, x, t)
-    except RuntimeError as e:
-        assert "forward" in str(e).lower(), str(e)  # a clear error
-        return
-    eps = 1e-6
-    with torch.no_grad():
-        finite_difference = (f(x + eps * t) - f(x - eps * t)) / (2 * eps)
-    assert finite_difference.abs().max() > 0.1
-    assert tangent is not None and rel_error(tangent, finite_difference) <= 1e-6
-
-
-# LIMITATION (reported): torch.func.grad / vjp / jacrev over pipelstm.LSTM
-# raise "In order to use an autograd.Function with functorch transforms ...
-# it must override the setup_context staticmethod" (PyTorch's
-# torch.library.register_autograd does not support functorch transforms,
-# pytorch/pytorch#179652), while nn.LSTM works. A clear error, not a wrong
-# answer; remove the xfail marker once supported.
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="functorch grad transforms unsupported by torch.library autograd")
-def test_torch_func_grad_of_functional_call_matches_nn_lstm():
-    ref, ours = pair()
-    x = torch.randn(5, 2, 4)
-    params = {k: v.detach().clone() for k, v in ours.named_parameters()}
-
-    def loss(p, m):
-        out, (h, c) = torch.func.functional_call(m, p, (x,))
-        return weighted_loss(out, h, c)
-
-    got = torch.func.grad(loss)(params, ours)
-    expected = torch.func.grad(loss)(params, ref)
-    assert_all_close(list(got.values()), list(expected.values()), 1e-5)

@@ -4,6 +4,9 @@ The kernels themselves are C++ (``torch.ops.pipelstm.*``, registered by
 ``pipelstm._C``). This module adds what tracing and training need on top:
 fake kernels, so FakeTensor, ``torch.compile`` and ``torch.export`` can see
 output shapes, and autograd formulas whose backward is itself a pipelstm op.
+Under torch.func transforms, forward-mode AD and create_graph=True the ops
+run on (or differentiate) their ATen composition instead, so every
+derivative nn.LSTM users take is exact.
 """
 
 from typing import Optional, Tuple
@@ -17,22 +20,33 @@ __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 _ops = torch.ops.pipelstm
 
 
-def _refuse_forward_mode_ad(*tensors: Optional[Tensor]) -> None:
-    """The ops have reverse-mode formulas only. Without this check forward-mode
-    AD (torch.func.jvp, torch.autograd.forward_ad) would see the ops as
-    constants and return zero tangents: a silent wrong answer."""
-    if torch.compiler.is_compiling():
-        return
-    interpreter = torch._C._functorch.peek_interpreter_stack()
-    under_jvp = interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Jvp
-    dual = fwAD._current_level >= 0 and any(
+def _composed(*tensors: Optional[Tensor]) -> bool:
+    """Whether this call must run on the ATen composition of the op
+    (csrc/lstm_composite.cpp) rather than the fused kernels.
+
+    The fused ops have reverse-mode formulas only. Under a torch.func
+    transform (grad, vjp, jacrev, vmap, jvp, jacfwd) or with forward-mode
+    dual tensors, the composition gives the exact result (autograd, forward
+    AD and vmap know all of its ops), where the fused op would raise or, worse,
+    be treated as a constant (a zero tangent)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return True
+    return fwAD._current_level >= 0 and any(
         t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors
     )
-    if under_jvp or dual:
-        raise RuntimeError(
-            "pipelstm: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not supported by "
-            "pipelstm's LSTM ops; use reverse mode (backward, torch.autograd.grad)"
-        )
+
+
+def _unwrapped(batch_sizes: Tensor) -> Tensor:
+    """``batch_sizes`` as the plain CPU tensor it is outside torch.func
+    transforms (under ``grad`` it arrives wrapped, like every tensor made
+    inside the transformed function)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(batch_sizes):
+        if functorch.is_batchedtensor(batch_sizes):
+            raise ValueError("pipelstm: a PackedSequence's batch_sizes cannot be vmapped over: every sample of a "
+                             "vmapped batch must share one batch_sizes")
+        batch_sizes = functorch.get_unwrapped(batch_sizes)
+    return batch_sizes
 
 
 def lstm_cell(
@@ -53,7 +67,8 @@ def lstm_cell(
     Returns:
         ``(hy, cy)``, each ``[B, H]``.
     """
-    _refuse_forward_mode_ad(input_gates, hidden_gates, cx, b_ih, b_hh)
+    if _composed(input_gates, hidden_gates, cx, b_ih, b_hh):
+        return _ops.lstm_cell_composite(input_gates, hidden_gates, cx, b_ih, b_hh)
     hy, cy, _ = _ops.lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh)
     return hy, cy
 
@@ -82,7 +97,8 @@ def lstm_layer(
     Returns:
         ``(output [T, B, P], h_n [B, P], c_n [B, H])``.
     """
-    _refuse_forward_mode_ad(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        return _ops.lstm_layer_composite(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_layer_forward(
         input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
@@ -113,7 +129,8 @@ def lstm_packed_layer(
         ``(output [rows, P], h_n, c_n)``, each sequence's final state taken
         at its own last step. Padding is never computed.
     """
-    _refuse_forward_mode_ad(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        return _ops.lstm_packed_layer_composite(input, _unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
         input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
@@ -229,6 +246,39 @@ def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w
 # --- autograd ----------------------------------------------------------------
 
 
+def _gradient_is_differentiated() -> bool:
+    # Autograd runs a backward with grad mode on only for create_graph=True:
+    # the gradient is then an input to a further derivative.
+    return torch.is_grad_enabled()
+
+
+def _composed_backward(ctx, composite, inputs, grad_outputs, skip: Optional[int] = None):
+    """The backward for create_graph=True: the gradient recomputed through
+    the op's ATen composition, so that it is itself differentiable (double
+    backward, gradient penalties, gradgradcheck). ``skip`` is the position of
+    a non-tensor op argument (``batch_sizes``) the composition does not take.
+    Returns one gradient per op argument, ``None`` for those not needed."""
+    needs = list(ctx.needs_input_grad)
+    if skip is not None:
+        del needs[skip]
+    needs = needs[: len(inputs)]
+    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs)) if need and t is not None]
+    with torch.enable_grad():
+        outputs = composite(*inputs)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+    grads = [None] * len(inputs)
+    if wanted and pairs:
+        got = torch.autograd.grad(
+            [o for o, _ in pairs], [inputs[i] for i in wanted], [g for _, g in pairs],
+            create_graph=True, allow_unused=True,
+        )
+        for i, g in zip(wanted, got):
+            grads[i] = g if g is not None else torch.zeros_like(inputs[i])
+    if skip is not None:
+        grads.insert(skip, None)
+    return tuple(grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
+
+
 def _no_zero_fill_for_unused_outputs(ctx, workspace: Tensor) -> None:
     # Without this autograd would allocate and zero a gradient for the
     # (large) workspace and for every unused output; the backward ops take
@@ -241,13 +291,17 @@ def _cell_setup_context(ctx, inputs, output):
     _, _, cx, b_ih, b_hh = inputs
     _, cy, workspace = output
     _no_zero_fill_for_unused_outputs(ctx, workspace)
-    ctx.save_for_backward(cx, cy, workspace)
+    input_gates, hidden_gates = inputs[:2]
+    ctx.save_for_backward(cx, cy, workspace, input_gates, hidden_gates, b_ih, b_hh)
     ctx.has_b_ih = b_ih is not None
     ctx.has_b_hh = b_hh is not None
 
 
 def _cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
-    cx, cy, workspace = ctx.saved_tensors
+    cx, cy, workspace, input_gates, hidden_gates, b_ih, b_hh = ctx.saved_tensors
+    if _gradient_is_differentiated():
+        return _composed_backward(ctx, _ops.lstm_cell_composite, (input_gates, hidden_gates, cx, b_ih, b_hh),
+                                  (grad_hy, grad_cy))
     grad_gates, grad_cx = _ops.lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace)
     grad_bias = grad_gates.sum(0) if ctx.has_b_ih or ctx.has_b_hh else None
     return (
@@ -271,7 +325,7 @@ def _layer_setup_context(ctx, inputs, output):
     input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = inputs
     out, _, _, workspace = output
     _no_zero_fill_for_unused_outputs(ctx, workspace)
-    ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, out, workspace)
+    ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, out, workspace, b_ih, b_hh)
     ctx.batch_sizes = batch_sizes
     ctx.reverse = reverse
     ctx.has_b_ih = b_ih is not None
@@ -279,7 +333,15 @@ def _layer_setup_context(ctx, inputs, output):
 
 
 def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
-    input, h0, c0, w_ih, w_hh, w_hr, out, workspace = ctx.saved_tensors
+    input, h0, c0, w_ih, w_hh, w_hr, out, workspace, b_ih, b_hh = ctx.saved_tensors
+    if _gradient_is_differentiated():
+        weights = (w_ih, w_hh, b_ih, b_hh, w_hr)
+        if ctx.batch_sizes is None:
+            composite = lambda *a: _ops.lstm_layer_composite(*a, ctx.reverse)  # noqa: E731
+        else:
+            composite = lambda x, *a: _ops.lstm_packed_layer_composite(x, ctx.batch_sizes.tolist(), *a, ctx.reverse)  # noqa: E731
+        return _composed_backward(ctx, composite, (input, h0, c0, *weights), (grad_output, grad_h_n, grad_c_n),
+                                  skip=None if ctx.batch_sizes is None else 1)
     if ctx.batch_sizes is None:
         grads = _ops.lstm_layer_backward(
             grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, out, workspace, ctx.reverse
@@ -317,9 +379,10 @@ for _name in ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forw
 
 
 # --- double backward -----------------------------------------------------------
-# The backward ops have no derivative of their own. Differentiating through
-# them (create_graph=True, then a second grad) raises this error instead of
-# silently returning zeros.
+# With create_graph=True the forward ops' backward differentiates their
+# composition (_composed_backward), so the backward ops below never end up
+# in a graph that is differentiated again. Called directly, they have no
+# derivative: a clear error rather than silent zeros.
 def _no_double_backward(ctx, *grads):
     raise RuntimeError(
         "pipelstm: double backward (a gradient of a gradient, e.g. create_graph=True followed by a second "
