@@ -70,9 +70,10 @@ def test_elementwise_accuracy_of_activations_fp32():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_gradcheck_fp64(bias):
+def test_gradcheck_and_gradgradcheck_fp64(bias):
     args = _inputs(3, 4, torch.float64, bias, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: lstm_cell(*a), args)
+    assert torch.autograd.gradgradcheck(lambda *a: lstm_cell(*a), args)
 
 
 def test_only_one_output_used():

@@ -82,7 +82,7 @@ def test_matches_nn_lstm_direction(P, reverse):
 
 
 @pytest.mark.parametrize("P,reverse,bias", [(0, False, True), (2, True, True), (0, True, False), (2, False, False)])
-def test_gradcheck_fp64(P, reverse, bias):
+def test_gradcheck_and_gradgradcheck_fp64(P, reverse, bias):
     args = _make(3, 2, 3, 4, P, bias, torch.float64)
     names = list(args)
 
@@ -92,6 +92,8 @@ def test_gradcheck_fp64(P, reverse, bias):
         return lstm_layer(**kw, reverse=reverse)
 
     assert torch.autograd.gradcheck(fn, _leaves(args))
+    # Second order (create_graph=True differentiates the op's composition).
+    assert torch.autograd.gradgradcheck(fn, _leaves(args))
 
 
 def test_only_h_n_used_and_no_grad_for_constants():

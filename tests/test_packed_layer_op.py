@@ -101,3 +101,19 @@ def test_bad_batch_sizes(batch_sizes, pattern):
     w_ih, w_hh = torch.randn(16, 3), torch.randn(16, 4)
     with pytest.raises(RuntimeError, match=pattern):
         ops.lstm_packed_layer_forward(data, batch_sizes, torch.zeros(3, 4), torch.zeros(3, 4), w_ih, w_hh, None, None, None, False)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("P", [0, 2])
+def test_gradcheck_and_gradgradcheck_fp64(reverse, P):
+    packed, data, h0, c0, w = _packed_case([3, 1, 2], 2, 3, P, True, torch.float64)
+    names = [k for k, v in w.items() if v is not None]
+
+    def fn(data, h0, c0, *weights):
+        kw = dict(w, **dict(zip(names, weights)))
+        return lstm_packed_layer(data, packed.batch_sizes, h0, c0, **kw, reverse=reverse)
+
+    leaves = (data, h0, c0, *[w[k] for k in names])
+    assert torch.autograd.gradcheck(fn, leaves)
+    assert torch.autograd.gradgradcheck(fn, leaves)
+
