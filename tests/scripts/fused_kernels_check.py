@@ -8,6 +8,11 @@ tails), batches that are not a multiple of any register tile (row tails),
 more than one row chunk (96+ rows), depths past the K-blocking threshold
 (4H > 512, P > 512), packed sequences, projections, both directions, given
 (h0, c0) and 1 or 2 threads.
+
+Then non-finite values: NaN, +-inf and huge values placed in the input and
+the initial state, and saturated gates (w_hh scaled by 1e30). Every output
+and gradient must be NaN / inf exactly where nn.LSTM's (float64) is, and
+the saturated case's input gradient as nn.LSTM's.
 """
 
 import json
@@ -69,10 +74,60 @@ def run_case(T, B, I, H, layers, bidirectional, proj, packed, hx, threads):
     return err
 
 
+NON_FINITE = [float("nan"), float("inf"), -float("inf"), 1e30, -1e30]
+
+
+def _outputs_and_grads(model, x, h0, c0, dtype):
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (x, h0, c0)]
+    out, (h, c) = model(leaves[0], tuple(leaves[1:]))
+    (out.sum() + h.sum() + c.sum()).backward()
+    got = [out, h, c, *(t.grad for t in leaves), *(p.grad for p in model.parameters())]
+    model.zero_grad()
+    return got
+
+
+def non_finite_mismatches(H: int) -> list:
+    """The (value, where) placements whose NaN / inf pattern differs from nn.LSTM's."""
+    torch.manual_seed(H)
+    ref = nn.LSTM(3, H).double()
+    ours = pipelstm.LSTM(3, H)
+    ours.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    bad = []
+    for value in NON_FINITE:
+        for where in ("x", "h0", "c0"):
+            x, h0, c0 = torch.randn(4, 3, 3), torch.randn(1, 3, H), torch.randn(1, 3, H)
+            {"x": x[1, 0], "h0": h0[0, 1], "c0": c0[0, 2]}[where][-1] = value
+            for a, b in zip(_outputs_and_grads(ours, x, h0, c0, torch.float32),
+                            _outputs_and_grads(ref, x, h0, c0, torch.float64)):
+                if not (torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())):
+                    bad.append([value, where])
+                    break
+    return bad
+
+
+def saturated_gradient_error() -> float:
+    torch.manual_seed(1)
+    ref = nn.LSTM(4, 20).double()
+    with torch.no_grad():
+        ref.weight_hh_l0.mul_(1e30)
+    ours = pipelstm.LSTM(4, 20)
+    ours.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    x = torch.randn(6, 2, 4, dtype=torch.double)
+    grads = []
+    for model, dtype in ((ours, torch.float32), (ref, torch.float64)):
+        xx = x.to(dtype).requires_grad_()
+        out, (h, _) = model(xx)
+        (out.sum() + h.sum()).backward()
+        grads.append(xx.grad.double())
+    return ((grads[0] - grads[1]).abs().max() / grads[1].abs().max()).item()
+
+
 def main() -> None:
     torch.manual_seed(0)
     results = [dict(case=list(c), rel_error=run_case(*c)) for c in CASES]
-    json.dump(dict(isa=pipelstm._C.cpu_isa(), results=results), sys.stdout)
+    non_finite = [m for H in (1, 19, 40) for m in non_finite_mismatches(H)]
+    json.dump(dict(isa=pipelstm._C.cpu_isa(), results=results, non_finite_mismatches=non_finite,
+                   saturated_rel_error=saturated_gradient_error()), sys.stdout)
     print()
 
 

@@ -51,14 +51,15 @@ inline void store_n(float* p, vf v, int n) {
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
-// gate_math.h's host_expf, lane-wise.
+// gate_math.h's host_expf, lane-wise (the same limits: NaN, inf and 0).
 inline vf vexp(vf x) {
-  x = vmin(x, splat(88.3762626647949f));
-  x = vmax(x, splat(-87.3365478515625f));
+  const vf lo = splat(-87.3365478515625f), hi = splat(88.3762626647949f);
+  vf r0 = x == x ? x : splat(0.0f);  // the polynomial sees a finite argument
+  r0 = vmax(vmin(r0, hi), lo);
   const vf shifter = splat(12582912.0f);
-  const vf t = x * 1.44269504088896341f + shifter;
+  const vf t = r0 * 1.44269504088896341f + shifter;
   const vf n = t - shifter;
-  vf r = x - n * 0.693359375f;
+  vf r = r0 - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   vf p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
@@ -69,7 +70,10 @@ inline vf vexp(vf x) {
   p = p * r * r + r + 1.0f;
   vi e = __builtin_convertvector(n, vi) + 127;
   e <<= 23;
-  return p * (vf)e;  // same-size vector cast: the bits, as float
+  vf y = p * (vf)e;  // same-size vector cast: the bits, as float
+  y = x > hi ? splat(__builtin_inff()) : y;
+  y = x < lo ? splat(0.0f) : y;
+  return x == x ? y : x;
 }
 
 // gate_math.h's host_tanhf, lane-wise.

@@ -30,14 +30,20 @@ PIPELSTM_HD T select(bool cond, T a, T b) {
 // exp(x) for float on the host, after Cephes' expf: round x/ln2 to n, reduce
 // r = x - n*ln2 in two steps, a degree-6 polynomial for exp(r), then scale by
 // 2^n through the exponent bits. Relative error about 2 ulp on [-87, 88].
+// Outside that range the result is inf above and 0 below (the float range
+// ends there), and exp(NaN) is NaN: a saturated gate is exactly 0 or 1, as
+// with std::exp, so NaN and inf propagate as in torch.nn.LSTM and a
+// saturated gate's derivative s(1 - s) is exactly 0.
 PIPELSTM_HD float host_expf(float x) {
-  x = x > 88.3762626647949f ? 88.3762626647949f : x;
-  x = x < -87.3365478515625f ? -87.3365478515625f : x;
+  const float lo = -87.3365478515625f, hi = 88.3762626647949f;
+  float x0 = x == x ? x : 0.0f;  // the polynomial sees a finite argument
+  x0 = x0 > hi ? hi : x0;
+  x0 = x0 < lo ? lo : x0;
   // Round to nearest with the 1.5 * 2^23 trick: no floor() call, vectorizes.
   const float shifter = 12582912.0f;
-  float t = x * 1.44269504088896341f + shifter;
+  float t = x0 * 1.44269504088896341f + shifter;
   float n = t - shifter;
-  float r = x - n * 0.693359375f;
+  float r = x0 - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -50,7 +56,10 @@ PIPELSTM_HD float host_expf(float x) {
   e <<= 23;
   float scale;
   std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
+  float y = p * scale;
+  y = x > hi ? __builtin_inff() : y;
+  y = x < lo ? 0.0f : y;
+  return x == x ? y : x;
 }
 
 // tanh(x) for float on the host, after Cephes' tanhf: an odd polynomial near
