@@ -1,11 +1,32 @@
-"""Bad input to every op: a RuntimeError naming the argument, never a crash."""
+"""Bad input to every op: a RuntimeError naming the argument, never a crash.
+
+Each case runs eagerly and under FakeTensorMode (the fake kernels of
+pipelstm/ops.py, which torch.compile and torch.export trace with): both must
+refuse it with the same message.
+"""
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import pipelstm  # noqa: F401
 
 ops = torch.ops.pipelstm
+
+
+@pytest.fixture(params=["eager", "fake"])
+def call(request):
+    """Calls an op on real tensors, or on fake copies of them under FakeTensorMode."""
+
+    def run(op, **kw):
+        if request.param == "eager":
+            return op(**kw)
+        mode = FakeTensorMode()
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        with mode:
+            return op(**fake)
+
+    return run
 T, B, I, H, P = 4, 3, 5, 6, 2
 
 
@@ -49,10 +70,10 @@ LAYER_CASES = {
 
 
 @pytest.mark.parametrize("case", list(LAYER_CASES))
-def test_layer_forward(case):
+def test_layer_forward(case, call):
     override, pattern = LAYER_CASES[case]
     with pytest.raises(RuntimeError, match=pattern):
-        ops.lstm_layer_forward(**layer_args(**override))
+        call(ops.lstm_layer_forward, **layer_args(**override))
 
 
 def test_layer_forward_device_mismatch():
@@ -77,7 +98,7 @@ BACKWARD_CASES = {
 
 
 @pytest.mark.parametrize("case", list(BACKWARD_CASES))
-def test_layer_backward(case):
+def test_layer_backward(case, call):
     a, out, h_n, c_n, ws = _forward()
     kw = dict(
         grad_output=torch.randn_like(out),
@@ -96,7 +117,7 @@ def test_layer_backward(case):
     name, make, pattern = BACKWARD_CASES[case]
     kw[name] = make(ws, out)
     with pytest.raises(RuntimeError, match=pattern):
-        ops.lstm_layer_backward(**kw)
+        call(ops.lstm_layer_backward, **kw)
 
 
 CELL_CASES = {
@@ -109,7 +130,7 @@ CELL_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CELL_CASES))
-def test_cell_forward(case):
+def test_cell_forward(case, call):
     a = dict(
         input_gates=torch.randn(B, 4 * H),
         hidden_gates=torch.randn(B, 4 * H),
@@ -120,13 +141,48 @@ def test_cell_forward(case):
     override, pattern = CELL_CASES[case]
     a.update(override)
     with pytest.raises(RuntimeError, match=pattern):
-        ops.lstm_cell_forward(**a)
+        call(ops.lstm_cell_forward, **a)
 
 
-def test_cell_backward_workspace_shape():
+def test_cell_backward_workspace_shape(call):
     cx = torch.randn(B, H)
     hy, cy, ws = ops.lstm_cell_forward(torch.randn(B, 4 * H), torch.randn(B, 4 * H), cx, None, None)
     with pytest.raises(RuntimeError, match=r"`workspace` of shape \[3, 24\]"):
-        ops.lstm_cell_backward(hy, None, cx, cy, ws[:, :-1])
+        call(ops.lstm_cell_backward, grad_hy=hy, grad_cy=None, cx=cx, cy=cy, workspace=ws[:, :-1])
     with pytest.raises(RuntimeError, match=r"`grad_hy` of shape \[3, 6\]"):
-        ops.lstm_cell_backward(hy[:, :-1], None, cx, cy, ws)
+        call(ops.lstm_cell_backward, grad_hy=hy[:, :-1], grad_cy=None, cx=cx, cy=cy, workspace=ws)
+    with pytest.raises(RuntimeError, match=r"`cy` of shape \[3, 6\]"):
+        call(ops.lstm_cell_backward, grad_hy=hy, grad_cy=None, cx=cx, cy=cy[:-1], workspace=ws)
+
+
+PACKED_CASES = {
+    "input rank": (dict(input=torch.randn(7, 2, I)), r"`input` to be 2-D \[rows, I\]"),
+    "batch_sizes dtype": (dict(batch_sizes=torch.tensor([3.0, 2.0, 2.0])), r"`batch_sizes` to be a 1-D int64 CPU"),
+    "batch_sizes empty": (dict(batch_sizes=torch.zeros(0, dtype=torch.int64)), r"`batch_sizes` with at least one"),
+    "c0 batch": (dict(c0=torch.randn(B + 1, H)), r"`c0` of shape \[3, 6\]"),
+    "w_hh shape": (dict(w_hh=torch.randn(4 * H, H)), r"`w_hh` of shape \[24, 2\]"),
+    "b_hh dtype": (dict(b_hh=torch.randn(4 * H, dtype=torch.float64)), r"`b_hh` to have the dtype of `input`"),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_packed_layer_forward(case, call):
+    a = layer_args(input=torch.randn(7, I), batch_sizes=torch.tensor([3, 2, 2]))
+    override, pattern = PACKED_CASES[case]
+    a.update(override)
+    with pytest.raises(RuntimeError, match=pattern):
+        call(ops.lstm_packed_layer_forward, **a)
+
+
+def test_module_under_fake_tensors_rejects_a_bad_state_as_eager_does():
+    # Found by fuzzing: the fake kernel accepted c0 [3, 4] with a batch of 2,
+    # so compiled code traced past an error that eager raises.
+    lstm = pipelstm.LSTM(3, 4)
+    args = torch.randn(5, 2, 3), (torch.randn(1, 2, 4), torch.randn(1, 3, 4))
+    with pytest.raises(RuntimeError, match=r"`c0` of shape \[2, 4\]"):
+        ops.lstm_layer_forward(args[0], args[1][0][0], args[1][1][0], lstm.weight_ih_l0, lstm.weight_hh_l0,
+                               None, None, None, False)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, pytest.raises(RuntimeError, match=r"`c0` of shape \[2, 4\]"):
+        x, (h0, c0) = mode.from_tensor(args[0]), (mode.from_tensor(t) for t in args[1])
+        ops.lstm_layer_forward(x, h0[0], c0[0], lstm.weight_ih_l0, lstm.weight_hh_l0, None, None, None, False)
