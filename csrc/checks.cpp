@@ -44,6 +44,21 @@ void check_same_kind(const char* op, const char* name, const at::Tensor& t,
               "` on the device of `", ref_name, "` (", ref.device(), "), got ", t.device());
 }
 
+int64_t checked_product(const char* op, const char* what, std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t f : factors) {
+    TORCH_CHECK(!__builtin_mul_overflow(product, f, &product), "pipelstm::", op, ": ", what, " ",
+                format_sizes(factors), " overflows int64");
+  }
+  return product;
+}
+
+int64_t checked_sum(const char* op, const char* what, int64_t a, int64_t b) {
+  int64_t sum = 0;
+  TORCH_CHECK(!__builtin_add_overflow(a, b, &sum), "pipelstm::", op, ": ", what, " overflows int64");
+  return sum;
+}
+
 void check_supported_dtype(const char* op, const char* name, const at::Tensor& t) {
   const auto dtype = t.scalar_type();
   if (t.is_cuda()) {

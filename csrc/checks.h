@@ -22,6 +22,14 @@ void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t di
 void check_same_kind(const char* op, const char* name, const at::Tensor& t,
                      const char* ref_name, const at::Tensor& ref);
 
+// The product of `factors`, or a clear error where it overflows int64: the
+// sizes of expanded or meta tensors can be that large. `what` names the
+// product for the message, for example "T x B".
+int64_t checked_product(const char* op, const char* what, std::initializer_list<int64_t> factors);
+
+// a + b, or a clear error where it overflows int64.
+int64_t checked_sum(const char* op, const char* what, int64_t a, int64_t b);
+
 // The dtype must be one the backend of `t` implements.
 void check_supported_dtype(const char* op, const char* name, const at::Tensor& t);
 

@@ -16,6 +16,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
   check_dim(op, "input_gates", input_gates, 2, "[B, 4H]");
   check_dim(op, "cx", cx, 2, "[B, H]");
   const int64_t B = cx.size(0), H = cx.size(1);
+  checked_product(op, "the gates, B x 4 x H,", {B, 4, H});
   check_shape(op, "input_gates", input_gates, {B, 4 * H});
   check_shape(op, "hidden_gates", hidden_gates, {B, 4 * H});
   check_supported_dtype(op, "cx", cx);
@@ -59,6 +60,7 @@ std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const Op
   const OpGuard guard(cx);
   check_dim(op, "cx", cx, 2, "[B, H]");
   const int64_t B = cx.size(0), H = cx.size(1);
+  checked_product(op, "the gates, B x 4 x H,", {B, 4, H});
   check_supported_dtype(op, "cx", cx);
   check_shape(op, "cy", cy, {B, H});
   check_shape(op, "workspace", workspace, {B, 4 * H});

@@ -54,7 +54,7 @@ LayerSteps packed_steps(const char* op, const at::Tensor& batch_sizes) {
                 ": expected `batch_sizes` positive and non-increasing, got ", batch_sizes);
     s.batch.push_back(b[t]);
     s.offset.push_back(s.rows);
-    s.rows += b[t];
+    s.rows = checked_sum(op, "the sum of `batch_sizes`", s.rows, b[t]);
     s.dense = s.dense && b[t] == b[0];
   }
   s.max_batch = b[0];
@@ -71,10 +71,11 @@ struct LayerShape {
 };
 
 // Checks the weights and states against `input` ([rows, I] or [T, B, I];
-// `batch` sequences) and returns the sizes.
-LayerShape check_weights(const char* op, const Tensor& input, int64_t batch, const Tensor& h0,
-                         const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
-                         const OptTensor& w_hr) {
+// `batch` sequences, `rows` steps of all sequences together) and returns the
+// sizes; the workspace's size (the largest the op computes) fits int64.
+LayerShape check_weights(const char* op, const Tensor& input, int64_t rows, int64_t batch,
+                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                         const Tensor& w_hh, const OptTensor& w_hr) {
   check_dim(op, "w_ih", w_ih, 2, "[4H, I]");
   check_supported_dtype(op, "input", input);
   LayerShape s{};
@@ -99,6 +100,7 @@ LayerShape check_weights(const char* op, const Tensor& input, int64_t batch, con
   check_same_kind(op, "w_hh", w_hh, "input", input);
   check_same_kind(op, "h0", h0, "input", input);
   check_same_kind(op, "c0", c0, "input", input);
+  checked_product(op, "the workspace, rows x H x 6,", {rows, s.H, 6});
   return s;
 }
 
@@ -441,7 +443,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
   const int64_t T = input.size(0), B = input.size(1);
   TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
               input.sizes());
-  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
+  const int64_t rows = checked_product(op, "T x B", {T, B});
+  const LayerShape s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
   const auto x = input.contiguous().view({T * B, s.I});
   auto r = forward_core(dense_steps(T, B), s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
@@ -465,7 +468,8 @@ DenseBackward dense_backward(const char* op, const OptTensor& grad_output,
                              const Tensor& output, const Tensor& workspace) {
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
-  const LayerShape s = check_weights(op, input, B, h0, c0, w_ih, w_hh, w_hr);
+  const int64_t rows = checked_product(op, "T x B", {T, B});
+  const LayerShape s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
   check_shape(op, "output", output, {T, B, s.P});
   check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
   return {T, B, s,
@@ -526,7 +530,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
   constexpr const char* op = "lstm_packed_layer_forward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  const LayerShape s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
   auto r = forward_core(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                         reverse);
@@ -541,7 +545,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
   constexpr const char* op = "lstm_packed_layer_backward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerShape s = check_weights(op, input, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  const LayerShape s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_shape(op, "output", output, {steps.rows, s.P});
   check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
               workspace);

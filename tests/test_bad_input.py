@@ -186,3 +186,20 @@ def test_module_under_fake_tensors_rejects_a_bad_state_as_eager_does():
     with mode, pytest.raises(RuntimeError, match=r"`c0` of shape \[2, 4\]"):
         x, (h0, c0) = mode.from_tensor(args[0]), (mode.from_tensor(t) for t in args[1])
         ops.lstm_layer_forward(x, h0[0], c0[0], lstm.weight_ih_l0, lstm.weight_hh_l0, None, None, None, False)
+
+
+def test_sizes_whose_products_overflow_are_refused():
+    # Found by UBSan: `4 * H` (lstm_cell.cpp) and the running sum of
+    # batch_sizes (lstm_layer.cpp) overflowed int64 for expanded tensors.
+    huge = 2**62
+    with pytest.raises(RuntimeError, match=r"lstm_cell_forward: the gates, B x 4 x H, \[1, 4, 4611686018427387904\] overflows int64"):
+        ops.lstm_cell_forward(torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1).expand(1, huge), None, None)
+    with pytest.raises(RuntimeError, match=r"the sum of `batch_sizes` overflows int64"):
+        ops.lstm_packed_layer_forward(torch.zeros(3, 2), torch.tensor([huge, huge, huge]), torch.zeros(1, 1),
+                                      torch.zeros(1, 1), torch.zeros(4, 2), torch.zeros(4, 1), None, None, None, False)
+    with pytest.raises(RuntimeError, match=r"the workspace, rows x H x 6, .* overflows int64"):
+        H = 2**60
+        ops.lstm_layer_forward(torch.zeros(2, 1, 1), torch.zeros(1).expand(1, 1), torch.zeros(1).expand(1, H),
+                               torch.zeros(1).expand(4 * H, 1), torch.zeros(1).expand(4 * H, 1), None, None,
+                               torch.zeros(1).expand(1, H), False)
+
