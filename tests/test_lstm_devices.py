@@ -194,6 +194,23 @@ def test_forward_rejects_like_nn_lstm(case):
     assert_rejects_like_nn_lstm(case, lambda **kw: pipelstm.LSTM(**kw, devices=DEVICES, threads=1))
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_batch_of_no_sequences_gives_empty_results_as_nn_lstm(batch_first):
+    # It used to raise "expected a non-empty input" (the engine's check).
+    ref = nn.LSTM(3, 4, num_layers=2, proj_size=2, batch_first=batch_first)
+    ours = pipelstm.LSTM(3, 4, num_layers=2, proj_size=2, batch_first=batch_first, devices=DEVICES, threads=1)
+    ours.load_state_dict(ref.state_dict())
+    results = []
+    for m in (ref, ours):
+        x = torch.randn((0, 5, 3) if batch_first else (5, 0, 3), requires_grad=True)
+        for hx in (None, (torch.randn(2, 0, 2), torch.randn(2, 0, 4))):
+            out, (h, c) = m(x, hx)
+            (out.sum() + h.sum() + c.sum()).backward()
+            results.append([out.shape, h.shape, c.shape, x.grad.shape]
+                           + [None if p.grad is None else p.grad.abs().sum().item() for p in m.parameters()])
+    assert results[:2] == results[2:]
+
+
 def test_unsupported_input_and_placement_are_rejected():
     m = pipelstm.LSTM(3, 4, num_layers=2, devices=DEVICES, threads=1)
     x = torch.randn(5, 2, 3)
@@ -220,6 +237,7 @@ def test_unsupported_input_and_placement_are_rejected():
     (dict(chunks=2), r"only apply with devices="),
     (dict(balance=[1, 1]), r"only apply with devices="),
     (dict(checkpoint="always"), r"only apply with devices="),
+    (dict(devices=DEVICES, threads=[1, 0]), r"LSTM: threads\[1\] = 0 for the CPU stage 1: expected 1 to"),
 ])
 def test_invalid_constructions_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):

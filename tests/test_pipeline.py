@@ -390,11 +390,21 @@ def test_schedule_is_a_wavefront():
         (dict(devices=["cpu"], balance="fast"), "balance must be"),
         (dict(devices=["cpu"], chunks=0), "chunks must be a positive int"),
         (dict(devices=["cpu"], micro_batches=-1), "micro_batches must be a positive int"),
+        (dict(devices=["cpu", "cpu"], threads=0), r"threads\[0\] = 0 for the CPU stage 0: expected 1 to"),
+        (dict(devices=["cpu", "cpu"], threads=[1, -2]), r"threads\[1\] = -2 for the CPU stage 1: expected 1 to"),
+        (dict(devices=["cpu"], threads=10**6), r"threads\[0\] = 1000000 .* expected 1 to \d+ \(this machine's CPUs\)"),
+        (dict(devices=["cpu", "cpu"], threads=[1]), r"threads \[1\] must give one count per stage \(2\)"),
     ],
 )
 def test_invalid_plans_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pipelstm.Pipeline(lm_model(), **kwargs)
+
+
+@pytest.mark.parametrize("threads", [2.5, "2", [1, True]])
+def test_threads_of_the_wrong_type_are_rejected(threads):
+    with pytest.raises(TypeError, match=r"Pipeline: threads(\[1\])? must be"):
+        pipelstm.Pipeline(lm_model(), devices=["cpu", "cpu"], threads=threads)
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
         self.checkpoint = _pl.check_checkpoint("LSTM", checkpoint)
         self.saved_activation_bytes = 0
         self.balance = _pl.resolve_balance(balance, units, len(devices), "LSTM")
-        self.threads = _pl._thread_budgets(threads, devices)
+        self.threads = _pl._thread_budgets(threads, devices, "LSTM")
         _pl._place(units, self.balance, devices)
         self._devices = devices
         self._build_engine()
@@ -212,10 +212,29 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
             h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))  # the engine moves each to its layer's device
         self._check_placement(data)
         x = data.transpose(0, 1) if self.batch_first else data
-        output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
+        if x.size(1) == 0:  # nothing to pipeline; nn.LSTM returns empty results
+            output, h_n, c_n = self._run_empty_batch(x, h0, c0)
+        else:
+            output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
         dev = output.device
         h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)
+
+    def _run_empty_batch(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]]):
+        """A batch of no sequences: each layer's op on its stage's device, so
+        the results (empty) and their autograd graph are nn.LSTM's."""
+        P = self.proj_size or self.hidden_size
+        h_n: List[Tensor] = []
+        c_n: List[Tensor] = []
+        for layer in range(self.num_layers):
+            w = self._layer_weights(layer, False)
+            x = x.to(w[0].device)
+            h = x.new_zeros(0, P) if h0[layer] is None else h0[layer].to(x.device)
+            c = x.new_zeros(0, self.hidden_size) if c0[layer] is None else c0[layer].to(x.device)
+            x, h, c = ops.lstm_layer(x, h, c, *w)
+            h_n.append(h)
+            c_n.append(c)
+        return x, h_n, c_n
 
     def _check_placement(self, data: Tensor) -> None:
         first = self._devices[0]

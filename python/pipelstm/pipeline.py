@@ -15,6 +15,7 @@ as a Bernoulli mask), so the workers never take the GIL.
 """
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -165,17 +166,30 @@ def check_positive_ints(who: str, **values) -> None:
             raise ValueError(f"{who}: {what} must be a positive int, got {v!r}")
 
 
-def _thread_budgets(threads: Union[None, int, Sequence[int]], devices: Sequence[torch.device]) -> List[int]:
+def _thread_budgets(threads: Union[None, int, Sequence[int]], devices: Sequence[torch.device],
+                    who: str = "Pipeline") -> List[int]:
     """Intra-op threads per stage (0 for accelerators): given, or the
-    caller's ``torch.get_num_threads()`` shared among the CPU stages."""
+    caller's ``torch.get_num_threads()`` shared among the CPU stages. A CPU
+    stage gets 1 to ``os.cpu_count()`` threads."""
+    cpus = os.cpu_count() or 1
     if threads is None:
         per = max(1, torch.get_num_threads() // max(1, sum(d.type == "cpu" for d in devices)))
         threads = [per if d.type == "cpu" else 0 for d in devices]
-    elif isinstance(threads, int):
+    elif isinstance(threads, int) and not isinstance(threads, bool):
         threads = [threads if d.type == "cpu" else 0 for d in devices]
+    elif isinstance(threads, (str, bytes)) or not isinstance(threads, Sequence):
+        raise TypeError(f"{who}: threads must be None, an int or one int per stage, got {threads!r}")
     threads = list(threads)
     if len(threads) != len(devices):
-        raise ValueError(f"Pipeline: threads {threads} must give one count per stage ({len(devices)})")
+        raise ValueError(f"{who}: threads {threads} must give one count per stage ({len(devices)})")
+    for stage, (n, device) in enumerate(zip(threads, devices)):
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"{who}: threads[{stage}] must be an int, got {n!r}")
+        if device.type == "cpu" and not 1 <= n <= cpus:
+            raise ValueError(f"{who}: threads[{stage}] = {n} for the CPU stage {stage}: expected 1 to {cpus} "
+                             f"(this machine's CPUs)")
+        if device.type != "cpu" and n < 0:
+            raise ValueError(f"{who}: threads[{stage}] = {n}: expected a count >= 0")
     return threads
 
 

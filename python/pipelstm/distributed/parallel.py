@@ -102,7 +102,7 @@ class PipelineParallel(nn.Module):
                                              len(local_devices), mesh)
         self.first_stage, self.num_local_stages = first_stage, len(local_devices)
         self.devices = local_devices
-        self.threads = _thread_budgets(threads, local_devices)
+        self.threads = _thread_budgets(threads, local_devices, "PipelineParallel")
         _place(mine, local_balance, local_devices)
         engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads,
                                              self._loss if mesh.is_last_stage else None))
