@@ -404,6 +404,13 @@ class EngineHolder:
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
+        devices = getattr(self, "_devices", None)
+        if devices is not None:
+            # A checkpoint saved on a machine with more CPUs loads here with
+            # this machine's count at most.
+            cpus = os.cpu_count() or 1
+            self.threads = [min(max(int(n), 1), cpus) if d.type == "cpu" else int(n)
+                            for n, d in zip(self.threads, devices)]
         self._build_engine()
 
 

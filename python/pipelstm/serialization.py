@@ -1,0 +1,22 @@
+"""Whole-model ``torch.load`` with ``weights_only=True`` (PyTorch's default).
+
+Scripts that ``torch.save(model)`` allowlist the ``torch.nn`` classes they
+use and their own model class, then ``torch.load(path)``. A model holding
+pipelstm's modules must load the same way, with nothing added to the
+script, so pipelstm registers its classes as safe globals on import, as
+libraries with their own serialisable modules do.
+
+They are safe to allowlist: unpickling one sets attributes (plain data,
+tensors, devices, submodules, each itself checked by the weights-only
+unpickler); the pipelined modules then build their engine from those specs
+(``EngineHolder.__setstate__``). Nothing else runs.
+"""
+
+import torch
+
+from .lstm import LSTM, LSTMCell
+from .pipeline import Pipeline, _Unit
+
+SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, _Unit]
+
+torch.serialization.add_safe_globals(SAFE_GLOBALS)
