@@ -128,3 +128,61 @@ def test_double_precision_is_exact_for_long_sequences():
     ref, ours = make_pair(torch.float64, input_size=8, hidden_size=16, num_layers=2, bidirectional=True, proj_size=5)
     x = torch.randn(200, 3, 8, dtype=torch.float64)
     assert rel_error(ours(x)[0], ref(x)[0]) <= 1e-10
+
+
+# --- bfloat16 / float16 on the CPU ------------------------------------------------
+
+
+def _outputs_and_grads(model, x, hx):
+    x = x.detach().clone().requires_grad_()
+    hx = tuple(t.detach().clone().requires_grad_() for t in hx)
+    out, (h, c) = model(x, hx)
+    w = [torch.randn(t.shape, generator=torch.Generator().manual_seed(k)) for k, t in enumerate((out, h, c))]
+    sum((t.float() * wk).sum() for t, wk in zip((out, h, c), w)).backward()
+    return [out, h, c, x.grad, *(t.grad for t in hx), *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kw", [dict(num_layers=2), dict(bidirectional=True, proj_size=3)], ids=["stacked", "bidir_proj"])
+def test_reduced_precision_modules_on_cpu_are_as_close_to_fp32_as_nn_lstm(dtype, kw):
+    # nn.LSTM computes these in the reduced dtype; pipelstm computes in
+    # float32 and rounds the results, so it must be at least as close to
+    # the float32 model (nn.LSTM's error, plus a little for rounding noise).
+    torch.manual_seed(0)
+    ref32, _ = make_pair(torch.float32, input_size=5, hidden_size=6, **kw)
+    ref, ours = nn.LSTM(5, 6, **kw).to(dtype), pipelstm.LSTM(5, 6, **kw).to(dtype)
+    ref.load_state_dict(ref32.state_dict())
+    ours.load_state_dict(ref32.state_dict())
+    D, L, P = 2 if ref.bidirectional else 1, ref.num_layers, ref.proj_size or 6
+    x, hx = torch.randn(7, 3, 5), (torch.randn(L * D, 3, P), torch.randn(L * D, 3, 6))
+    exact = _outputs_and_grads(ref32, x, hx)
+    theirs = _outputs_and_grads(ref, x.to(dtype), tuple(t.to(dtype) for t in hx))
+    mine = _outputs_and_grads(ours, x.to(dtype), tuple(t.to(dtype) for t in hx))
+    for k, (e, t, m) in enumerate(zip(exact, theirs, mine)):
+        assert m.dtype == t.dtype == dtype, k
+        assert rel_error(m.float(), e) <= max(rel_error(t.float(), e), 1e-2 if dtype == torch.bfloat16 else 2e-3), k
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_reduced_precision_packed_and_cell_on_cpu(dtype):
+    torch.manual_seed(0)
+    ref32 = nn.LSTM(4, 5)
+    ours = pipelstm.LSTM(4, 5).to(dtype)
+    ours.load_state_dict(ref32.state_dict())
+    seqs = [torch.randn(n, 4) for n in (5, 2, 4)]
+    out, (h, _) = ours(pack_sequence([s.to(dtype) for s in seqs], enforce_sorted=False))
+    exact, (h32, _) = ref32(pack_sequence(seqs, enforce_sorted=False))
+    assert out.data.dtype == dtype and rel_error(out.data.float(), exact.data) <= 1e-2
+    assert rel_error(h.float(), h32) <= 1e-2
+    cell32 = nn.LSTMCell(4, 5)
+    cell = pipelstm.LSTMCell(4, 5).to(dtype)
+    cell.load_state_dict(cell32.state_dict())
+    hy, cy = cell(seqs[0].to(dtype))
+    assert hy.dtype == dtype and rel_error(hy.float(), cell32(seqs[0])[0]) <= 1e-2
+
+
+def test_mixed_reduced_and_float32_tensors_are_refused():
+    m = pipelstm.LSTM(4, 5).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"expected `h0` to have the dtype of the input \(torch.bfloat16\), got torch.float32"):
+        pipelstm.ops.lstm_layer(torch.randn(3, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 5), torch.zeros(2, 5,
+                                dtype=torch.bfloat16), m.weight_ih_l0, m.weight_hh_l0)
