@@ -57,8 +57,9 @@ _REDUCED = (torch.bfloat16, torch.float16)
 
 def _in_float32_on_cpu(ref: Tensor, **tensors: Optional[Tensor]) -> bool:
     """Whether this call is a reduced-precision CPU call (every tensor in
-    ``ref``'s dtype, checked here as the op would)."""
-    if ref.device.type != "cpu" or ref.dtype not in _REDUCED:
+    ``ref``'s dtype, checked here as the op would). Meta tensors, which stand
+    for any device, are treated as CPU ones."""
+    if ref.device.type not in ("cpu", "meta") or ref.dtype not in _REDUCED:
         return False
     for name, t in tensors.items():
         if t is not None and t.dtype != ref.dtype:
