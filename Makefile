@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MAX_JOBS ?= 2
 export MAX_JOBS
 
-.PHONY: all venv build test pytest check-cuda indexing-harness demo demo-word-lm bench clean
+.PHONY: all venv build test pytest check-cuda indexing-harness test-asan demo demo-word-lm bench clean
 
 # Optional fragments (for example mk/cuda.mk: the CUDA-build variant).
 -include mk/*.mk
@@ -38,6 +38,11 @@ indexing-harness:
 	bash tools/run_indexing_harness.sh
 
 test: pytest check-cuda indexing-harness test-cuda-build
+
+# ASan + UBSan over the C++ core, running the op, fuzz and pipeline tests
+# (not part of `make test`: see docs/testing.md for its last result).
+test-asan: build
+	bash tools/run_sanitizers.sh
 
 # The main job: a character-level LSTM language model on a corpus every
 # Python ships (pydoc's topics), trained by 2 processes as a 2-stage
