@@ -113,8 +113,17 @@ def test_embedded_corpus_needs_no_data(example, monkeypatch, capsys):
 def test_missing_train_txt_falls_back_to_valid_txt(example, tmp_path):
     write_corpus(tmp_path, names=("valid.txt", "test.txt"))
     corpus = example.Corpus(str(tmp_path))
-    assert len(corpus.train) == len((tmp_path / "valid.txt").read_text().split()) + 60  # + one <eos> per line
-    assert len(corpus.valid) == len((tmp_path / "test.txt").read_text().split()) + 60
+
+    def tokens(name):  # the file's words, an <eos> after every line
+        return [w for line in (tmp_path / name).read_text().splitlines() for w in line.split() + ["<eos>"]]
+
+    def words(ids):
+        return [corpus.dictionary.idx2word[i] for i in ids.tolist()]
+
+    assert tokens("valid.txt") != tokens("test.txt")
+    assert words(corpus.train) == tokens("valid.txt")  # train.txt is missing: valid.txt trains
+    assert words(corpus.valid) == tokens("test.txt")  # and test.txt validates
+    assert words(corpus.test) == tokens("test.txt")
 
 
 def test_lockstep_comparison(tmp_path):
