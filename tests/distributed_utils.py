@@ -3,6 +3,7 @@ single-process reference it is compared with."""
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -10,8 +11,9 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -45,18 +47,33 @@ def new_tag() -> str:
     return uuid.uuid4().hex
 
 
-def kill_tagged(tag: str) -> None:
-    """SIGKILLs every process started with PIPELSTM_TEST_TAG=tag: a stopped
-    worker outlives its torchrun agent, whatever session it is in."""
+def tagged(tag: str) -> Dict[int, Optional[int]]:
+    """The live processes started with PIPELSTM_TEST_TAG=tag: pid -> global
+    rank for a torchrun worker (its $RANK), None for an agent. A process that
+    has exited (a zombie included) is not listed."""
     needle = f"PIPELSTM_TEST_TAG={tag}".encode()
+    found = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in environ:
+            rank = next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
+            found[int(pid)] = rank
+    return found
+
+
+def kill_tagged(tag: str) -> None:
+    """SIGKILLs every process started with PIPELSTM_TEST_TAG=tag: a stopped
+    worker outlives its torchrun agent, whatever session it is in."""
+    for pid in tagged(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
 
 
@@ -65,30 +82,82 @@ def launch(cmd: List[str], tag: str) -> subprocess.Popen:
                             cwd=ROOT, start_new_session=True)
 
 
-def watch(proc: subprocess.Popen, deadline: float):
-    """Reads the process's output until it exits or ``deadline`` seconds
-    pass (a reader thread: the pipe stays open while any child holding it
-    lives, e.g. a stopped worker). Returns ([(time read, line)], returncode
-    or None)."""
+@dataclass
+class Run:
+    """What ``watch_run`` saw of a torchrun run (times: time.monotonic())."""
+
+    lines: List[Tuple[float, int, str]]  # (time read, agent index, line)
+    returncodes: List[Optional[int]]  # per agent; None: still running when the watch ended
+    workers: Dict[int, int]  # pid -> global rank, every worker seen
+    gone: Dict[int, float]  # pid -> when it was no longer running, for every process of the run seen to end
+    end: Optional[float]  # when the last process of the run (agents and workers) had ended; None: some had not
+
+    def text(self) -> str:
+        return "".join(line for _, _, line in self.lines)
+
+    def first(self, pattern: str) -> Optional[Tuple[float, str]]:
+        """(time, line) of the first line matching the regular expression."""
+        return next(((t, line) for t, _, line in self.lines if re.search(pattern, line)), None)
+
+    def exit_codes(self) -> Dict[int, int]:
+        """pid -> exit code of the workers whose agent reported one (its
+        "failed (exitcode: N) local_rank: R (pid: P)" line and its summary of
+        failures; a negative code is the signal that ended the worker)."""
+        text = self.text()
+        codes = {}
+        for pattern in (r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)",
+                        r"exitcode\s*: (-?\d+) \(pid: (\d+)\)"):
+            for code, pid in re.findall(pattern, text):
+                codes[int(pid)] = int(code)
+        return codes
+
+
+def watch_run(procs: List[subprocess.Popen], tag: str, after: str, within: float, limit: float = 150) -> Run:
+    """Reads the agents' output and watches every process of the run (the
+    agents and their workers, found by ``tag``) until all have ended, or
+    ``within`` seconds after the first line containing ``after``, or after
+    ``limit`` seconds in all. Output is read by threads: a pipe stays open
+    while any child holding it lives (a stopped worker)."""
     lines: "queue.Queue" = queue.Queue()
 
-    def read():
+    def read(i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
-            lines.put((time.monotonic(), line))
+            lines.put((time.monotonic(), i, line))
 
-    threading.Thread(target=read, daemon=True).start()
-    end = time.monotonic() + deadline
-    rc = None
-    while time.monotonic() < end:
-        rc = proc.poll()
-        if rc is not None:
+    for i, proc in enumerate(procs):
+        threading.Thread(target=read, args=(i, proc), daemon=True).start()
+    start = time.monotonic()
+    seen: List[Tuple[float, int, str]] = []
+    workers: Dict[int, int] = {}
+    gone: Dict[int, float] = {}
+    live: Dict[int, Optional[int]] = {}
+    t_after, end = None, None
+    while True:
+        now = time.monotonic()
+        while not lines.empty():
+            seen.append(lines.get())
+            if t_after is None and after in seen[-1][2]:
+                t_after = seen[-1][0]
+        now_live = tagged(tag)
+        workers.update({pid: rank for pid, rank in now_live.items() if rank is not None})
+        for pid in live:
+            if pid not in now_live:
+                gone.setdefault(pid, now)
+        live.update(now_live)
+        live = {pid: rank for pid, rank in live.items() if pid not in gone}
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                gone.setdefault(-1 - i, now)  # the agents, by index
+        if not live and all(proc.poll() is not None for proc in procs):
+            end = max(gone.values())
             break
-        time.sleep(0.1)
+        if now - start > limit or (t_after is not None and now - t_after > within):
+            break
+        time.sleep(0.05)
     time.sleep(0.5)  # the last lines
-    out = []
     while not lines.empty():
-        out.append(lines.get())
-    return out, rc
+        seen.append(lines.get())
+    return Run(seen, [proc.poll() for proc in procs], workers, gone, end)
 
 
 def torchrun(nproc: int, args: List[str], *, extra: Optional[List[str]] = None, timeout: float = 300):
@@ -98,16 +167,40 @@ def torchrun(nproc: int, args: List[str], *, extra: Optional[List[str]] = None, 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 
-def two_agents(args: List[str], *, tag: Optional[str] = None) -> List[subprocess.Popen]:
-    """Two torchrun agents (two "machines"), one process each, c10d rendezvous on 127.0.0.1."""
+def listening(port: int) -> bool:
+    """Whether a TCP socket on this machine listens on ``port`` (read from
+    /proc/net, without connecting to it)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                return True
+    return False
+
+
+def two_agents(args: List[str], *, tag: Optional[str] = None,
+               options: Optional[List[str]] = None) -> List[subprocess.Popen]:
+    """Two torchrun agents (two "machines"), one process each, c10d rendezvous
+    on 127.0.0.1. The second starts once the first hosts the rendezvous store
+    (both could: whichever binds the port first does); the rendezvous orders
+    the agents by process id, so the first agent's worker is rank 0.
+    ``options``: torchrun options (default ``--monitor-interval=0.2``)."""
     port = free_port()
     procs = []
     for node in range(2):
         cmd = TORCHRUN + ["--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}", "--rdzv-backend=c10d",
                           f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=pipelstm-test-{port}",
-                          "--monitor-interval=0.2", str(TRAIN_LM)] + args
+                          *(options or ["--monitor-interval=0.2"]), str(TRAIN_LM)] + args
         procs.append(launch(cmd, tag or new_tag()))
-        time.sleep(0.5)  # the first agent hosts the rendezvous store
+        deadline = time.monotonic() + 120
+        while node == 0 and not listening(port):
+            assert procs[0].poll() is None and time.monotonic() < deadline, "the first agent hosts no store"
+            time.sleep(0.05)
     return procs
 
 

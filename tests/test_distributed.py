@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_utils import (SMALL, TORCHRUN, TRAIN_LM, kill_tagged, launch, max_difference, new_tag,
-                               reference_parameters, torchrun, two_agents, watch)
+                               reference_parameters, torchrun, two_agents, watch_run)
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
@@ -53,9 +53,39 @@ def test_two_agents_match_single_process(tmp_path, reference):
 
 
 # --- faults -----------------------------------------------------------------------------
+#
+# docs/distributed.md, "Faults": a killed (SIGKILL) or stopped (SIGSTOP) rank
+# ends the run: its neighbour fails naming the stage it lost ("... from/to
+# stage 1 (rank 1)"), at once for a dead peer and after --timeout for a
+# stopped one, and exits non-zero within --timeout + 12 s; the agents end the
+# rest. Checked here with one torchrun agent and with two, from the moment
+# rank 1 kills or stops itself: rank 0 names stage 1 (rank 1) and has exited
+# within --timeout + 12 s; every worker and every agent exits non-zero; every
+# process of the run has ended within --timeout + 12 s, except that one agent
+# whose other worker failed ends a stopped worker only 30 s later (below).
 
 TIMEOUT = 8.0  # --timeout of the fault runs
-SLACK = 12.0   # process start-up is excluded; this covers teardown on a busy 2-core machine
+SLACK = 12.0   # the documented bound is --timeout + 12 s: teardown on a busy 2-core machine
+# How often the agents poll their workers. With one agent, a killed rank's
+# death is seen at once both by rank 0 (its connection closes) and by the
+# agent (its child exits): rank 0 names the dead stage within tens of ms,
+# but if the agent polls in that window it ends rank 0 first (SIGTERM) and
+# nothing names the stage; polling every 8 s makes that unlikely (< 1 %).
+# Otherwise rank 0 reports before anything ends it, and the agents may poll
+# often.
+MONITOR = {("kill", 1): 8.0, ("kill", 2): 0.5, ("stop", 1): 0.5, ("stop", 2): 0.5}
+# A stopped worker ignores the SIGTERM its agent sends when it ends the rest;
+# the agent SIGKILLs it after a grace period. When the agent's rendezvous
+# fails (two agents: rank 0's agent exits and takes the store with it) that
+# is --shutdown-timeout; when another of its own workers failed (one agent)
+# torch 2.13's agent waits a fixed 30 s (LocalElasticAgent._stop_workers
+# calls _shutdown() with its default), which no option shortens. (Were the
+# stopped rank's agent the store's host, it would never learn that the run
+# failed: two_agents() makes rank 0's agent the host.)
+SHUTDOWN = 1
+STOPPED_WORKER_GRACE = 30.0
+RANK0_ERROR = (r"pipelstm\.Pipeline: stage 0 \(cpu, rank 0\) (failed|timed out after \S+ s) \w+ the \w+ of "
+               r"micro-batch \d+, chunk \d+ (from|to) stage 1 \(rank 1\)")
 
 
 def _fault_args(kind: str, rank: int, step: int):
@@ -63,51 +93,53 @@ def _fault_args(kind: str, rank: int, step: int):
                     "--inject-fault", f"{kind}:{rank}:{step}"]
 
 
-def _fault_time(lines):
-    return next(t for t, line in lines if "injected fault" in line)
-
-
+@pytest.mark.parametrize("agents", [1, 2], ids=["one-agent", "two-agents"])
 @pytest.mark.parametrize("kind", ["kill", "stop"])
-def test_dead_or_stopped_rank_ends_the_run(kind):
+def test_dead_or_stopped_rank_ends_the_run(kind, agents):
     tag = new_tag()
-    cmd = TORCHRUN + ["--standalone", "--nproc-per-node=2", "--monitor-interval=0.2", str(TRAIN_LM)]
-    proc = launch(cmd + _fault_args(kind, 1, 3), tag)
-    try:
-        lines, rc = watch(proc, 120)
-    finally:
-        kill_tagged(tag)
-    text = "".join(line for _, line in lines)
-    assert rc is not None and rc != 0, text[-3000:]
-    t_fault = _fault_time(lines)
-    # rank 0 names the stage it waited for: a stopped peer after --timeout,
-    # a dead one at once (or the agent, which saw the death, ends rank 0 first)
-    errors = [t for t, line in lines if "from stage 1 (rank 1)" in line or "to stage 1 (rank 1)" in line]
-    if kind == "stop":
-        assert errors and "timed out" in text and "is it alive" in text, text[-3000:]
-        assert TIMEOUT - 1 <= errors[0] - t_fault <= TIMEOUT + SLACK, text[-3000:]
+    options = [f"--monitor-interval={MONITOR[kind, agents]}", f"--shutdown-timeout={SHUTDOWN}"]
+    if agents == 1:
+        procs = [launch(TORCHRUN + ["--standalone", "--nproc-per-node=2", *options, str(TRAIN_LM)]
+                        + _fault_args(kind, 1, 3), tag)]
     else:
-        assert max(t for t, _ in lines) - t_fault <= TIMEOUT + SLACK, text[-3000:]
-
-
-@pytest.mark.parametrize("kind", ["kill", "stop"])
-def test_faults_across_two_agents(kind):
-    tag = new_tag()
-    procs = two_agents(_fault_args(kind, 1, 3), tag=tag)
+        procs = two_agents(_fault_args(kind, 1, 3), tag=tag, options=options)
+    bound = TIMEOUT + SLACK + (STOPPED_WORKER_GRACE if (kind, agents) == ("stop", 1) else 0)
+    within = bound + 10
     try:
-        lines0, rc0 = watch(procs[0], 120)  # the agent of rank 0, which survives
+        run = watch_run(procs, tag, after="injected fault", within=within)
     finally:
         kill_tagged(tag)
-    out1 = procs[1].communicate()[0]
-    text0 = "".join(line for _, line in lines0)
-    assert rc0 is not None and rc0 != 0, text0[-3000:]
-    assert "injected fault" in out1
-    # rank 0 names the stage it waited for
-    errors = [t for t, line in lines0 if "stage 1 (rank 1)" in line and "pipelstm.Pipeline" in line]
-    assert errors, text0[-3000:]
-    last_step = max(t for t, line in lines0 if "| loss" in line)
-    assert errors[0] - last_step <= TIMEOUT + SLACK, text0[-3000:]
-    if kind == "stop":
-        assert "timed out" in text0
+    text = run.text()[-4000:]
+    fault = run.first(r"\[rank 1\] injected fault")
+    assert fault is not None, ("rank 1 did not get to its fault", text)
+    t_fault = fault[0]
+
+    # Rank 0 names the stage it lost: a dead peer at once, a stopped one after --timeout.
+    error = run.first(RANK0_ERROR)
+    assert error is not None, ("no error of rank 0 naming stage 1 (rank 1)", text)
+    t_error, line = error
+    if kind == "kill":
+        assert "failed" in line and t_error - t_fault < TIMEOUT - 1, (t_error - t_fault, line)
+    else:
+        assert f"timed out after {TIMEOUT:g} s" in line and "is it alive?" in line, line
+        assert t_error - t_fault >= TIMEOUT - 1, (t_error - t_fault, line)
+
+    # Rank 0 has exited within --timeout + 12 s, non-zero as its agent reports
+    # it; rank 1 was SIGKILLed (by itself, or stopped, by its agent).
+    assert sorted(run.workers.values()) == [0, 1], run.workers
+    codes = run.exit_codes()
+    for pid, rank in run.workers.items():
+        if rank == 0:
+            ended = run.gone[pid] - t_fault if pid in run.gone else None
+            assert ended is not None and ended <= TIMEOUT + SLACK, ("rank 0 ended after", ended, text)
+            assert codes.get(pid, 0) != 0, ("rank 0's exit code", codes.get(pid), text)
+        else:
+            assert codes.get(pid, -9) == -9, ("rank 1's exit code", codes.get(pid), text)
+    # Every agent exits non-zero.
+    assert all(rc is not None and rc != 0 for rc in run.returncodes), (run.returncodes, text)
+    # Every process of the run has ended in time.
+    assert run.end is not None, ("still running", within, "s after the fault", text)
+    assert run.end - t_fault <= bound, (run.end - t_fault, bound, text)
 
 
 # --- checkpoints ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import pipelstm
 
+from pipeline_masks import pipeline_masks, run_masked_layers
 from reference import num_threads, rel_error
 from test_module_bad_input import FORWARD_CASES, assert_rejects_like_nn_lstm
 
@@ -129,12 +130,29 @@ def test_dropout_units_eval_and_train():
         assert rel_error(a, b) <= TOL
     # Training: the inter-layer dropout is applied (the first layer, before any dropout, is unchanged).
     ours.train()
-    xg = x.clone().requires_grad_()
-    out_t, (h_t, _) = ours(xg)
+    masks = pipeline_masks(ours, x, seed=4)
+    assert list(masks) == ["dropout0", "dropout1"]
+    xg, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(4)
+    out_t, (h_t, c_t) = ours(xg)
     assert rel_error(out_t, out_e) > 1e-3
     assert torch.equal(h_t[0], h_e[0])
-    out_t.sum().backward()
-    assert xg.grad is not None and all(p.grad is not None for p in ours.parameters())
+    # Outputs and gradients are nn.LSTM's, layer by layer, with the masks the pass drew between the layers.
+    with num_threads(1):
+        out_r, (h_r, c_r) = run_masked_layers(ref, xr, None, [masks["dropout0"], masks["dropout1"]])
+    for what, a, b in (("output", out_t, out_r), ("h_n", h_t, h_r), ("c_n", c_t, c_r)):
+        err = rel_error(a, b)
+        assert err <= TOL, (what, err)
+    grads = [torch.randn_like(t) for t in (out_r, h_r, c_r)]
+    sum((t * g).sum() for t, g in zip((out_t, h_t, c_t), grads)).backward()
+    with num_threads(1):
+        sum((t * g).sum() for t, g in zip((out_r, h_r, c_r), grads)).backward()
+    for (n, p_r), p_p in zip(ref.named_parameters(), ours.parameters()):
+        assert p_p.grad is not None, n
+        err = rel_error(p_p.grad, p_r.grad)
+        assert err <= TOL, (f"gradient of {n}", err)
+    err = rel_error(xg.grad, xr.grad)
+    assert err <= TOL, ("gradient of the input", err)
 
 
 def test_optimizer_step_matches_nn_lstm():

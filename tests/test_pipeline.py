@@ -11,6 +11,9 @@ Exactness (docs/pipeline.md), with one thread on both sides:
   fewer rows (T/K*B or B/M instead of T*B or B) may pick another kernel and
   round differently, and parameter gradients are sums over pieces in another
   order. Bitwise against the unsplit model only for K = M = 1.
+* with dropout on (training), in float64: within 1e-12 of the unsplit model
+  with every dropout replaced by the mask the pass drew (read from the
+  pipeline with tests/pipeline_masks.py), for outputs, states and gradients.
 """
 
 import copy
@@ -24,6 +27,7 @@ from torch import nn
 import pipelstm
 from pipelstm.pipeline import partition
 
+from pipeline_masks import pipeline_masks, run_masked
 from reference import num_threads, rel_error
 
 TOL = 1e-6
@@ -330,17 +334,88 @@ def test_dropout_statistics_and_eval():
     assert 0.4 < dropped < 0.6
     kept = y != 0
     assert torch.allclose(y[kept], 2 * plain[kept], atol=1e-5)
-    # Gradients follow the mask.
-    x.requires_grad_()
-    y, _ = first(x)
-    y.sum().backward()
-    assert first[0].weight.grad is not None
+    # Gradients follow the mask: those of the unsplit Linear times the same mask.
+    masks = pipeline_masks(first, x, seed=3)
+    x_p, x_r = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(10, 6, 64)
+    torch.manual_seed(3)
+    y, _ = first(x_p)
+    (y * g).sum().backward()
+    ref_linear = copy.deepcopy(first[0])
+    ref_linear.zero_grad(set_to_none=True)
+    with num_threads(1):
+        y_r = ref_linear(x_r) * masks["1"]
+        (y_r * g).sum().backward()
+    assert rel_error(y, y_r) <= TOL
+    for what, a, b in (("weight", first[0].weight.grad, ref_linear.weight.grad),
+                       ("bias", first[0].bias.grad, ref_linear.bias.grad), ("input", x_p.grad, x_r.grad)):
+        err = rel_error(a, b)
+        assert err <= TOL, (f"gradient of the {what}", err)
     # eval: no dropout, equal to the unsplit model.
     pipe.eval()
     with torch.no_grad(), num_threads(1):
         out_r, _ = run_reference(base.eval(), x)
         out_p, _ = pipe(x)
     assert rel_error(out_p, out_r) <= TOL
+
+
+def dropout_lm_model():
+    # units: 0, 1.l0, 1.dropout0, 1.l1, 1.dropout1, 1.l2, 2, 3
+    return nn.Sequential(nn.Embedding(37, 6), pipelstm.LSTM(6, 8, num_layers=3, dropout=0.3), nn.Dropout(0.25),
+                         nn.Linear(8, 5)).double()
+
+
+def dropout_features_model():
+    # units: 0 (a dropout on the input itself), 1.l0, 1.dropout0, 1.l1, 2, 3, 4
+    return nn.Sequential(nn.Dropout(0.4), nn.LSTM(4, 8, num_layers=2, proj_size=3, dropout=0.5), nn.Tanh(),
+                         nn.Dropout(0.2), nn.Linear(3, 2)).double()
+
+
+@pytest.mark.parametrize("model_fn, balance, K, M", [
+    (dropout_lm_model, [8], 1, 1),
+    (dropout_lm_model, [3, 5], 3, 2),
+    (dropout_lm_model, [2, 2, 4], 7, 3),
+    (dropout_features_model, [7], 1, 1),
+    (dropout_features_model, [1, 3, 3], 2, 3),
+], ids=["lm-1", "lm-2", "lm-3", "features-1", "features-3"])
+def test_dropout_gradients_match_unsplit_with_the_same_masks(model_fn, balance, K, M):
+    # Training mode, in float64: outputs, final states and every gradient
+    # (parameters, initial states, the input) equal those of the unsplit
+    # model (plain-torch layers) multiplied by the masks the pass drew.
+    torch.manual_seed(1)
+    base = model_fn()
+    ref = copy.deepcopy(base)
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu"] * len(balance), chunks=K, micro_batches=M,
+                             balance=balance, threads=1)
+    assert pipe.training and sum(u.kind == "dropout" for u in pipe._units) == 3
+    T, B = 11, 5
+    L = pipe._num_layers
+    H, P = (8, 8) if model_fn is dropout_lm_model else (8, 3)
+    x = torch.randint(0, 37, (T, B)) if model_fn is dropout_lm_model else torch.randn(T, B, 4, dtype=torch.float64)
+    hx = (torch.randn(L, B, P, dtype=torch.float64), torch.randn(L, B, H, dtype=torch.float64))
+    masks = pipeline_masks(pipe, x, seed=11)
+    assert all(0.05 < (m == 0).double().mean() < 0.7 for m in masks.values())  # masks, not all ones or zeros
+
+    leaves_p = [x.clone().requires_grad_() if x.is_floating_point() else x] + [t.clone().requires_grad_() for t in hx]
+    leaves_r = [x.clone().requires_grad_() if x.is_floating_point() else x] + [t.clone().requires_grad_() for t in hx]
+    torch.manual_seed(11)
+    out_p, (h_p, c_p) = pipe(leaves_p[0], tuple(leaves_p[1:]))
+    out_r, (h_r, c_r) = run_masked(ref, leaves_r[0], tuple(leaves_r[1:]), masks)
+    for what, a, b in (("output", out_p, out_r), ("h_n", h_p, h_r), ("c_n", c_p, c_r)):
+        err = rel_error(a, b)
+        assert err <= 1e-12, (what, err)  # the same masks (else the outputs differ by O(1))
+
+    gen = torch.Generator().manual_seed(2)
+    g = [torch.randn(t.shape, dtype=t.dtype, generator=gen) for t in (out_r, h_r, c_r)]
+    sum((t * gt).sum() for t, gt in zip((out_p, h_p, c_p), g)).backward()
+    sum((t * gt).sum() for t, gt in zip((out_r, h_r, c_r), g)).backward()
+    got = [p.grad for p in pipe.parameters()] + [t.grad for t in leaves_p if t.is_floating_point()]
+    expected = [p.grad for p in ref.parameters()] + [t.grad for t in leaves_r if t.is_floating_point()]
+    names = [n for n, _ in ref.named_parameters()] + (["input"] if x.is_floating_point() else []) + ["h0", "c0"]
+    for n, a, b in zip(names, got, expected):
+        assert a is not None, n
+        err = rel_error(a, b)
+        assert err <= 1e-12, (f"gradient of {n}", err)
 
 
 def test_schedule_is_a_wavefront():

@@ -80,18 +80,50 @@ def test_pipelstm_reproduces_nn_lstm_training(example, tmp_path):
     ref_model.load_state_dict(ours_model.state_dict(), strict=True)
 
 
-def test_embedded_corpus_needs_no_data(example):
+def test_embedded_corpus_needs_no_data(example, monkeypatch, capsys):
     args = example.parse_args([])
     assert args.data is None
-    result = example.main(["--lstm", "pipelstm", *SMALL, "--max-batches", "3", "--eval-batches", "2"])
-    assert len(result["losses"]) == 3 and all(loss == loss for loss in result["losses"])
+
+    def no_files(*a, **kw):
+        raise AssertionError(f"the embedded corpus opened a file: {a}")
+
+    monkeypatch.setattr(example, "open", no_files, raising=False)  # the script's own open()
+    # The corpus is pydoc's topics, token for token: every non-blank line's
+    # words and an <eos>, split into train, valid and test in that order.
+    from pydoc_data.topics import topics
+
+    lines = [line for key in sorted(topics) for line in topics[key].splitlines() if line.strip()]
+    words = [w for line in lines for w in line.split() + ["<eos>"]]
+    corpus = example.Corpus(None)
+    parts = (corpus.train, corpus.valid, corpus.test)
+    assert [corpus.dictionary.idx2word[i] for i in torch.cat(parts).tolist()] == words
+    assert len(corpus.train) > 0.7 * len(words) and min(len(corpus.valid), len(corpus.test)) > 0.05 * len(words)
+
+    # Trained on it, pipelstm.LSTM reproduces nn.LSTM loss for loss.
+    results = {}
+    for lstm in ("nn", "pipelstm"):
+        results[lstm] = example.main(["--lstm", lstm, *SMALL, "--max-batches", "3", "--eval-batches", "2"])
+        assert f"{lstm} LSTM, {len(corpus.dictionary)} words" in capsys.readouterr().out
+    ref, ours = results["nn"], results["pipelstm"]
+    assert len(ours["losses"]) == len(ref["losses"]) == 3 and len(ours["val_losses"]) == 1
+    for a, b in zip(ours["losses"] + ours["val_losses"], ref["losses"] + ref["val_losses"]):
+        assert abs(a - b) <= 1e-4 * abs(b), (a, b)
 
 
 def test_missing_train_txt_falls_back_to_valid_txt(example, tmp_path):
     write_corpus(tmp_path, names=("valid.txt", "test.txt"))
     corpus = example.Corpus(str(tmp_path))
-    assert len(corpus.train) == len((tmp_path / "valid.txt").read_text().split()) + 60  # + one <eos> per line
-    assert len(corpus.valid) == len((tmp_path / "test.txt").read_text().split()) + 60
+
+    def tokens(name):  # the file's words, an <eos> after every line
+        return [w for line in (tmp_path / name).read_text().splitlines() for w in line.split() + ["<eos>"]]
+
+    def words(ids):
+        return [corpus.dictionary.idx2word[i] for i in ids.tolist()]
+
+    assert tokens("valid.txt") != tokens("test.txt")
+    assert words(corpus.train) == tokens("valid.txt")  # train.txt is missing: valid.txt trains
+    assert words(corpus.valid) == tokens("test.txt")  # and test.txt validates
+    assert words(corpus.test) == tokens("test.txt")
 
 
 def test_lockstep_comparison(tmp_path):
