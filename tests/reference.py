@@ -43,6 +43,31 @@ def layer(
     return torch.stack(outputs), h, c
 
 
+def packed_layer(
+    data: Tensor,
+    batch_sizes,
+    h0: Tensor,
+    c0: Tensor,
+    reverse: bool = False,
+    **weights: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """layer() over a PackedSequence's rows (``batch_sizes`` a list): each
+    sequence run alone, its rows put back in packed order; (output, h_n, c_n)
+    with the sequences in sorted order."""
+    sizes = list(batch_sizes)
+    offsets = [sum(sizes[:t]) for t in range(len(sizes))]
+    outs, hs, cs = [], [], []
+    for j in range(sizes[0]):
+        length = sum(1 for b in sizes if b > j)
+        seq = torch.stack([data[offsets[t] + j] for t in range(length)]).unsqueeze(1)
+        out, h, c = layer(seq, h0[j : j + 1], c0[j : j + 1], **weights, reverse=reverse)
+        outs.append(out[:, 0])
+        hs.append(h[0])
+        cs.append(c[0])
+    rows = [outs[j][t] for t in range(len(sizes)) for j in range(sizes[t])]
+    return torch.stack(rows), torch.stack(hs), torch.stack(cs)
+
+
 def rel_error(actual: Tensor, expected: Tensor) -> float:
     """max |actual - expected| / max |expected| (0 when both are 0)."""
     scale = expected.detach().abs().max().item()

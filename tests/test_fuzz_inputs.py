@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import pipelstm
-from reference import cell, layer, rel_error
+from reference import cell, layer, packed_layer, rel_error
 
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -160,21 +160,6 @@ def batch_sizes_case(draw):
     return torch.tensor(sizes), True, sizes
 
 
-def _packed_reference(x, sizes, h0, c0, reverse, **w):
-    """Each sequence run alone (float64), its rows put back in packed order."""
-    offsets = [sum(sizes[:t]) for t in range(len(sizes))]
-    outs, hs, cs = [], [], []
-    for j in range(sizes[0]):
-        length = sum(1 for b in sizes if b > j)
-        seq = torch.stack([x[offsets[t] + j] for t in range(length)]).unsqueeze(1)
-        out, h, c = layer(seq, h0[j:j + 1], c0[j:j + 1], **w, reverse=reverse)
-        outs.append(out[:, 0])
-        hs.append(h[0])
-        cs.append(c[0])
-    rows = [outs[j][t] for t in range(len(sizes)) for j in range(sizes[t])]
-    return torch.stack(rows), torch.stack(hs), torch.stack(cs)
-
-
 @FUZZ
 @given(batch_sizes_case(), st.integers(1, 4), st.integers(1, 3), st.booleans(), st.sampled_from(DTYPES),
        st.integers(-1, 1), st.integers(-1, 1))
@@ -192,8 +177,8 @@ def test_packed_layer_op_matches_the_reference_or_raises(bs_case, H, I, reverse,
         _expect_error(call)
         return
     got = call()
-    expected = _packed_reference(x.double(), sizes, h0.double(), c0.double(), reverse,
-                                 **{k: None if v is None else v.double() for k, v in w.items()})
+    expected = packed_layer(x.double(), sizes, h0.double(), c0.double(), reverse,
+                            **{k: None if v is None else v.double() for k, v in w.items()})
     for g, e in zip(got, expected):
         assert g.dtype == dtype and g.shape == e.shape
         assert _error(g, e) <= TOL[dtype]

@@ -6,7 +6,7 @@ from torch.nn.utils.rnn import pack_sequence
 
 import pipelstm  # noqa: F401
 from pipelstm.ops import lstm_packed_layer
-from reference import layer, rel_error
+from reference import packed_layer, rel_error
 
 ops = torch.ops.pipelstm
 
@@ -30,19 +30,7 @@ def _packed_case(lengths, I, H, P, bias, dtype, requires_grad=True):
 
 def _reference(packed, data, h0, c0, w, reverse):
     """Runs each sequence alone with plain torch math; returns packed rows."""
-    bs = packed.batch_sizes.tolist()
-    offsets = [sum(bs[:t]) for t in range(len(bs))]
-    B = bs[0]
-    lengths = [sum(1 for b in bs if b > j) for j in range(B)]
-    outs, hs, cs = [], [], []
-    for j in range(B):
-        x = torch.stack([data[offsets[t] + j] for t in range(lengths[j])]).unsqueeze(1)
-        out, h, c = layer(x, h0[j : j + 1], c0[j : j + 1], **w, reverse=reverse)
-        outs.append(out[:, 0])
-        hs.append(h[0])
-        cs.append(c[0])
-    rows = [outs[j][t] for t in range(len(bs)) for j in range(bs[t])]
-    return torch.stack(rows), torch.stack(hs), torch.stack(cs)
+    return packed_layer(data, packed.batch_sizes.tolist(), h0, c0, reverse, **w)
 
 
 @pytest.mark.parametrize("lengths", [[5, 2, 7, 1, 7], [3], [4, 4, 4], [1, 1, 6]])
