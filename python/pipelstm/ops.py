@@ -61,6 +61,8 @@ def _in_float32_on_cpu(ref: Tensor, **tensors: Optional[Tensor]) -> bool:
     for any device, are treated as CPU ones."""
     if ref.device.type not in ("cpu", "meta") or ref.dtype not in _REDUCED:
         return False
+    if torch.is_autocast_enabled("cpu"):
+        return False  # the ops' CPU autocast rule (below) casts every tensor to float32
     for name, t in tensors.items():
         if t is not None and t.dtype != ref.dtype:
             raise RuntimeError(f"pipelstm: expected `{name}` to have the dtype of the input ({ref.dtype}), got {t.dtype}")
