@@ -1,0 +1,201 @@
+"""Fake kernels of the pipelstm ops: the C++ checks, then shapes.
+
+FakeTensor, ``torch.compile`` and ``torch.export`` trace the ops with these.
+Each makes every check its C++ op makes (csrc/checks.cpp, lstm_layer.cpp,
+lstm_cell.cpp), with the same messages, so that traced code fails where
+eager fails. Only checks that read batch_sizes' values are left to the real
+op. torch._check keeps them valid for symbolic sizes.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def _check_dim(op: str, name: str, t: Tensor, dim: int, layout: str) -> None:
+    torch._check(
+        t.dim() == dim,
+        lambda: f"pipelstm::{op}: expected `{name}` to be {dim}-D {layout}, got a {t.dim()}-D tensor of shape "
+        f"{list(t.shape)}",
+    )
+
+
+def _check_shape(op: str, name: str, t: Tensor, sizes) -> None:
+    torch._check(
+        t.dim() == len(sizes) and all(a == b for a, b in zip(t.shape, sizes)),
+        lambda: f"pipelstm::{op}: expected `{name}` of shape {list(sizes)}, got {list(t.shape)}",
+    )
+
+
+def _check_same_kind(op: str, ref_name: str, ref: Tensor, **tensors: Optional[Tensor]) -> None:
+    """Every given tensor has ref's dtype and device (mixed meta/real devices
+    dispatch here rather than to the C++ kernel)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        torch._check(
+            t.dtype == ref.dtype,
+            lambda: f"pipelstm::{op}: expected `{name}` to have the dtype of `{ref_name}` ({ref.dtype}), got {t.dtype}",
+        )
+        torch._check(
+            t.device == ref.device,
+            lambda: f"pipelstm::{op}: expected `{name}` on the device of `{ref_name}` ({ref.device}), got {t.device}",
+        )
+
+
+def _check_supported_dtype(op: str, name: str, t: Tensor) -> None:
+    if t.device.type == "cuda":
+        ok, what = (torch.float32, torch.float16, torch.bfloat16, torch.float64), "float32, float16, bfloat16 or float64 on CUDA"
+    else:
+        ok, what = (torch.float32, torch.float64), "float32 or float64 on the CPU"
+    torch._check(t.dtype in ok, lambda: f"pipelstm::{op}: `{name}` must be {what}, got {t.dtype}")
+
+
+def _layer_shape(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=None):
+    """csrc/lstm_layer.cpp's check_weights and check_biases: -> (H, P)."""
+    _check_dim(op, "w_ih", w_ih, 2, "[4H, I]")
+    _check_supported_dtype(op, "input", input)
+    torch._check(
+        w_ih.shape[0] % 4 == 0 and w_ih.shape[0] > 0,
+        lambda: f"pipelstm::{op}: expected `w_ih` of shape [4H, I] with H > 0, got {list(w_ih.shape)}",
+    )
+    H, I = w_ih.shape[0] // 4, input.shape[-1]
+    P = H
+    if w_hr is not None:
+        _check_dim(op, "w_hr", w_hr, 2, "[P, H]")
+        P = w_hr.shape[0]
+        _check_shape(op, "w_hr", w_hr, (P, H))
+    _check_shape(op, "w_ih", w_ih, (4 * H, I))
+    _check_shape(op, "w_hh", w_hh, (4 * H, P))
+    _check_shape(op, "h0", h0, (batch, P))
+    _check_shape(op, "c0", c0, (batch, H))
+    for name, bias in (("b_ih", b_ih), ("b_hh", b_hh)):
+        if bias is not None:
+            _check_shape(op, name, bias, (4 * H,))
+    _check_same_kind(op, "input", input, w_hr=w_hr, w_ih=w_ih, w_hh=w_hh, h0=h0, c0=c0, b_ih=b_ih, b_hh=b_hh)
+    return H, P
+
+
+def _check_layer_grads(op, input, H, P, rows, batch, output, grad_output, grad_h_n, grad_c_n, workspace, projected):
+    """csrc/lstm_layer.cpp's check_grads."""
+    _check_shape(op, "workspace", workspace, (_workspace_numel(rows, H, projected),))
+    if grad_output is not None:
+        _check_shape(op, "grad_output", grad_output, tuple(output.shape))
+    if grad_h_n is not None:
+        _check_shape(op, "grad_h_n", grad_h_n, (batch, P))
+    if grad_c_n is not None:
+        _check_shape(op, "grad_c_n", grad_c_n, (batch, H))
+    _check_same_kind(op, "input", input, output=output, workspace=workspace, grad_output=grad_output,
+                     grad_h_n=grad_h_n, grad_c_n=grad_c_n)
+
+
+def _check_batch_sizes(op: str, input: Tensor, batch_sizes: Tensor) -> None:
+    _check_dim(op, "input", input, 2, "[rows, I] (PackedSequence.data)")
+    torch._check(
+        batch_sizes.dim() == 1 and batch_sizes.device.type == "cpu" and batch_sizes.dtype == torch.int64,
+        lambda: f"pipelstm::{op}: expected `batch_sizes` to be a 1-D int64 CPU tensor, got "
+        f"{batch_sizes.dim()}-D {batch_sizes.dtype} on {batch_sizes.device}",
+    )
+    torch._check(batch_sizes.numel() > 0, lambda: f"pipelstm::{op}: expected `batch_sizes` with at least one time step")
+
+
+def _workspace_numel(rows, H, projected: bool):
+    """The layer's workspace: activated gates [rows, 4H], cell states [rows, H]
+    and, with a projection, the unprojected hidden states [rows, H]."""
+    return rows * H * (6 if projected else 5)
+
+
+def _check_cell(op, cx, gates, grads, biases=()):
+    _check_dim(op, "cx", cx, 2, "[B, H]")
+    B, H = cx.shape
+    for name, t in gates:
+        _check_shape(op, name, t, (B, 4 * H))
+    _check_supported_dtype(op, "cx", cx)
+    for name, t in grads:
+        if t is not None:
+            _check_shape(op, name, t, (B, H))
+    for name, t in biases:
+        if t is not None:
+            _check_shape(op, name, t, (4 * H,))
+    _check_same_kind(op, "cx", cx, **dict(gates), **dict(grads), **dict(biases))
+    return B, H
+
+
+@torch.library.register_fake("pipelstm::lstm_cell_forward")
+def _(input_gates, hidden_gates, cx, b_ih, b_hh):
+    op = "lstm_cell_forward"
+    _check_dim(op, "input_gates", input_gates, 2, "[B, 4H]")
+    B, H = _check_cell(op, cx, [("input_gates", input_gates), ("hidden_gates", hidden_gates)], [],
+                       [("b_ih", b_ih), ("b_hh", b_hh)])
+    return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 4 * H)
+
+
+@torch.library.register_fake("pipelstm::lstm_cell_backward")
+def _(grad_hy, grad_cy, cx, cy, workspace):
+    _check_cell("lstm_cell_backward", cx, [("workspace", workspace)], [("cy", cy), ("grad_hy", grad_hy),
+                                                                        ("grad_cy", grad_cy)])
+    return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape)
+
+
+@torch.library.register_fake("pipelstm::lstm_layer_forward")
+def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    op = "lstm_layer_forward"
+    _check_dim(op, "input", input, 3, "[T, B, I]")
+    T, B, _ = input.shape
+    torch._check(T > 0, lambda: f"pipelstm::{op}: expected `input` with at least one time step, got {list(input.shape)}")
+    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
+    return (
+        input.new_empty(T, B, P),
+        input.new_empty(B, P),
+        input.new_empty(B, H),
+        input.new_empty(_workspace_numel(T * B, H, w_hr is not None)),
+    )
+
+
+def _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H):
+    return (
+        input.new_empty(input.shape),
+        input.new_empty(h0.shape),
+        input.new_empty(c0.shape),
+        input.new_empty(w_ih.shape),
+        input.new_empty(w_hh.shape),
+        input.new_empty(4 * H),
+        input.new_empty(w_hr.shape) if w_hr is not None else input.new_empty(0),
+    )
+
+
+@torch.library.register_fake("pipelstm::lstm_layer_backward")
+def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+    op = "lstm_layer_backward"
+    _check_dim(op, "input", input, 3, "[T, B, I]")
+    T, B, _ = input.shape
+    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr)
+    _check_shape(op, "output", output, (T, B, P))
+    _check_layer_grads(op, input, H, P, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace, w_hr is not None)
+    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H)
+
+
+@torch.library.register_fake("pipelstm::lstm_packed_layer_forward")
+def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    op = "lstm_packed_layer_forward"
+    _check_batch_sizes(op, input, batch_sizes)
+    rows, B = input.shape[0], h0.shape[0]  # B is batch_sizes[0]: the real op checks h0 against it
+    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
+    return (
+        input.new_empty(rows, P),
+        input.new_empty(B, P),
+        input.new_empty(B, H),
+        input.new_empty(_workspace_numel(rows, H, w_hr is not None)),
+    )
+
+
+@torch.library.register_fake("pipelstm::lstm_packed_layer_backward")
+def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+    op = "lstm_packed_layer_backward"
+    _check_batch_sizes(op, input, batch_sizes)
+    rows, B = input.shape[0], h0.shape[0]
+    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr)
+    _check_shape(op, "output", output, (rows, P))
+    _check_layer_grads(op, input, H, P, rows, B, output, grad_output, grad_h_n, grad_c_n, workspace, w_hr is not None)
+    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H)
