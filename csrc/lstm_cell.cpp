@@ -3,7 +3,7 @@
 
 #include "checks.h"
 #include "lstm_ops.h"
-#include "pointwise_backend.h"
+#include "pointwise_step.h"
 
 namespace pipelstm {
 
@@ -37,18 +37,20 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
   Tensor cy = at::empty({B, H}, cx.options());
   Tensor workspace = at::empty({B, 4 * H}, cx.options());
   if (B > 0 && H > 0) {
-    StepForward s;
-    s.gates = gi.const_data_ptr();
-    s.hidden_gates = gh.const_data_ptr();
-    s.bias_ih = data_or_null(bi);
-    s.bias_hh = data_or_null(bh);
-    s.c_prev = c_prev.const_data_ptr();
-    s.act_gates = workspace.mutable_data_ptr();
-    s.c = cy.mutable_data_ptr();
-    s.h = hy.mutable_data_ptr();
-    s.batch = B;
-    s.hidden = H;
-    pointwise_backend(cx.device().type()).forward(cx.scalar_type(), s);
+    PIPELSTM_DISPATCH_STEP_TYPES(cx.scalar_type(), op, [&] {
+      kernels::PointwiseForwardArgs<scalar_t> a;
+      a.gates = gi.const_data_ptr<scalar_t>();
+      a.hidden_gates = gh.const_data_ptr<scalar_t>();
+      a.bias_ih = data_or_null<scalar_t>(bi);
+      a.bias_hh = data_or_null<scalar_t>(bh);
+      a.c_prev = c_prev.const_data_ptr<scalar_t>();
+      a.act_gates = workspace.mutable_data_ptr<scalar_t>();
+      a.c = cy.mutable_data_ptr<scalar_t>();
+      a.h = hy.mutable_data_ptr<scalar_t>();
+      a.batch = B;
+      a.hidden = H;
+      pointwise_step<scalar_t>(cx.device().type()).forward(a);
+    });
   }
   return {hy, cy, workspace};
 }
@@ -79,17 +81,19 @@ std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const Op
   Tensor grad_gates = at::empty({B, 4 * H}, cx.options());
   Tensor grad_cx = at::empty({B, H}, cx.options());
   if (B > 0 && H > 0) {
-    StepBackward s;
-    s.grad_h = data_or_null(gh);
-    s.grad_c = data_or_null(gc);
-    s.act_gates = act.const_data_ptr();
-    s.c_prev = c_prev.const_data_ptr();
-    s.c = c.const_data_ptr();
-    s.grad_gates = grad_gates.mutable_data_ptr();
-    s.grad_c_prev = grad_cx.mutable_data_ptr();
-    s.batch = B;
-    s.hidden = H;
-    pointwise_backend(cx.device().type()).backward(cx.scalar_type(), s);
+    PIPELSTM_DISPATCH_STEP_TYPES(cx.scalar_type(), op, [&] {
+      kernels::PointwiseBackwardArgs<scalar_t> a;
+      a.grad_h = data_or_null<scalar_t>(gh);
+      a.grad_c = data_or_null<scalar_t>(gc);
+      a.act_gates = act.const_data_ptr<scalar_t>();
+      a.c_prev = c_prev.const_data_ptr<scalar_t>();
+      a.c = c.const_data_ptr<scalar_t>();
+      a.grad_gates = grad_gates.mutable_data_ptr<scalar_t>();
+      a.grad_c_prev = grad_cx.mutable_data_ptr<scalar_t>();
+      a.batch = B;
+      a.hidden = H;
+      pointwise_step<scalar_t>(cx.device().type()).backward(a);
+    });
   }
   return {grad_gates, grad_cx};
 }

@@ -21,9 +21,10 @@
 #include "checks.h"
 #include "cpu/fused_loops_cpu.h"
 #include "cpu/huge_pages.h"
+#include "layer_geometry.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
-#include "pointwise_backend.h"
+#include "pointwise_step.h"
 
 namespace pipelstm {
 
@@ -63,58 +64,51 @@ LayerSteps packed_steps(const char* op, const at::Tensor& batch_sizes) {
 
 namespace {
 
-struct LayerShape {
-  int64_t I, H, P;
-  bool projected;
-
-  int64_t workspace_numel(int64_t rows) const { return rows * H * (projected ? 6 : 5); }
-};
-
 // Checks the weights and states against `input` ([rows, I] or [T, B, I];
 // `batch` sequences, `rows` steps of all sequences together) and returns the
 // sizes; the workspace's size (the largest the op computes) fits int64.
-LayerShape check_weights(const char* op, const Tensor& input, int64_t rows, int64_t batch,
+LayerGeometry check_weights(const char* op, const Tensor& input, int64_t rows, int64_t batch,
                          const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                          const Tensor& w_hh, const OptTensor& w_hr) {
   check_dim(op, "w_ih", w_ih, 2, "[4H, I]");
   check_supported_dtype(op, "input", input);
-  LayerShape s{};
-  s.I = input.size(-1);
+  LayerGeometry s{};
+  s.input = input.size(-1);
   TORCH_CHECK(w_ih.size(0) % 4 == 0 && w_ih.size(0) > 0, "pipelstm::", op,
               ": expected `w_ih` of shape [4H, I] with H > 0, got ", w_ih.sizes());
-  s.H = w_ih.size(0) / 4;
+  s.hidden = w_ih.size(0) / 4;
   s.projected = w_hr.has_value();
   if (s.projected) {
     check_dim(op, "w_hr", *w_hr, 2, "[P, H]");
-    s.P = w_hr->size(0);
-    check_shape(op, "w_hr", *w_hr, {s.P, s.H});
+    s.out = w_hr->size(0);
+    check_shape(op, "w_hr", *w_hr, {s.out, s.hidden});
     check_same_kind(op, "w_hr", *w_hr, "input", input);
   } else {
-    s.P = s.H;
+    s.out = s.hidden;
   }
-  check_shape(op, "w_ih", w_ih, {4 * s.H, s.I});
-  check_shape(op, "w_hh", w_hh, {4 * s.H, s.P});
-  check_shape(op, "h0", h0, {batch, s.P});
-  check_shape(op, "c0", c0, {batch, s.H});
+  check_shape(op, "w_ih", w_ih, {4 * s.hidden, s.input});
+  check_shape(op, "w_hh", w_hh, {4 * s.hidden, s.out});
+  check_shape(op, "h0", h0, {batch, s.out});
+  check_shape(op, "c0", c0, {batch, s.hidden});
   check_same_kind(op, "w_ih", w_ih, "input", input);
   check_same_kind(op, "w_hh", w_hh, "input", input);
   check_same_kind(op, "h0", h0, "input", input);
   check_same_kind(op, "c0", c0, "input", input);
-  checked_product(op, "the workspace, rows x H x 6,", {rows, s.H, 6});
+  checked_product(op, "the workspace, rows x H x 6,", {rows, s.hidden, 6});
   return s;
 }
 
-void check_biases(const char* op, const Tensor& input, const LayerShape& s,
+void check_biases(const char* op, const Tensor& input, const LayerGeometry& s,
                   const OptTensor& b_ih, const OptTensor& b_hh) {
   for (const auto& [name, bias] : {std::pair{"b_ih", &b_ih}, std::pair{"b_hh", &b_hh}}) {
     if (bias->has_value()) {
-      check_shape(op, name, **bias, {4 * s.H});
+      check_shape(op, name, **bias, {4 * s.hidden});
       check_same_kind(op, name, **bias, "input", input);
     }
   }
 }
 
-void check_grads(const char* op, const Tensor& input, const LayerShape& s, int64_t rows,
+void check_grads(const char* op, const Tensor& input, const LayerGeometry& s, int64_t rows,
                  int64_t batch, const Tensor& output, const OptTensor& grad_output,
                  const OptTensor& grad_h_n, const OptTensor& grad_c_n, const Tensor& workspace) {
   const auto& out_sizes = output.sizes();
@@ -127,11 +121,11 @@ void check_grads(const char* op, const Tensor& input, const LayerShape& s, int64
     check_same_kind(op, "grad_output", *grad_output, "input", input);
   }
   if (grad_h_n.has_value()) {
-    check_shape(op, "grad_h_n", *grad_h_n, {batch, s.P});
+    check_shape(op, "grad_h_n", *grad_h_n, {batch, s.out});
     check_same_kind(op, "grad_h_n", *grad_h_n, "input", input);
   }
   if (grad_c_n.has_value()) {
-    check_shape(op, "grad_c_n", *grad_c_n, {batch, s.H});
+    check_shape(op, "grad_c_n", *grad_c_n, {batch, s.hidden});
     check_same_kind(op, "grad_c_n", *grad_c_n, "input", input);
   }
 }
@@ -155,22 +149,25 @@ LayerSteps packed_input_steps(const char* op, const Tensor& input, const Tensor&
   return steps;
 }
 
-const void* row_ptr(const Tensor& t, int64_t row, int64_t width) {
-  return static_cast<const char*>(t.const_data_ptr()) + row * width * t.element_size();
+// Row `row` of a [rows, width] tensor.
+template <typename T>
+const T* row_of(const Tensor& t, int64_t row, int64_t width) {
+  return t.const_data_ptr<T>() + row * width;
 }
-void* row_ptr_mut(const Tensor& t, int64_t row, int64_t width) {
-  return static_cast<char*>(t.mutable_data_ptr()) + row * width * t.element_size();
+template <typename T>
+T* mutable_row_of(const Tensor& t, int64_t row, int64_t width) {
+  return t.mutable_data_ptr<T>() + row * width;
 }
 
-// The workspace's parts, each [rows, width].
+// The workspace's parts (layer_geometry.h), each [rows, width].
 struct Workspace {
   Tensor gates, cells, raw_h;  // activated gates, c of each step, h before projection
 
-  Workspace(const Tensor& ws, int64_t rows, const LayerShape& s) {
-    const int64_t H = s.H;
-    gates = ws.narrow(0, 0, rows * 4 * H).view({rows, 4 * H});
-    cells = ws.narrow(0, rows * 4 * H, rows * H).view({rows, H});
-    if (s.projected) raw_h = ws.narrow(0, rows * 5 * H, rows * H).view({rows, H});
+  Workspace(const Tensor& ws, int64_t rows, const LayerGeometry& s) {
+    const int64_t H = s.hidden;
+    gates = ws.narrow(0, 0, rows * s.gates()).view({rows, s.gates()});
+    cells = ws.narrow(0, s.cells_offset(rows), rows * H).view({rows, H});
+    if (s.projected) raw_h = ws.narrow(0, s.raw_h_offset(rows), rows * H).view({rows, H});
   }
 };
 
@@ -178,12 +175,93 @@ struct ForwardResult {
   Tensor output, h_n, c_n, workspace;  // output and workspace by rows
 };
 
+// The ATen step loop, for every device and dtype the fused CPU loops don't
+// serve: per step one recurrent GEMM, one pointwise step for each run of
+// rows that start from the same state, and the projection. `input_gates`
+// holds every step's input projection with both biases.
+template <typename scalar_t>
+void aten_forward_loop(const LayerSteps& steps, const LayerGeometry& s, const Tensor& input_gates,
+                       const Tensor& h_init, const Tensor& c_init, const Tensor& w_hh,
+                       const OptTensor& w_hr, bool reverse, const Workspace& ws,
+                       ForwardResult& r) {
+  const int64_t T = steps.steps(), H = s.hidden, P = s.out;
+  const auto& pointwise = pointwise_step<scalar_t>(input_gates.device().type());
+  // Small batches only: there the per-step GEMM is latency-bound; larger
+  // batches keep cuBLAS (tensor cores) per step.
+  constexpr int64_t kPersistentMaxBatch = 64;
+  if (steps.dense && !s.projected && steps.max_batch <= kPersistentMaxBatch &&
+      pointwise.sequence_forward && persistent_kernel_requested()) {
+    const Tensor w = w_hh.contiguous();
+    kernels::PersistentForwardArgs<scalar_t> seq;
+    seq.input_gates = input_gates.const_data_ptr<scalar_t>();
+    seq.w_hh = w.const_data_ptr<scalar_t>();
+    seq.h0 = h_init.const_data_ptr<scalar_t>();
+    seq.c0 = c_init.const_data_ptr<scalar_t>();
+    seq.output = r.output.mutable_data_ptr<scalar_t>();
+    seq.act_gates = ws.gates.mutable_data_ptr<scalar_t>();
+    seq.cells = ws.cells.mutable_data_ptr<scalar_t>();
+    seq.steps = T;
+    seq.batch = steps.max_batch;
+    seq.hidden = H;
+    seq.reverse = reverse;
+    if (pointwise.sequence_forward(seq)) {
+      const int64_t last = LayerSteps::step_at(T - 1, T, reverse) * steps.max_batch;
+      r.h_n.copy_(r.output.narrow(0, last, steps.max_batch));
+      r.c_n.copy_(ws.cells.narrow(0, last, steps.max_batch));
+      return;
+    }
+  }
+  int64_t prev = -1;
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+    const int64_t cont = steps.continuing(p, reverse);
+    // Rows [0, cont) go on from the previous step, the rest start from h0/c0.
+    Tensor h_prev;
+    if (cont == rows) {
+      h_prev = r.output.narrow(0, steps.offset[prev], rows);
+    } else if (cont == 0) {
+      h_prev = h_init.narrow(0, 0, rows);
+    } else {
+      h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
+    }
+    const Tensor hidden_gates = at::mm(h_prev, w_hh.t());
+    const Tensor& h_out = s.projected ? ws.raw_h : r.output;
+    const int64_t h_width = s.projected ? H : P;
+    for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
+      if (end <= begin) continue;
+      kernels::PointwiseForwardArgs<scalar_t> step;
+      step.batch = end - begin;
+      step.hidden = H;
+      step.gates = row_of<scalar_t>(input_gates, row0 + begin, 4 * H);
+      step.hidden_gates = row_of<scalar_t>(hidden_gates, begin, 4 * H);
+      step.act_gates = mutable_row_of<scalar_t>(ws.gates, row0 + begin, 4 * H);
+      step.c_prev = begin < cont ? row_of<scalar_t>(ws.cells, steps.offset[prev] + begin, H)
+                                 : row_of<scalar_t>(c_init, begin, H);
+      step.c = mutable_row_of<scalar_t>(ws.cells, row0 + begin, H);
+      step.h = mutable_row_of<scalar_t>(h_out, row0 + begin, h_width);
+      pointwise.forward(step);
+    }
+    if (s.projected) {
+      Tensor out_t = r.output.narrow(0, row0, rows);
+      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
+    }
+    // Sequences that end at this step leave their final state.
+    const int64_t on = steps.going_on(p, reverse);
+    if (rows > on) {
+      r.h_n.narrow(0, on, rows - on).copy_(r.output.narrow(0, row0 + on, rows - on));
+      r.c_n.narrow(0, on, rows - on).copy_(ws.cells.narrow(0, row0 + on, rows - on));
+    }
+    prev = t;
+  }
+}
+
 // x: [rows, I] dense; h0 [B, P], c0 [B, H].
-ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
+ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
                            const Tensor& x, const Tensor& h0, const Tensor& c0,
                            const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
                            const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
-  const int64_t T = steps.steps(), N = steps.rows, H = s.H, P = s.P;
+  const int64_t T = steps.steps(), N = steps.rows, H = s.hidden, P = s.out;
   const auto opts = x.options();
   ForwardResult r;
   r.workspace = cpu::empty_buffer({s.workspace_numel(N)}, opts);
@@ -204,82 +282,15 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerShape& s,
     // fused steps add the bias and turn them into the activated gates (no
     // pass of addmm copying the bias over the whole buffer first).
     at::mm_out(ws.gates, x, w_ih.t());
-    cpu::fused_forward_loop(steps, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates, ws.cells,
-                            ws.raw_h, r.output, r.h_n, r.c_n);
+    cpu::fused_forward_loop(steps, s, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates,
+                            ws.cells, ws.raw_h, r.output, r.h_n, r.c_n);
     return r;
   }
   const Tensor input_gates = bias.defined() ? at::addmm(bias, x, w_ih.t()) : at::mm(x, w_ih.t());
 
-  const auto& pointwise = pointwise_backend(x.device().type());
-  // Small batches only: there the per-step GEMM is latency-bound; larger
-  // batches keep cuBLAS (tensor cores) per step.
-  constexpr int64_t kPersistentMaxBatch = 64;
-  if (steps.dense && !s.projected && steps.max_batch <= kPersistentMaxBatch &&
-      pointwise.sequence_forward && persistent_kernel_requested()) {
-    const Tensor w = w_hh.contiguous();
-    SequenceForward seq;
-    seq.input_gates = input_gates.const_data_ptr();
-    seq.w_hh = w.const_data_ptr();
-    seq.h0 = h_init.const_data_ptr();
-    seq.c0 = c_init.const_data_ptr();
-    seq.output = r.output.mutable_data_ptr();
-    seq.act_gates = ws.gates.mutable_data_ptr();
-    seq.cells = ws.cells.mutable_data_ptr();
-    seq.steps = T;
-    seq.batch = steps.max_batch;
-    seq.hidden = H;
-    seq.reverse = reverse;
-    if (pointwise.sequence_forward(x.scalar_type(), seq)) {
-      const int64_t last = LayerSteps::step_at(T - 1, T, reverse) * steps.max_batch;
-      r.h_n.copy_(r.output.narrow(0, last, steps.max_batch));
-      r.c_n.copy_(ws.cells.narrow(0, last, steps.max_batch));
-      return r;
-    }
-  }
-  const auto dtype = x.scalar_type();
-  int64_t prev = -1;
-  for (int64_t p = 0; p < T; ++p) {
-    const int64_t t = LayerSteps::step_at(p, T, reverse);
-    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
-    const int64_t cont = steps.continuing(p, reverse);
-    // Rows [0, cont) go on from the previous step, the rest start from h0/c0.
-    Tensor h_prev;
-    if (cont == rows) {
-      h_prev = r.output.narrow(0, steps.offset[prev], rows);
-    } else if (cont == 0) {
-      h_prev = h_init.narrow(0, 0, rows);
-    } else {
-      h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
-    }
-    const Tensor hidden_gates = at::mm(h_prev, w_hh.t());
-    const Tensor& h_out = s.projected ? ws.raw_h : r.output;
-    const int64_t h_width = s.projected ? H : P;
-    for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
-      if (end <= begin) continue;
-      StepForward step;
-      step.batch = end - begin;
-      step.hidden = H;
-      step.gates = row_ptr(input_gates, row0 + begin, 4 * H);
-      step.hidden_gates = row_ptr(hidden_gates, begin, 4 * H);
-      step.act_gates = row_ptr_mut(ws.gates, row0 + begin, 4 * H);
-      step.c_prev = begin < cont ? row_ptr(ws.cells, steps.offset[prev] + begin, H)
-                                 : row_ptr(c_init, begin, H);
-      step.c = row_ptr_mut(ws.cells, row0 + begin, H);
-      step.h = row_ptr_mut(h_out, row0 + begin, h_width);
-      pointwise.forward(dtype, step);
-    }
-    if (s.projected) {
-      Tensor out_t = r.output.narrow(0, row0, rows);
-      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
-    }
-    // Sequences that end at this step leave their final state.
-    const int64_t on = steps.going_on(p, reverse);
-    if (rows > on) {
-      r.h_n.narrow(0, on, rows - on).copy_(r.output.narrow(0, row0 + on, rows - on));
-      r.c_n.narrow(0, on, rows - on).copy_(ws.cells.narrow(0, row0 + on, rows - on));
-    }
-    prev = t;
-  }
+  PIPELSTM_DISPATCH_STEP_TYPES(x.scalar_type(), "lstm_layer_forward", [&] {
+    aten_forward_loop<scalar_t>(steps, s, input_gates, h_init, c_init, w_hh, w_hr, reverse, ws, r);
+  });
   return r;
 }
 
@@ -319,22 +330,23 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
 }
 
 // The data part of backward: the time loop and the input gradient.
-LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
+LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& s,
                                   const OptTensor& grad_output, const OptTensor& grad_h_n,
                                   const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
                                   const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                                   const OptTensor& w_hr, const Tensor& output,
                                   const Tensor& workspace, bool reverse) {
-  const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch, H = s.H, P = s.P;
+  const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch, H = s.hidden, P = s.out;
   const auto opts = x.options();
   const Workspace ws(workspace.contiguous(), N, s);
   const Tensor out = output.contiguous();
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   if (cpu::fused_loops_serve(x)) {
-    cpu::FusedBackward f = cpu::fused_backward_loop(steps, reverse, grad_output, grad_h_n, grad_c_n,
-                                                    h_init, c_init, w_hh, w_hr, ws.gates, ws.cells);
+    cpu::FusedBackward f =
+        cpu::fused_backward_loop(steps, s, reverse, grad_output, grad_h_n, grad_c_n, h_init,
+                                 c_init, w_hh, w_hr, ws.gates, ws.cells);
     LayerDataGrads r;
-    r.grad_input = cpu::empty_buffer({N, s.I}, opts);
+    r.grad_input = cpu::empty_buffer({N, s.input}, opts);
     at::mm_out(r.grad_input, f.grad_gates, w_ih);
     r.grad_h0 = f.grad_h0;
     r.grad_c0 = f.grad_c0;
@@ -360,39 +372,40 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerShape& s,
   Tensor grad_h_buf = s.projected ? Tensor() : at::empty({B, P}, opts);
   Tensor grad_raw_h = s.projected ? at::empty({B, H}, opts) : Tensor();
 
-  const auto& pointwise = pointwise_backend(x.device().type());
-  const auto dtype = x.scalar_type();
-  for (int64_t p = T - 1; p >= 0 && N > 0; --p) {
-    const int64_t t = LayerSteps::step_at(p, T, reverse);
-    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
-    const int64_t cont = steps.continuing(p, reverse);
-    const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
-    Tensor grad_h_rec = grad_h_state.narrow(0, 0, rows);
-    Tensor grad_h = s.projected ? grad_h_all.narrow(0, row0, rows) : grad_h_buf.narrow(0, 0, rows);
-    if (grad_out.defined()) {
-      at::add_out(grad_h, grad_out.narrow(0, row0, rows), grad_h_rec);
-    } else {
-      grad_h.copy_(grad_h_rec);
+  PIPELSTM_DISPATCH_STEP_TYPES(x.scalar_type(), "lstm_layer_backward", [&] {
+    const auto& pointwise = pointwise_step<scalar_t>(x.device().type());
+    for (int64_t p = T - 1; p >= 0 && N > 0; --p) {
+      const int64_t t = LayerSteps::step_at(p, T, reverse);
+      const int64_t rows = steps.batch[t], row0 = steps.offset[t];
+      const int64_t cont = steps.continuing(p, reverse);
+      const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
+      Tensor grad_h_rec = grad_h_state.narrow(0, 0, rows);
+      Tensor grad_h = s.projected ? grad_h_all.narrow(0, row0, rows) : grad_h_buf.narrow(0, 0, rows);
+      if (grad_out.defined()) {
+        at::add_out(grad_h, grad_out.narrow(0, row0, rows), grad_h_rec);
+      } else {
+        grad_h.copy_(grad_h_rec);
+      }
+      Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
+      if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
+      for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
+        if (end <= begin) continue;
+        kernels::PointwiseBackwardArgs<scalar_t> step;
+        step.batch = end - begin;
+        step.hidden = H;
+        step.grad_h = row_of<scalar_t>(grad_raw, begin, H);
+        step.grad_c = row_of<scalar_t>(grad_c_state, begin, H);
+        step.act_gates = row_of<scalar_t>(ws.gates, row0 + begin, 4 * H);
+        step.c_prev = begin < cont ? row_of<scalar_t>(ws.cells, steps.offset[prev] + begin, H)
+                                   : row_of<scalar_t>(c_init, begin, H);
+        step.c = row_of<scalar_t>(ws.cells, row0 + begin, H);
+        step.grad_gates = mutable_row_of<scalar_t>(grad_gates, row0 + begin, 4 * H);
+        step.grad_c_prev = mutable_row_of<scalar_t>(grad_c_state, begin, H);
+        pointwise.backward(step);
+      }
+      at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
     }
-    Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
-    if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
-    for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
-      if (end <= begin) continue;
-      StepBackward step;
-      step.batch = end - begin;
-      step.hidden = H;
-      step.grad_h = row_ptr(grad_raw, begin, H);
-      step.grad_c = row_ptr(grad_c_state, begin, H);
-      step.act_gates = row_ptr(ws.gates, row0 + begin, 4 * H);
-      step.c_prev = begin < cont ? row_ptr(ws.cells, steps.offset[prev] + begin, H)
-                                 : row_ptr(c_init, begin, H);
-      step.c = row_ptr(ws.cells, row0 + begin, H);
-      step.grad_gates = row_ptr_mut(grad_gates, row0 + begin, 4 * H);
-      step.grad_c_prev = row_ptr_mut(grad_c_state, begin, H);
-      pointwise.backward(dtype, step);
-    }
-    at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
-  }
+  });
 
   LayerDataGrads r;
   r.grad_input = at::mm(grad_gates, w_ih);
@@ -419,7 +432,7 @@ LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads
   return r;
 }
 
-BackwardResult backward_core(const LayerSteps& steps, const LayerShape& s,
+BackwardResult backward_core(const LayerSteps& steps, const LayerGeometry& s,
                              const OptTensor& grad_output, const OptTensor& grad_h_n,
                              const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
                              const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -444,11 +457,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
   TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
               input.sizes());
   const int64_t rows = checked_product(op, "T x B", {T, B});
-  const LayerShape s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
+  const LayerGeometry s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
-  const auto x = input.contiguous().view({T * B, s.I});
+  const auto x = input.contiguous().view({T * B, s.input});
   auto r = forward_core(dense_steps(T, B), s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
-  return {r.output.view({T, B, s.P}), r.h_n, r.c_n, r.workspace};
+  return {r.output.view({T, B, s.out}), r.h_n, r.c_n, r.workspace};
 }
 
 namespace {
@@ -456,7 +469,7 @@ namespace {
 // The checks of the dense backward ops, and their tensors as rows.
 struct DenseBackward {
   int64_t T, B;
-  LayerShape s;
+  LayerGeometry s;
   OptTensor grad_out;
   Tensor x, out;
 };
@@ -469,12 +482,12 @@ DenseBackward dense_backward(const char* op, const OptTensor& grad_output,
   check_dim(op, "input", input, 3, "[T, B, I]");
   const int64_t T = input.size(0), B = input.size(1);
   const int64_t rows = checked_product(op, "T x B", {T, B});
-  const LayerShape s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
-  check_shape(op, "output", output, {T, B, s.P});
+  const LayerGeometry s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {T, B, s.out});
   check_grads(op, input, s, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace);
   return {T, B, s,
-          grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.P})) : std::nullopt,
-          input.contiguous().view({T * B, s.I}), output.reshape({T * B, s.P})};
+          grad_output.has_value() ? OptTensor(grad_output->reshape({T * B, s.out})) : std::nullopt,
+          input.contiguous().view({T * B, s.input}), output.reshape({T * B, s.out})};
 }
 
 }  // namespace
@@ -489,7 +502,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
                                          input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
   auto r = backward_core(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n, grad_c_n, a.x, h0, c0,
                          w_ih, w_hh, w_hr, a.out, workspace, reverse);
-  return {r.grad_input.view({a.T, a.B, a.s.I}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+  return {r.grad_input.view({a.T, a.B, a.s.input}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
           r.grad_bias, r.grad_w_hr};
 }
 
@@ -504,7 +517,7 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
   LayerDataGrads d = backward_data_core(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n, grad_c_n,
                                         a.x, h0, c0, w_ih, w_hh, w_hr, a.out, workspace,
                                         /*reverse=*/false);
-  d.grad_input = d.grad_input.view({a.T, a.B, a.s.I});
+  d.grad_input = d.grad_input.view({a.T, a.B, a.s.input});
   return d;
 }
 
@@ -530,7 +543,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
   constexpr const char* op = "lstm_packed_layer_forward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerShape s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  const LayerGeometry s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
   auto r = forward_core(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                         reverse);
@@ -545,8 +558,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
   constexpr const char* op = "lstm_packed_layer_backward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerShape s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
-  check_shape(op, "output", output, {steps.rows, s.P});
+  const LayerGeometry s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {steps.rows, s.out});
   check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
               workspace);
   auto r = backward_core(steps, s, grad_output, grad_h_n, grad_c_n, input.contiguous(), h0, c0,

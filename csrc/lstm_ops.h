@@ -1,6 +1,7 @@
 // The pipelstm ops. Schemas are declared once in registration.cpp; every
 // function here is device-generic (GEMMs through ATen, the pointwise step
-// through the device's PointwiseBackend) and is registered per backend.
+// through its entry for the device and dtype, pointwise_step.h) and is
+// registered per backend.
 #pragma once
 
 #include <ATen/core/Tensor.h>

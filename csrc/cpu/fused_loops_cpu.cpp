@@ -71,13 +71,14 @@ bool fused_loops_serve(const Tensor& x) {
 
 const char* fused_loops_isa() { return kernels().isa; }
 
-void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
+void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
+                        const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n) {
   const auto& K = kernels();
-  const int64_t T = steps.steps(), H = w_hh.size(0) / 4, P = w_hh.size(1);
-  const bool projected = w_hr.has_value();
+  const int64_t T = steps.steps(), H = geometry.hidden, P = geometry.out;
+  const bool projected = geometry.projected;
   const Tensor w = w_hh.contiguous();
   const Tensor packed_hh = packed(K.gate_packed_size(H, P), w, [&](float* out) {
     K.pack_gates(cptr(w), H, P, out);
@@ -153,7 +154,8 @@ void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0,
   }
 }
 
-FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
+FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
+                                  bool reverse,
                                   const std::optional<Tensor>& grad_output,
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& h0,
@@ -162,8 +164,8 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
                                   const Tensor& cells) {
   const auto& K = kernels();
   const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch;
-  const int64_t H = w_hh.size(0) / 4, P = w_hh.size(1);
-  const bool projected = w_hr.has_value();
+  const int64_t H = geometry.hidden, P = geometry.out;
+  const bool projected = geometry.projected;
   const auto opts = act.options();
 
   FusedBackward r;

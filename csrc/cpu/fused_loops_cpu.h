@@ -10,6 +10,7 @@
 
 #include <optional>
 
+#include "../layer_geometry.h"
 #include "../layer_steps.h"
 
 namespace pipelstm {
@@ -29,7 +30,8 @@ const char* fused_loops_isa();
 // them. Out: gates the activated gates, cells
 // [N, H], raw_h [N, H] (with w_hr only: h before the projection), output
 // [N, P], h_n [B, P] and c_n [B, H]. h0/c0 contiguous [B, P]/[B, H].
-void fused_forward_loop(const LayerSteps& steps, bool reverse, const Tensor& h0, const Tensor& c0,
+void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
+                        const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n);
@@ -42,7 +44,8 @@ struct FusedBackward {
 
 // Backward of all steps from the forward's act (activated gates), cells and
 // output; grad_output [N, P] (any row stride), grad_h_n, grad_c_n optional.
-FusedBackward fused_backward_loop(const LayerSteps& steps, bool reverse,
+FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
+                                  bool reverse,
                                   const std::optional<Tensor>& grad_output,
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& h0,

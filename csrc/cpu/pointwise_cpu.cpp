@@ -1,12 +1,12 @@
-// CPU backend of the pointwise step: typed pointers, batch rows split over
-// ATen's intra-op threads, and the op registrations for the CPU key.
+// CPU entries of the pointwise step: batch rows split over ATen's intra-op
+// threads; and the op registrations for the CPU key.
 #include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "../device_kernels.h"
-#include "../pointwise_backend.h"
-#include "../step_args.h"
+#include "../pointwise_step.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 
 namespace pipelstm {
@@ -19,39 +19,22 @@ int64_t grain_rows(int64_t hidden) {
 }
 
 template <typename T>
-void forward_typed(const StepForward& s) {
-  const auto a = typed_args<T>(s);
-  at::parallel_for(0, s.batch, grain_rows(s.hidden), [&](int64_t b0, int64_t b1) {
+void forward(const kernels::PointwiseForwardArgs<T>& a) {
+  at::parallel_for(0, a.batch, grain_rows(a.hidden), [&](int64_t b0, int64_t b1) {
     kernels::pointwise_forward_cpu<T>(a, b0, b1);
   });
 }
 
 template <typename T>
-void backward_typed(const StepBackward& s) {
-  const auto a = typed_args<T>(s);
-  at::parallel_for(0, s.batch, grain_rows(s.hidden), [&](int64_t b0, int64_t b1) {
+void backward(const kernels::PointwiseBackwardArgs<T>& a) {
+  at::parallel_for(0, a.batch, grain_rows(a.hidden), [&](int64_t b0, int64_t b1) {
     kernels::pointwise_backward_cpu<T>(a, b0, b1);
   });
 }
 
-void forward_cpu(at::ScalarType dtype, const StepForward& s) {
-  switch (dtype) {
-    case at::kFloat: return forward_typed<float>(s);
-    case at::kDouble: return forward_typed<double>(s);
-    default: TORCH_CHECK(false, "pipelstm: no CPU pointwise kernel for ", dtype);
-  }
-}
-
-void backward_cpu(at::ScalarType dtype, const StepBackward& s) {
-  switch (dtype) {
-    case at::kFloat: return backward_typed<float>(s);
-    case at::kDouble: return backward_typed<double>(s);
-    default: TORCH_CHECK(false, "pipelstm: no CPU pointwise kernel for ", dtype);
-  }
-}
-
 const bool registered = [] {
-  register_pointwise_backend(c10::DeviceType::CPU, {&forward_cpu, &backward_cpu});
+  register_pointwise_step<float>(c10::DeviceType::CPU, {&forward<float>, &backward<float>});
+  register_pointwise_step<double>(c10::DeviceType::CPU, {&forward<double>, &backward<double>});
   return true;
 }();
 

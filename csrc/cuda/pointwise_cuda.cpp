@@ -1,84 +1,106 @@
-// CUDA backend of the pointwise step: typed pointers, one launch on the
-// current stream (no host synchronisation, so the layer ops are capturable
-// in a CUDA graph), the launch error turned into torch's error, and the op
-// registrations for the CUDA key. Compiled only in a CUDA build.
+// CUDA entries of the pointwise step: one launch on the current stream (no
+// host synchronisation, so the layer ops are capturable in a CUDA graph), the
+// launch error turned into torch's error; and the op registrations for the
+// CUDA key. Compiled only in a CUDA build.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/util/Exception.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <type_traits>
+
 #include "../device_kernels.h"
-#include "../pointwise_backend.h"
-#include "../step_args.h"
+#include "../pointwise_step.h"
 #include "pipelstm/kernels/lstm_persistent_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_cuda.h"
 
 namespace pipelstm {
 namespace {
 
-template <typename T>
-void forward_typed(const StepForward& s) {
-  const auto a = typed_args<T>(s);
-  C10_CUDA_CHECK(kernels::pointwise_forward_cuda<T>(a, at::cuda::getCurrentCUDAStream()));
+// The kernel library's element type for ATen's: c10::Half and c10::BFloat16
+// hold the same 16 bits as __half and __nv_bfloat16.
+template <typename T> struct Storage { using type = T; };
+template <> struct Storage<c10::Half> { using type = __half; };
+template <> struct Storage<c10::BFloat16> { using type = __nv_bfloat16; };
+
+template <typename S, typename T>
+S* as(T* p) {
+  static_assert(sizeof(S) == sizeof(T) && alignof(S) == alignof(T));
+  return reinterpret_cast<S*>(p);
+}
+template <typename S, typename T>
+const S* as(const T* p) {
+  static_assert(sizeof(S) == sizeof(T) && alignof(S) == alignof(T));
+  return reinterpret_cast<const S*>(p);
 }
 
 template <typename T>
-void backward_typed(const StepBackward& s) {
-  const auto a = typed_args<T>(s);
-  C10_CUDA_CHECK(kernels::pointwise_backward_cuda<T>(a, at::cuda::getCurrentCUDAStream()));
-}
-
-void forward_cuda(at::ScalarType dtype, const StepForward& s) {
-  switch (dtype) {
-    case at::kFloat: return forward_typed<float>(s);
-    case at::kDouble: return forward_typed<double>(s);
-    case at::kHalf: return forward_typed<__half>(s);
-    case at::kBFloat16: return forward_typed<__nv_bfloat16>(s);
-    default: TORCH_CHECK(false, "pipelstm: no CUDA pointwise kernel for ", dtype);
-  }
-}
-
-void backward_cuda(at::ScalarType dtype, const StepBackward& s) {
-  switch (dtype) {
-    case at::kFloat: return backward_typed<float>(s);
-    case at::kDouble: return backward_typed<double>(s);
-    case at::kHalf: return backward_typed<__half>(s);
-    case at::kBFloat16: return backward_typed<__nv_bfloat16>(s);
-    default: TORCH_CHECK(false, "pipelstm: no CUDA pointwise kernel for ", dtype);
-  }
+void forward(const kernels::PointwiseForwardArgs<T>& a) {
+  using S = typename Storage<T>::type;
+  kernels::PointwiseForwardArgs<S> s;
+  s.gates = as<S>(a.gates);
+  s.hidden_gates = as<S>(a.hidden_gates);
+  s.bias_ih = as<S>(a.bias_ih);
+  s.bias_hh = as<S>(a.bias_hh);
+  s.c_prev = as<S>(a.c_prev);
+  s.act_gates = as<S>(a.act_gates);
+  s.c = as<S>(a.c);
+  s.h = as<S>(a.h);
+  s.batch = a.batch;
+  s.hidden = a.hidden;
+  C10_CUDA_CHECK(kernels::pointwise_forward_cuda<S>(s, at::cuda::getCurrentCUDAStream()));
 }
 
 template <typename T>
-bool sequence_typed(const SequenceForward& s) {
-  if (!kernels::persistent_forward_fits<T>(s.hidden, c10::cuda::current_device())) return false;
-  kernels::PersistentForwardArgs<T> a;
-  a.input_gates = static_cast<const T*>(s.input_gates);
-  a.w_hh = static_cast<const T*>(s.w_hh);
-  a.h0 = static_cast<const T*>(s.h0);
-  a.c0 = static_cast<const T*>(s.c0);
-  a.output = static_cast<T*>(s.output);
-  a.act_gates = static_cast<T*>(s.act_gates);
-  a.cells = static_cast<T*>(s.cells);
-  a.steps = s.steps;
-  a.batch = s.batch;
-  a.hidden = s.hidden;
-  a.reverse = s.reverse;
-  C10_CUDA_CHECK(kernels::persistent_forward_cuda<T>(a, at::cuda::getCurrentCUDAStream()));
+void backward(const kernels::PointwiseBackwardArgs<T>& a) {
+  using S = typename Storage<T>::type;
+  kernels::PointwiseBackwardArgs<S> s;
+  s.grad_h = as<S>(a.grad_h);
+  s.grad_c = as<S>(a.grad_c);
+  s.act_gates = as<S>(a.act_gates);
+  s.c_prev = as<S>(a.c_prev);
+  s.c = as<S>(a.c);
+  s.grad_gates = as<S>(a.grad_gates);
+  s.grad_c_prev = as<S>(a.grad_c_prev);
+  s.batch = a.batch;
+  s.hidden = a.hidden;
+  C10_CUDA_CHECK(kernels::pointwise_backward_cuda<S>(s, at::cuda::getCurrentCUDAStream()));
+}
+
+template <typename T>
+bool sequence_forward(const kernels::PersistentForwardArgs<T>& a) {
+  using S = typename Storage<T>::type;
+  if (!kernels::persistent_forward_fits<S>(a.hidden, c10::cuda::current_device())) return false;
+  kernels::PersistentForwardArgs<S> s;
+  s.input_gates = as<S>(a.input_gates);
+  s.w_hh = as<S>(a.w_hh);
+  s.h0 = as<S>(a.h0);
+  s.c0 = as<S>(a.c0);
+  s.output = as<S>(a.output);
+  s.act_gates = as<S>(a.act_gates);
+  s.cells = as<S>(a.cells);
+  s.steps = a.steps;
+  s.batch = a.batch;
+  s.hidden = a.hidden;
+  s.reverse = a.reverse;
+  C10_CUDA_CHECK(kernels::persistent_forward_cuda<S>(s, at::cuda::getCurrentCUDAStream()));
   return true;
 }
 
-bool sequence_forward_cuda(at::ScalarType dtype, const SequenceForward& s) {
-  switch (dtype) {
-    case at::kFloat: return sequence_typed<float>(s);
-    case at::kHalf: return sequence_typed<__half>(s);
-    case at::kBFloat16: return sequence_typed<__nv_bfloat16>(s);
-    default: return false;
-  }
+template <typename T>
+void register_step() {
+  PointwiseStep<T> step{&forward<T>, &backward<T>};
+  // The persistent kernel is instantiated for float, half and bfloat16.
+  if constexpr (!std::is_same_v<T, double>) step.sequence_forward = &sequence_forward<T>;
+  register_pointwise_step<T>(c10::DeviceType::CUDA, step);
 }
 
 const bool registered = [] {
-  register_pointwise_backend(c10::DeviceType::CUDA,
-                             {&forward_cuda, &backward_cuda, &sequence_forward_cuda});
+  register_step<float>();
+  register_step<double>();
+  register_step<c10::Half>();
+  register_step<c10::BFloat16>();
   return true;
 }();
 

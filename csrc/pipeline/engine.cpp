@@ -30,6 +30,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "../layer_geometry.h"
 #include "units.h"
 
 namespace pipelstm::pipeline {
@@ -541,8 +542,8 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
       const UnitParams& p = params[st->first_unit[&stage - stages_.data()] +
                                    (&u - stage.units.data())];
       const Tensor& w_ih = need(p[0], u, "w_ih");
-      const int64_t H = w_ih.size(0) / 4;
-      const int64_t P = p[4].has_value() ? p[4]->size(0) : H;
+      const LayerGeometry g = LayerGeometry::of(w_ih, need(p[1], u, "w_hh"), p[4]);
+      const int64_t H = g.hidden, P = g.out;
       for (int64_t m = 0; m < M; ++m) {
         auto part = [&](const OptTensor& given, int64_t width) {
           if (given.has_value()) {
