@@ -10,6 +10,19 @@
 
 namespace pipelstm::pipeline {
 
+const char* unit_kind_name(UnitKind k) {
+  switch (k) {
+    case UnitKind::Lstm: return "LSTM layer";
+    case UnitKind::Embedding: return "Embedding";
+    case UnitKind::Linear: return "Linear";
+    case UnitKind::Dropout: return "Dropout";
+    case UnitKind::Activation: return "activation";
+    case UnitKind::LayerNorm: return "LayerNorm";
+    case UnitKind::CrossEntropy: return "CrossEntropy";
+  }
+  return "?";
+}
+
 namespace {
 
 uint64_t splitmix64(uint64_t z) {

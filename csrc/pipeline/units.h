@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine.h"
+#include "spec.h"
 
 namespace pipelstm::pipeline {
 

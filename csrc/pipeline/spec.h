@@ -1,0 +1,75 @@
+// What the pipeline engine runs: the kinds of unit, their specs, the
+// stages, each unit's parameter slots and the trace a pass leaves. Shared by
+// the engine (engine.h), the units (units.h) and the bindings; depends on
+// nothing of theirs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pipelstm::pipeline {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// CrossEntropy: the loss as the last unit of the last stage; each work item
+// computes the loss of its tokens (the pass's output is their mean or sum)
+// and its backward the gradient of its logits.
+// Activation and LayerNorm (over the last dimension) are the pointwise
+// layers that commonly sit between LSTM layers and the decoder.
+enum class UnitKind { Lstm, Embedding, Linear, Dropout, Activation, LayerNorm, CrossEntropy };
+enum class Activation { Relu, Tanh, Sigmoid, Gelu, GeluTanh, Silu };
+
+// Activation recomputation: which work items keep only what replaying their
+// forward needs (the stage input, each LSTM layer's initial (h, c) and the
+// dropout masks) and run that forward again just before their backward.
+// ExceptLast leaves out a stage's last forward item, whose backward comes
+// first and would replay it at once.
+enum class Checkpoint { Never, ExceptLast, Always };
+
+struct UnitSpec {
+  UnitKind kind;
+  std::string name;  // for messages and traces, e.g. "1.l2 (LSTM layer 2)"
+  // Embedding
+  int64_t padding_idx = -1;
+  bool scale_grad_by_freq = false;
+  // Dropout
+  double p = 0.0;
+  // Activation
+  Activation activation = Activation::Relu;
+  // LayerNorm
+  double eps = 1e-5;
+  // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)
+  int64_t state_index = -1;
+  // CrossEntropy: targets equal to ignore_index do not count; mean or sum
+  int64_t ignore_index = -100;
+  bool mean = true;
+};
+
+struct StageSpec {
+  c10::Device device{c10::kCPU};
+  std::vector<UnitSpec> units;
+  int threads = 0;  // intra-op threads of the stage's worker; 0 leaves it alone
+};
+
+// Per unit, its parameters in a fixed order (absent ones nullopt):
+//   Lstm: w_ih, w_hh, b_ih, b_hh, w_hr;  Embedding: weight;
+//   Linear, LayerNorm: weight, bias;  Dropout, Activation, CrossEntropy: none.
+using UnitParams = std::vector<OptTensor>;
+
+struct TraceEvent {
+  int stage;
+  std::string phase;  // "forward", "recompute", "backward", "transfer"
+  int micro_batch, chunk;
+  int64_t start_ns, end_ns;  // steady clock
+};
+
+// "LSTM layer", "Embedding", ...: for messages.
+const char* unit_kind_name(UnitKind kind);
+
+}  // namespace pipelstm::pipeline
