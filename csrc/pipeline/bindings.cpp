@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "engine.h"
+#include "units/kinds.h"
 
 namespace py = pybind11;
 
@@ -14,14 +15,9 @@ namespace pipelstm::pipeline {
 void init_bindings(py::module_& parent) {
   auto m = parent.def_submodule("pipeline", "The pipeline engine (see pipelstm.Pipeline).");
 
-  py::enum_<UnitKind>(m, "UnitKind")
-      .value("lstm", UnitKind::Lstm)
-      .value("embedding", UnitKind::Embedding)
-      .value("linear", UnitKind::Linear)
-      .value("dropout", UnitKind::Dropout)
-      .value("activation", UnitKind::Activation)
-      .value("layer_norm", UnitKind::LayerNorm)
-      .value("cross_entropy", UnitKind::CrossEntropy);
+  // One value per kind of unit, from the table (units/kinds.h).
+  py::enum_<UnitKind> unit_kind(m, "UnitKind");
+  for (const UnitKindOps* kind : unit_kinds()) unit_kind.value(kind->py_name, kind->kind);
 
   py::enum_<Activation>(m, "Activation")
       .value("relu", Activation::Relu)

@@ -1,0 +1,52 @@
+// Dropout as a unit: a Bernoulli mask per item, drawn from a generator
+// seeded by (pass, unit, item) (units.h: dropout_seed), kept for backward
+// and for replaying a recomputed item.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+
+#include "kinds.h"
+
+namespace pipelstm::pipeline {
+namespace {
+
+at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator global = at::globalContext().defaultGenerator(device);
+  at::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(global.mutex());
+    g = global.clone();
+  }
+  g.set_current_seed(seed);
+  return g;
+}
+
+Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool training, bool keep,
+               Tensor&, Tensor&, std::vector<Tensor>& saved, uint64_t seed, const Tensor&) {
+  if (!training || u.p == 0.0) return x;
+  Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
+  if (u.p >= 1.0) {
+    mask.zero_();
+  } else {
+    mask.bernoulli_(1.0 - u.p, seeded_generator(x.device(), seed)).div_(1.0 - u.p);
+  }
+  if (keep) saved = {mask};
+  return x * mask;
+}
+
+Tensor backward_data(const UnitSpec&, const UnitParams&, const Tensor& g,
+                     const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece&) {
+  if (!g.defined() || saved.empty()) return g;
+  return g * saved[0];
+}
+
+void keep_for_replay(std::vector<Tensor>&) {}  // the mask
+
+}  // namespace
+
+const UnitKindOps kDropoutUnit{UnitKind::Dropout, "Dropout", "dropout", &forward, &backward_data,
+                               nullptr, &keep_for_replay};
+
+}  // namespace pipelstm::pipeline

@@ -1,0 +1,78 @@
+// An LSTM layer as a unit: the layer op over each item, its (h, c) carried
+// from chunk to chunk by the stage; its weight gradients once per run of
+// consecutive chunks.
+#include <ATen/ATen.h>
+
+#include "../../lstm_ops.h"
+#include "kinds.h"
+
+namespace pipelstm::pipeline {
+namespace {
+
+Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor& h,
+               Tensor& c, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+  auto [out, h_n, c_n, ws] = lstm_layer_forward(x, h, c, need(p[0], u, "w_ih"),
+                                                need(p[1], u, "w_hh"), p[2], p[3], p[4],
+                                                /*reverse=*/false);
+  if (keep) saved = {x, h, c, out, ws};
+  h = h_n;
+  c = c_n;
+  return out;
+}
+
+Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
+                     const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
+                     Piece& piece) {
+  const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &out = saved[3], &ws = saved[4];
+  if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
+  LayerDataGrads d = lstm_layer_backward_data(g.defined() ? OptTensor(g) : std::nullopt, grad_h,
+                                              grad_c, x, h0, c0, *p[0], *p[1], p[4], out, ws);
+  grad_h = d.grad_h0;
+  grad_c = d.grad_c0;
+  piece = {x, h0, out, d.grad_gates, d.grad_h, d.raw_h};
+  return d.grad_input;
+}
+
+// Per micro-batch, each run of consecutive chunks as one sequence: pieces
+// {x, h0, out, grad_gates, grad_h, raw_h}, rows time-major.
+void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
+                  std::vector<Tensor>& acc) {
+  for (const auto& row : pieces) {
+    const int64_t K = static_cast<int64_t>(row.size());
+    for (int64_t k = 0; k < K;) {
+      if (row[k].empty()) {
+        ++k;
+        continue;
+      }
+      int64_t end = k;
+      while (end < K && !row[end].empty()) ++end;
+      auto joined = [&](size_t i) -> Tensor {
+        if (!row[k][i].defined() || end - k == 1) return row[k][i];
+        std::vector<Tensor> parts;
+        for (int64_t j = k; j < end; ++j) parts.push_back(row[j][i]);
+        return at::cat(parts, 0);
+      };
+      LayerDataGrads d;
+      d.grad_gates = joined(3);
+      d.grad_h = joined(4);
+      d.raw_h = joined(5);
+      const LayerWeightGrads w = lstm_layer_weight_grads(d, joined(0), row[k][1], joined(2));
+      accumulate(acc, 0, w.w_ih);
+      accumulate(acc, 1, w.w_hh);
+      if (p[2].has_value()) accumulate(acc, 2, w.bias);
+      if (p[3].has_value()) accumulate(acc, 3, p[2].has_value() ? w.bias.clone() : w.bias);
+      if (p[4].has_value()) accumulate(acc, 4, w.w_hr);
+      k = end;
+    }
+  }
+}
+
+// Replaying needs the initial (h, c).
+void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1], saved[2]}; }
+
+}  // namespace
+
+const UnitKindOps kLstmUnit{UnitKind::Lstm, "LSTM layer", "lstm", &forward, &backward_data,
+                            &weight_grads, &keep_for_replay};
+
+}  // namespace pipelstm::pipeline
