@@ -252,3 +252,21 @@ def test_grid_budget_skips_and_reports(tmp_path):
     data = report.read_json(str(path))
     assert data["rows"] == [] and len(data["skipped"]) == 2 * 2 * 2  # H x B x modes, all over budget
     assert "skipped 8 rows" in out and data["tables"][-1]["title"] == "Skipped (estimated too slow)"
+
+
+def test_wavefront_quick_compares_threads_and_the_layer_wavefront(tmp_path):
+    path = tmp_path / "wavefront.json"
+    cmd = [sys.executable, "-m", "pipelstm.bench", "wavefront", "--quick", "--repeats", "2", "--chunks", "1", "4",
+           "--json", str(path)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = report.read_json(str(path))
+    assert data["bench"] == "wavefront" and data["command"].endswith(f"--json {path}")
+    rows = data["rows"]
+    assert [r["pass"] for r in rows] == ["fwd+bwd", "forward"]
+    for r in rows:
+        assert set(r["samples"]) == {"peer", "threads", "wave1", "wave4"}
+        assert all(len(v) == 2 for v in r["samples"].values())
+        assert r["wave_ms"] == min(r["wave_by_k"].values()) and r["wave_by_k"][str(r["K"])] == r["wave_ms"]
+        assert math.isclose(r["wave_vs_threads"], r["threads_ms"] / r["wave_ms"])
+        assert math.isclose(r["threads_x"], r["peer"] / r["threads_ms"])
+    assert "wavefront beat 2 intra-op threads in" in data["notes"][0]
