@@ -151,6 +151,48 @@ int64_t storage_bytes(const std::vector<std::vector<SavedItem>>& items) {
   return total;
 }
 
+// The recurrent state a stage carries from chunk to chunk, per (unit,
+// micro-batch): (h, c) forward, their gradients backward. Only its LSTM
+// units have any; the per-layer vectors are indexed [layer * M + m].
+template <typename T>
+class CarriedState {
+ public:
+  CarriedState(const StageSpec& stage, int64_t M, const std::vector<T>& h_by_layer,
+               const std::vector<T>& c_by_layer)
+      : stage_(stage), M_(M), h_(stage.units.size() * M), c_(stage.units.size() * M) {
+    for_each_layer([&](int64_t j, int64_t l) {
+      for (int64_t m = 0; m < M_; ++m) {
+        h_[j * M_ + m] = h_by_layer[l * M_ + m];
+        c_[j * M_ + m] = c_by_layer[l * M_ + m];
+      }
+    });
+  }
+
+  T& h(int64_t j, int64_t m) { return h_[j * M_ + m]; }
+  T& c(int64_t j, int64_t m) { return c_[j * M_ + m]; }
+
+  // Micro-batch m's state of every LSTM unit, into the per-layer vectors.
+  void store(int64_t m, std::vector<T>& h_by_layer, std::vector<T>& c_by_layer) const {
+    for_each_layer([&](int64_t j, int64_t l) {
+      h_by_layer[l * M_ + m] = h_[j * M_ + m];
+      c_by_layer[l * M_ + m] = c_[j * M_ + m];
+    });
+  }
+
+ private:
+  template <typename F>
+  void for_each_layer(F f) const {
+    for (size_t j = 0; j < stage_.units.size(); ++j) {
+      const UnitSpec& u = stage_.units[j];
+      if (u.kind == UnitKind::Lstm) f(static_cast<int64_t>(j), u.state_index);
+    }
+  }
+
+  const StageSpec& stage_;
+  int64_t M_;
+  std::vector<T> h_, c_;
+};
+
 // Stage s's forward: each item through its units, the hidden state of each
 // LSTM layer carried per micro-batch from one chunk to the next.
 class ForwardWork final : public StageWork {
@@ -168,17 +210,8 @@ class ForwardWork final : public StageWork {
 
   ForwardWork(const Engine& engine, Shared& sh, int s, std::vector<TraceEvent>& trace)
       : sh_(sh), stage_(engine.stages()[s]), s_(s), first_unit_(engine.first_unit(s)),
-        n_units_(static_cast<int64_t>(stage_.units.size())), M_(sh.st.grid.M), trace_(trace),
-        h_(n_units_ * M_), c_(n_units_ * M_) {
-    for (int64_t j = 0; j < n_units_; ++j) {
-      const auto& u = stage_.units[j];
-      if (u.kind != UnitKind::Lstm) continue;
-      for (int64_t m = 0; m < M_; ++m) {
-        h_[j * M_ + m] = sh.st.h0_parts[u.state_index * M_ + m];
-        c_[j * M_ + m] = sh.st.c0_parts[u.state_index * M_ + m];
-      }
-    }
-  }
+        n_units_(static_cast<int64_t>(stage_.units.size())), trace_(trace),
+        state_(stage_, sh.st.grid.M, sh.st.h0_parts, sh.st.c0_parts) {}
 
   Tensor run(Item it, Tensor x, int64_t& j) override {
     RunState& st = sh_.st;
@@ -191,21 +224,14 @@ class ForwardWork final : public StageWork {
     for (j = 0; j < n_units_; ++j) {
       const int64_t gu = first_unit_ + j;
       check_fault(sh_.faults, gu, "forward", m, it.k);
-      x = unit_forward(stage_.units[j], st.params[gu], x, st.training, sh_.keep, h_[j * M_ + m],
-                       c_[j * M_ + m], item.units[j], dropout_seed(sh_.pass_seed, gu, m, it.k),
+      x = unit_forward(stage_.units[j], st.params[gu], x, st.training, sh_.keep, state_.h(j, m),
+                       state_.c(j, m), item.units[j], dropout_seed(sh_.pass_seed, gu, m, it.k),
                        sh_.targets[grid.index(it)]);
       if (item.recompute) keep_for_replay(stage_.units[j], item.units[j]);
     }
     j = -1;
     trace_.push_back({s_, "forward", static_cast<int>(m), static_cast<int>(it.k), t0, now_ns()});
-    if (ends_recurrence(Direction::Forward, it, grid.K)) {
-      for (int64_t jj = 0; jj < n_units_; ++jj) {
-        const auto& u = stage_.units[jj];
-        if (u.kind != UnitKind::Lstm) continue;
-        sh_.h_final[u.state_index * M_ + m] = h_[jj * M_ + m];
-        sh_.c_final[u.state_index * M_ + m] = c_[jj * M_ + m];
-      }
-    }
+    if (ends_recurrence(Direction::Forward, it, grid.K)) state_.store(m, sh_.h_final, sh_.c_final);
     return x;
   }
 
@@ -220,9 +246,9 @@ class ForwardWork final : public StageWork {
   Shared& sh_;
   const StageSpec& stage_;
   int s_;
-  int64_t first_unit_, n_units_, M_;
+  int64_t first_unit_, n_units_;
   std::vector<TraceEvent>& trace_;
-  std::vector<Tensor> h_, c_;  // carried state per (unit, micro-batch)
+  CarriedState<Tensor> state_;
 };
 
 // Stage s's backward: each item's data gradients through its units in
@@ -248,16 +274,7 @@ class BackwardWork final : public StageWork {
   BackwardWork(const Engine& engine, Shared& sh, int s, std::vector<TraceEvent>& trace)
       : engine_(engine), sh_(sh), stage_(engine.stages()[s]), s_(s),
         first_unit_(engine.first_unit(s)), n_units_(static_cast<int64_t>(stage_.units.size())),
-        M_(sh.st.grid.M), trace_(trace), gh_(n_units_ * M_), gc_(n_units_ * M_) {
-    for (int64_t j = 0; j < n_units_; ++j) {
-      const auto& u = stage_.units[j];
-      if (u.kind != UnitKind::Lstm) continue;
-      for (int64_t m = 0; m < M_; ++m) {
-        gh_[j * M_ + m] = sh.gh_parts[u.state_index * M_ + m];
-        gc_[j * M_ + m] = sh.gc_parts[u.state_index * M_ + m];
-      }
-    }
-  }
+        trace_(trace), grads_(stage_, sh.st.grid.M, sh.gh_parts, sh.gc_parts) {}
 
   Tensor run(Item it, Tensor g, int64_t& j) override {
     RunState& st = sh_.st;
@@ -272,20 +289,13 @@ class BackwardWork final : public StageWork {
     for (j = n_units_ - 1; j >= 0; --j) {
       const int64_t gu = first_unit_ + j;
       check_fault(sh_.faults, gu, "backward", m, k);
-      g = unit_backward_data(stage_.units[j], st.params[gu], g, item.units[j], gh_[j * M_ + m],
-                             gc_[j * M_ + m], sh_.pieces[gu][m][k]);
+      g = unit_backward_data(stage_.units[j], st.params[gu], g, item.units[j], grads_.h(j, m),
+                             grads_.c(j, m), sh_.pieces[gu][m][k]);
       item.units[j].clear();  // free activations as soon as they are used
     }
     j = -1;
     trace_.push_back({s_, "backward", static_cast<int>(m), static_cast<int>(k), t0, now_ns()});
-    if (ends_recurrence(Direction::Backward, it, st.grid.K)) {
-      for (int64_t jj = 0; jj < n_units_; ++jj) {
-        const auto& u = stage_.units[jj];
-        if (u.kind != UnitKind::Lstm) continue;
-        sh_.gh0[u.state_index * M_ + m] = gh_[jj * M_ + m];
-        sh_.gc0[u.state_index * M_ + m] = gc_[jj * M_ + m];
-      }
-    }
+    if (ends_recurrence(Direction::Backward, it, st.grid.K)) grads_.store(m, sh_.gh0, sh_.gc0);
     return g;
   }
 
@@ -322,9 +332,9 @@ class BackwardWork final : public StageWork {
   Shared& sh_;
   const StageSpec& stage_;
   int s_;
-  int64_t first_unit_, n_units_, M_;
+  int64_t first_unit_, n_units_;
   std::vector<TraceEvent>& trace_;
-  std::vector<OptTensor> gh_, gc_;  // carried state gradients per (unit, micro-batch)
+  CarriedState<OptTensor> grads_;  // of the state carried from chunk k+1
 };
 
 std::vector<RemoteLink*> links_of(const Engine& engine) {
