@@ -1,4 +1,5 @@
-"""nn.LSTM and pipelstm.LSTM side by side: the pairs and the loss the module tests share."""
+"""nn.LSTM and pipelstm.LSTM side by side: the pairs, the loss and the
+forward-and-gradients run the module tests share."""
 
 import torch
 from torch import nn
@@ -33,6 +34,14 @@ def weighted_loss(out, h, c):
     """A loss that depends on every output element with a distinct weight
     (a plain sum would hide sign and permutation errors in the gradients)."""
     return sum((t * _weights_like(t, k)).sum() for k, t in enumerate((out, h, c)))
+
+
+def forward_and_grads(model, x, hx=None):
+    """[output, h_n, c_n, d/dx, d/dh0, d/dc0, d/dparams...] of weighted_loss."""
+    out, (h, c) = model(x, hx)
+    leaves = [x, *(hx or ()), *model.parameters()]
+    grads = torch.autograd.grad(weighted_loss(out, h, c), leaves)
+    return [out, h, c, *grads]
 
 
 def assert_all_close(actual, expected, tol):
