@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _C, ops
+from .geometry import LayerGeometry
 from .timeline import write_timeline
 
 __all__ = ["Pipeline", "partition"]
@@ -661,10 +662,10 @@ def _flop_model(u: _Unit) -> Tuple[float, float]:
     """(forward + backward FLOPs per token, bytes saved for backward per token)."""
     e = _elt(u)
     if u.kind == "lstm":
-        H, P, I = u.hidden_size, u.out_size, u.input_size
-        fwd = 2 * 4 * H * (I + P) + (2 * P * H if u.proj_size else 0) + 20 * H
-        ws = 6 * H if u.proj_size else 5 * H
-        return 3.0 * fwd, float((I + P + ws) * e)
+        g = LayerGeometry(u.input_size, u.hidden_size, u.proj_size)
+        H, P, I = g.hidden_size, g.out_size, g.input_size
+        fwd = 2 * 4 * H * (I + P) + (2 * P * H if g.projected else 0) + 20 * H
+        return 3.0 * fwd, float((I + P + g.workspace_width) * e)
     if u.kind == "linear":
         return 3.0 * 2 * u.input_size * u.out_size, float(u.input_size * e)
     if u.kind == "embedding":
