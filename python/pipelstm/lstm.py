@@ -21,14 +21,19 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
-from . import pipeline as _pl
+from ._C import pipeline as _engine
+from .pipeline import Pipeline, Plan
+from .pipeline.balance import estimate_costs, resolve_balance
+from .pipeline.core import EngineHolder, check_checkpoint, check_positive_ints, run_engine, stage_specs
+from .pipeline.placement import check_stage_count, place, stage_devices, thread_budgets
+from .pipeline.units import flatten
 
 __all__ = ["LSTM", "LSTMCell"]
 
 _State = Tuple[Tensor, Tensor]
 
 
-class LSTM(_pl.EngineHolder, nn.RNNBase):
+class LSTM(EngineHolder, nn.RNNBase):
     """A multi-layer LSTM with the interface of :class:`torch.nn.LSTM`.
 
     Args: exactly those of :class:`torch.nn.LSTM` (``input_size, hidden_size,
@@ -133,27 +138,25 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
                 "end of the sequence before its first step, so it cannot run in time chunks; use a "
                 "unidirectional LSTM or drop devices="
             )
-        _pl.check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
-        devices = _pl.stage_devices("LSTM", devices)
-        units = _pl._flatten([("", self)])
-        _pl.check_stage_count("LSTM", len(devices), units)
-        for u in units:
-            u.cost, u.act_bytes = _pl._flop_model(u)
+        check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
+        devices = stage_devices("LSTM", devices)
+        units = flatten([("", self)])
+        check_stage_count("LSTM", len(devices), units)
+        estimate_costs(units)
         self._units = units
         self._cost_unit, self._sample_shape = "MFLOP/token", None  # for Plan
         self.chunks, self.micro_batches = chunks, micro_batches
-        self.checkpoint = _pl.check_checkpoint("LSTM", checkpoint)
+        self.checkpoint = check_checkpoint("LSTM", checkpoint)
         self.saved_activation_bytes = 0
-        self.balance = _pl.resolve_balance(balance, units, len(devices), "LSTM")
-        self.threads = _pl._thread_budgets(threads, devices, "LSTM")
-        _pl._place(units, self.balance, devices)
+        self.balance = resolve_balance(balance, units, len(devices), "LSTM")
+        self.threads = thread_budgets(threads, devices, "LSTM")
+        place(units, self.balance, devices)
         self._devices = devices
         self._build_engine()
 
     def _build_engine(self) -> None:  # with devices= (the copy of a plain LSTM has no engine)
         if self._devices is not None:
-            self._engine = _pl._engine.Engine(_pl._stage_specs(self._units, self.balance, self._devices,
-                                                               self.threads))
+            self._engine = _engine.Engine(stage_specs(self._units, self.balance, self._devices, self.threads))
 
     def flatten_parameters(self) -> None:
         # cuDNN's flattening would gather all weights into one buffer on one device.
@@ -166,20 +169,20 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
         return None if self._devices is None else list(self._devices)
 
     @property
-    def plan(self) -> "_pl.Plan":
+    def plan(self) -> "Plan":
         """The stages: device, threads, units, estimated cost, parameters, activation memory."""
         self._require_devices("plan")
-        return _pl.Plan(self)
+        return Plan(self)
 
     def trace(self) -> List[dict]:
         """What ran in the last forward (and backward): one dict per span."""
         self._require_devices("trace()")
-        return _pl.Pipeline.trace(self)
+        return Pipeline.trace(self)
 
     def timeline(self, path: str):
         """As :meth:`pipelstm.Pipeline.timeline`: the last pass as a Chrome trace (and a Gantt chart)."""
         self._require_devices("timeline()")
-        return _pl.Pipeline.timeline(self, path)
+        return Pipeline.timeline(self, path)
 
     def _require_devices(self, what: str) -> None:
         if self._devices is None:
@@ -215,7 +218,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
         if x.size(1) == 0:  # nothing to pipeline; nn.LSTM returns empty results
             output, h_n, c_n = self._run_empty_batch(x, h0, c0)
         else:
-            output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
+            output, h_n, c_n = run_engine(self, self._units, x, h0, c0)
         dev = output.device
         h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)

@@ -15,8 +15,8 @@ unpickler); the pipelined modules then build their engine from those specs
 import torch
 
 from .lstm import LSTM, LSTMCell
-from .pipeline import Pipeline, _Unit
+from .pipeline import Pipeline, Unit
 
-SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, _Unit]
+SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, Unit]
 
 torch.serialization.add_safe_globals(SAFE_GLOBALS)

@@ -16,8 +16,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..pipeline import (_engine, _flatten, _flop_model, _loss_spec, _place, _stage_specs, _thread_budgets,
-                        check_checkpoint, check_positive_ints, partition, resolve_balance, run_engine)
+from .._C import pipeline as _engine
+from ..pipeline.balance import estimate_costs, partition, resolve_balance
+from ..pipeline.core import check_checkpoint, check_positive_ints, run_engine, stage_specs
+from ..pipeline.placement import place, thread_budgets
+from ..pipeline.units import flatten, loss_spec
 from ..timeline import write_timeline
 from .mesh import Mesh
 
@@ -80,11 +83,10 @@ class PipelineParallel(nn.Module):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
         check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
         check_checkpoint("PipelineParallel", checkpoint)
-        self._loss = _loss_spec(loss_fn)
+        self._loss = loss_spec(loss_fn)
         self.mesh = mesh
-        units = _flatten(model.named_children())
-        for u in units:
-            u.cost, u.act_bytes = _flop_model(u)
+        units = flatten(model.named_children())
+        estimate_costs(units)
         n = len(units)
         if mesh.pp > n:
             raise ValueError(f"PipelineParallel: pp={mesh.pp} stages but the model has only {n} units "
@@ -102,9 +104,9 @@ class PipelineParallel(nn.Module):
                                              len(local_devices), mesh)
         self.first_stage, self.num_local_stages = first_stage, len(local_devices)
         self.devices = local_devices
-        self.threads = _thread_budgets(threads, local_devices, "PipelineParallel")
-        _place(mine, local_balance, local_devices)
-        engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads,
+        self.threads = thread_budgets(threads, local_devices, "PipelineParallel")
+        place(mine, local_balance, local_devices)
+        engine = _engine.Engine(stage_specs(mine, local_balance, local_devices, self.threads,
                                              self._loss if mesh.is_last_stage else None))
         prev = nxt = None
         if not mesh.is_first_stage:
