@@ -278,10 +278,10 @@ def test_deepcopy_is_an_independent_pipeline():
     pipe = pipelstm.Pipeline(lm_model().eval(), devices=["cpu", "cpu"], balance=[2, 4], chunks=3, micro_batches=2,
                              threads=1)
     twin = copy.deepcopy(pipe)
-    assert isinstance(twin, pipelstm.Pipeline) and twin._engine is not pipe._engine
+    assert isinstance(twin, pipelstm.Pipeline) and twin.core.engine is not pipe.core.engine
     assert (twin.balance, twin.chunks, twin.micro_batches, twin.training) == ([2, 4], 3, 2, False)
     # its units run its own modules
-    assert all(u.module is twin._modules[u.name.split(".")[0]] for u in twin._units)
+    assert all(u.module is twin._modules[u.name.split(".")[0]] for u in twin.core.units)
     names = [n for n, _ in pipe.named_parameters()]
     assert [n for n, _ in twin.named_parameters()] == names
     for p, q in zip(pipe.parameters(), twin.parameters()):
@@ -310,7 +310,7 @@ def test_save_and_load_the_whole_pipeline(tmp_path):
     torch.save(pipe, path)
     loaded = torch.load(path, weights_only=False)  # a whole module, not only tensors
     assert isinstance(loaded, pipelstm.Pipeline) and loaded.balance == [1, 2]
-    assert [u.name for u in loaded._units] == [u.name for u in pipe._units]
+    assert [u.name for u in loaded.core.units] == [u.name for u in pipe.core.units]
     x = torch.randn(5, 3, 4)
     hx = (torch.randn(2, 3, 3), torch.randn(2, 3, 8))
     for a, b in zip(run_step(pipe, x, hx), run_step(loaded, x, hx)):
@@ -322,7 +322,7 @@ def test_dropout_statistics_and_eval():
     base = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5), pipelstm.LSTM(64, 4, num_layers=2, dropout=0.5))
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=2, micro_batches=2, threads=1,
                              balance=[2, 3])
-    assert [u.name for u in pipe._units] == ["0", "1", "2.l0", "2.dropout0", "2.l1"]
+    assert [u.name for u in pipe.core.units] == ["0", "1", "2.l0", "2.dropout0", "2.l1"]
     x = torch.randn(10, 6, 4)
     # The first stage's output in training mode: about half the activations dropped, the rest scaled by 2.
     first = pipelstm.Pipeline(nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5)), devices=["cpu"], chunks=3,
@@ -335,7 +335,7 @@ def test_dropout_statistics_and_eval():
     kept = y != 0
     assert torch.allclose(y[kept], 2 * plain[kept], atol=1e-5)
     # Gradients follow the mask: those of the unsplit Linear times the same mask.
-    masks = pipeline_masks(first, x, seed=3)
+    masks = pipeline_masks(first.core, x, seed=3)
     x_p, x_r = x.clone().requires_grad_(), x.clone().requires_grad_()
     g = torch.randn(10, 6, 64)
     torch.manual_seed(3)
@@ -387,13 +387,13 @@ def test_dropout_gradients_match_unsplit_with_the_same_masks(model_fn, balance, 
     ref = copy.deepcopy(base)
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu"] * len(balance), chunks=K, micro_batches=M,
                              balance=balance, threads=1)
-    assert pipe.training and sum(u.kind == "dropout" for u in pipe._units) == 3
+    assert pipe.training and sum(u.kind == "dropout" for u in pipe.core.units) == 3
     T, B = 11, 5
-    L = pipe._num_layers
+    L = pipe.core.num_layers
     H, P = (8, 8) if model_fn is dropout_lm_model else (8, 3)
     x = torch.randint(0, 37, (T, B)) if model_fn is dropout_lm_model else torch.randn(T, B, 4, dtype=torch.float64)
     hx = (torch.randn(L, B, P, dtype=torch.float64), torch.randn(L, B, H, dtype=torch.float64))
-    masks = pipeline_masks(pipe, x, seed=11)
+    masks = pipeline_masks(pipe.core, x, seed=11)
     assert all(0.05 < (m == 0).double().mean() < 0.7 for m in masks.values())  # masks, not all ones or zeros
 
     leaves_p = [x.clone().requires_grad_() if x.is_floating_point() else x] + [t.clone().requires_grad_() for t in hx]
@@ -533,7 +533,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu"] * 3, balance=[2, 2, 2], chunks=3,
                              micro_batches=2, threads=1)
     x = torch.randint(0, 37, (7, 4))
-    pipe._engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
+    pipe.core.engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
 
     def step():
         out, _ = pipe(x)
@@ -543,7 +543,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     assert isinstance(err, RuntimeError)
     assert "stage 1" in str(err) and "1.l2" in str(err) and phase in str(err) and "injected fault" in str(err)
     # Nothing half-finished stays behind: the next pass runs and is right.
-    pipe._engine.clear_faults()
+    pipe.core.engine.clear_faults()
     pipe.zero_grad()
     out, _ = pipe(x)
     with num_threads(1):

@@ -19,20 +19,22 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import _C
-from ..timeline import write_timeline
-from .balance import estimate_costs, resolve_balance
-from .core import EngineHolder, check_checkpoint, check_positive_ints, run_engine, stage_specs
-from .placement import check_stage_count, place, stage_devices, thread_budgets
+from .balance import estimate_costs
+from .core import PipelineCore, check_checkpoint, check_positive_ints
+from .placement import check_stage_count, stage_devices
 from .plan import Plan
 from .units import flatten, loss_spec
 
 __all__ = ["Pipeline"]
 
-_engine = _C.pipeline
+
+def _core_setting(name: str, doc: str) -> property:
+    """A setting of the pipeline's core, read and set through the module."""
+    return property(lambda self: getattr(self.core, name), lambda self, value: setattr(self.core, name, value),
+                    doc=doc)
 
 
-class Pipeline(EngineHolder, nn.Module):
+class Pipeline(nn.Module):
     """A ``Sequential`` LSTM model pipelined over devices, time chunks and micro-batches.
 
     Args:
@@ -69,6 +71,10 @@ class Pipeline(EngineHolder, nn.Module):
     With ``loss_fn``, ``forward(input, hx=None, target=...)`` takes the
     targets ``[T, B]`` (``[B, T]`` with ``batch_first``) and returns
     ``loss, (h_n, c_n)``.
+
+    The pipeline's :class:`PipelineCore` (``core``) holds the units, the
+    stages and the engine; ``balance``, ``chunks``, ``micro_batches``,
+    ``threads``, ``checkpoint`` and ``saved_activation_bytes`` are its.
     """
 
     def __init__(
@@ -87,39 +93,38 @@ class Pipeline(EngineHolder, nn.Module):
         if not isinstance(module, nn.Sequential):
             raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
         check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
-        self.checkpoint = check_checkpoint("Pipeline", checkpoint)
-        self.saved_activation_bytes = 0
-        self._loss = loss_spec(loss_fn)
-        self._devices = stage_devices("Pipeline", devices)
+        check_checkpoint("Pipeline", checkpoint)
+        loss = loss_spec(loss_fn)
+        devices = stage_devices("Pipeline", devices)
         units = flatten(module.named_children())
-        S = len(self._devices)
-        check_stage_count("Pipeline", S, units)
+        check_stage_count("Pipeline", len(devices), units)
         lstms = {id(u.module): u.module for u in units if u.kind == "lstm"}.values()
         batch_first = {m.batch_first for m in lstms}
         if len(batch_first) > 1:
             raise ValueError("Pipeline: all LSTMs must agree on batch_first")
         self._batch_first = batch_first.pop() if batch_first else False
-        self.chunks, self.micro_batches = chunks, micro_batches
-        self._units = units
-        self._sample_shape = None
-        self._estimate_costs(sample)
-        self.balance = resolve_balance(balance, units, S, "Pipeline")
-        self.threads = thread_budgets(threads, self._devices)
-        place(units, self.balance, self._devices)
+        if sample is not None and self._batch_first:
+            sample = sample.transpose(0, 1)
+        sample_shape = estimate_costs(units, sample)
+        self.core = PipelineCore(units, devices, balance, threads, chunks=chunks, micro_batches=micro_batches,
+                                 checkpoint=checkpoint, loss=loss, sample_shape=sample_shape, who="Pipeline")
         for name, child in module.named_children():
             self.add_module(name, child)
         self.training = module.training
-        self._build_engine()
-        self._num_layers = sum(u.kind == "lstm" for u in units)
+
+    balance = _core_setting("balance", "Units per stage.")
+    chunks = _core_setting("chunks", "K, the time chunks (clamped to the sequence length).")
+    micro_batches = _core_setting("micro_batches", "M, the micro-batches (clamped to the batch).")
+    threads = _core_setting("threads", "Intra-op threads per stage (0 for accelerators).")
+    checkpoint = _core_setting("checkpoint", "The activation recomputation mode.")
+    saved_activation_bytes = _core_setting("saved_activation_bytes",
+                                           "Bytes of activations the last forward with grad kept for backward.")
 
     def __getitem__(self, index: int) -> nn.Module:
         return list(self._modules.values())[index]
 
     def __len__(self) -> int:
         return len(self._modules)
-
-    def _build_engine(self) -> None:
-        self._engine = _engine.Engine(stage_specs(self._units, self.balance, self._devices, self.threads, self._loss))
 
     # --- running -----------------------------------------------------------------
 
@@ -128,7 +133,7 @@ class Pipeline(EngineHolder, nn.Module):
             raise ValueError("Pipeline: expected input of shape [T, B] (indices) or [T, B, I] "
                              "([B, T, ...] with batch_first)")
         x = input.transpose(0, 1) if self._batch_first else input
-        if (target is None) != (self._loss is None):
+        if (target is None) != (self.core.loss is None):
             raise ValueError("Pipeline: pass target= exactly when the pipeline was built with a loss_fn")
         if target is not None:
             if not isinstance(target, Tensor) or target.dim() != 2 or target.dtype != torch.int64:
@@ -137,7 +142,7 @@ class Pipeline(EngineHolder, nn.Module):
                                  f"{tuple(getattr(target, 'shape', ()))}")
             if self._batch_first:
                 target = target.t()
-        L = self._num_layers
+        L = self.core.num_layers
         h0: List[Optional[Tensor]] = [None] * L
         c0: List[Optional[Tensor]] = [None] * L
         if hx is not None:
@@ -148,7 +153,7 @@ class Pipeline(EngineHolder, nn.Module):
                     raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
                 for l in range(L):
                     states[l] = given[l]
-        out, h_n, c_n = run_engine(self, self._units, x, h0, c0, target)
+        out, h_n, c_n = self.core.run(x, h0, c0, self.training, target)
         if self._batch_first and target is None:
             out = out.transpose(0, 1)
         return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))
@@ -161,32 +166,16 @@ class Pipeline(EngineHolder, nn.Module):
             return [s.to(device) for s in states]  # layers of different widths
         return torch.stack([s.to(device) for s in states])
 
-    def _engine_units(self) -> List[_engine.UnitSpec]:
-        """The units as the engine runs them (the loss last, if any)."""
-        specs = stage_specs(self._units, self.balance, self._devices, self.threads, self._loss)
-        return [u for st in specs for u in st.units]
-
-    # --- plan and balance ----------------------------------------------------------
-
-    def _estimate_costs(self, sample: Optional[Tensor]) -> None:
-        x = sample.transpose(0, 1) if self._batch_first and sample is not None else sample
-        self._sample_shape = estimate_costs(self._units, x)
-        self._cost_unit = "MFLOP/token" if self._sample_shape is None else "ms"
+    # --- plan and timeline ---------------------------------------------------------
 
     @property
-    def plan(self) -> "Plan":
+    def plan(self) -> Plan:
         """The stages: device, units, estimated time, parameters, activation memory."""
-        return Plan(self)
-
-    # --- timeline ------------------------------------------------------------------
+        return self.core.plan
 
     def trace(self) -> List[dict]:
         """What ran in the last forward (and backward): one dict per span."""
-        return [
-            dict(stage=e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
-                 start_ns=e.start_ns, end_ns=e.end_ns)
-            for e in self._engine.trace()
-        ]
+        return self.core.trace()
 
     def timeline(self, path: str) -> Dict[str, object]:
         """Writes the schedule that last ran as a Chrome trace (``path``, JSON;
@@ -196,10 +185,7 @@ class Pipeline(EngineHolder, nn.Module):
         Returns the paths written and the measured bubble (idle fraction of
         the stages over each pass) with the theoretical (S-1)/(K*M+S-1).
         """
-        names = [f"stage {s} ({d})" for s, d in enumerate(self._devices)]
-        return write_timeline(self.trace(), names, path)
+        return self.core.timeline(path)
 
     def extra_repr(self) -> str:
-        return (f"devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
-                f"micro_batches={self.micro_batches}"
-                + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
+        return self.core.extra_repr()

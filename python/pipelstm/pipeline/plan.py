@@ -1,28 +1,42 @@
 """``Pipeline.plan``: the stages as a table."""
 
-from typing import List
+from typing import List, Optional, Sequence, Tuple
+
+import torch
 
 from .balance import kept_bytes
+from .units import Unit
 
 __all__ = ["Plan", "format_bytes"]
 
 
 class Plan:
-    """``Pipeline.plan``: one row per stage; ``print(model.plan)`` shows the table."""
+    """The stages of a pipeline as a table (``Pipeline.plan``): one row per
+    stage; ``print(model.plan)`` shows it.
 
-    def __init__(self, pipe) -> None:
-        self.unit_label = pipe._cost_unit
+    Args:
+        units: the pipeline's units, their costs estimated.
+        balance: units per stage.
+        devices, threads: per stage.
+        checkpoint: the recomputation mode (what a stage keeps for backward).
+        sample_shape: ``(T, B)`` of the profiled sample (costs in seconds,
+            activations for the sample), or None (FLOP cost model, per token).
+    """
+
+    def __init__(self, units: Sequence[Unit], balance: Sequence[int], devices: Sequence[torch.device],
+                 threads: Sequence[int], checkpoint: str, sample_shape: Optional[Tuple[int, int]]) -> None:
+        self.per_token = sample_shape is None
+        self.unit_label = "MFLOP/token" if self.per_token else "ms"
         self.rows: List[dict] = []
         i = 0
-        for s, count in enumerate(pipe.balance):
-            units = pipe._units[i : i + count]
+        for s, count in enumerate(balance):
+            stage = units[i : i + count]
             i += count
             self.rows.append(dict(
-                stage=s, device=str(pipe._devices[s]), units=[u.name for u in units],
-                est=sum(u.cost for u in units), params=sum(u.num_params() for u in units),
-                act_bytes=kept_bytes(units, pipe.checkpoint), threads=pipe.threads[s],
+                stage=s, device=str(devices[s]), units=[u.name for u in stage],
+                est=sum(u.cost for u in stage), params=sum(u.num_params() for u in stage),
+                act_bytes=kept_bytes(stage, checkpoint), threads=threads[s],
             ))
-        self.per_token = pipe._sample_shape is None
 
     def __str__(self) -> str:
         est_head = f"est. time ({self.unit_label})" if self.unit_label == "ms" else f"est. cost ({self.unit_label})"
@@ -42,8 +56,9 @@ class Plan:
 
 def format_bytes(n: float) -> str:
     """``n`` bytes for people: ``"512 B"``, ``"1.5 KiB"``, ... up to GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    units = ("B", "KiB", "MiB", "GiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
         n /= 1024
-    return f"{n:.1f} GiB"
+        i += 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"

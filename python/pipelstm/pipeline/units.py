@@ -66,6 +66,11 @@ class Unit:
         ps = [p for p in self.params() if p is not None]
         return ps[0].element_size() if ps else 4
 
+    @property
+    def has_state(self) -> bool:
+        """Whether the unit has initial and final states (an LSTM layer)."""
+        return KINDS[self.kind].has_state
+
     def cost_per_token(self) -> Tuple[float, float]:
         """(forward + backward FLOPs per token, bytes saved for backward per token)."""
         return KINDS[self.kind].cost(self)
@@ -74,7 +79,7 @@ class Unit:
         """The engine's description of this unit; ``state_index``: an LSTM
         layer's slot among the initial and final states."""
         kw = KINDS[self.kind].engine_args(self)
-        if KINDS[self.kind].has_state:
+        if self.has_state:
             kw["state_index"] = state_index
         return _engine.UnitSpec(getattr(_engine.UnitKind, self.kind), self.name, **kw)
 
