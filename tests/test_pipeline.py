@@ -14,6 +14,11 @@ Exactness (docs/pipeline.md), with one thread on both sides:
 * with dropout on (training), in float64: within 1e-12 of the unsplit model
   with every dropout replaced by the mask the pass drew (read from the
   pipeline with tests/pipeline_masks.py), for outputs, states and gradients.
+
+The pipeline's pieces have files of their own: test_pipeline_units.py
+(flattening, unsupported modules), test_pipeline_balance.py (partition,
+costs), test_pipeline_placement.py (devices, threads),
+test_pipeline_core.py (PipelineCore) and test_pipeline_plan.py (the table).
 """
 
 import copy
@@ -25,7 +30,6 @@ import torch
 from torch import nn
 
 import pipelstm
-from pipelstm.pipeline import partition
 
 from pipeline_masks import pipeline_masks, run_masked
 from reference import num_threads, rel_error
@@ -449,54 +453,6 @@ def test_schedule_is_a_wavefront():
     assert all(e["start_ns"] >= last_fwd for e in trace if e["phase"] == "backward")
 
 
-# --- invalid plans ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(devices=["cpu"] * 7), "7 stages but only 6 units"),
-        (dict(devices=["cpu", "cpu"], balance=[2, 3]), "sums to 5"),
-        (dict(devices=["cpu", "cpu"], balance=[6]), "each of the 2 stages"),
-        (dict(devices=["cpu", "cpu"], balance=[0, 6]), "each of the 2 stages"),
-        (dict(devices=["cpu", "nosuchdevice"]), "unknown device"),
-        (dict(devices=["cpu", "cuda:7"]), "cuda:7"),
-        (dict(devices=[]), "non-empty list"),
-        (dict(devices=["cpu"], balance="fast"), "balance must be"),
-        (dict(devices=["cpu"], chunks=0), "chunks must be a positive int"),
-        (dict(devices=["cpu"], micro_batches=-1), "micro_batches must be a positive int"),
-        (dict(devices=["cpu", "cpu"], threads=0), r"threads\[0\] = 0 for the CPU stage 0: expected 1 to"),
-        (dict(devices=["cpu", "cpu"], threads=[1, -2]), r"threads\[1\] = -2 for the CPU stage 1: expected 1 to"),
-        (dict(devices=["cpu"], threads=10**6), r"threads\[0\] = 1000000 .* expected 1 to \d+ \(this machine's CPUs\)"),
-        (dict(devices=["cpu", "cpu"], threads=[1]), r"threads \[1\] must give one count per stage \(2\)"),
-    ],
-)
-def test_invalid_plans_are_rejected(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        pipelstm.Pipeline(lm_model(), **kwargs)
-
-
-@pytest.mark.parametrize("threads", [2.5, "2", [1, True]])
-def test_threads_of_the_wrong_type_are_rejected(threads):
-    with pytest.raises(TypeError, match=r"Pipeline: threads(\[1\])? must be"):
-        pipelstm.Pipeline(lm_model(), devices=["cpu", "cpu"], threads=threads)
-
-
-@pytest.mark.parametrize(
-    "model, message",
-    [
-        (nn.Sequential(nn.LSTM(3, 4, bidirectional=True)), "bidirectional"),
-        (nn.Sequential(nn.GRU(3, 4)), "only LSTMs"),
-        (nn.Sequential(nn.LSTM(3, 4), nn.Softplus()), "not supported"),
-        (nn.Sequential(nn.LSTM(3, 4), nn.LayerNorm((2, 4))), "over the last dimension"),
-        (nn.Sequential(nn.Identity()), "no units"),
-    ],
-)
-def test_unsupported_models_are_rejected(model, message):
-    with pytest.raises(ValueError, match=message):
-        pipelstm.Pipeline(model, devices=["cpu"])
-
-
 # --- failures in a stage -------------------------------------------------------------
 
 
@@ -560,34 +516,7 @@ def test_backward_twice_raises():
         out.sum().backward()
 
 
-# --- balance, plan, timeline -----------------------------------------------------------
-
-
-def test_partition_minimises_the_slowest_stage():
-    assert partition([1, 1, 1, 1], 2) == [2, 2]
-    assert partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
-    assert partition([1, 2, 3, 4, 5, 6, 7, 8, 9], 3) == [5, 2, 2]  # 15 | 13 | 17 -> max 17
-    assert partition([3, 3, 3], 3) == [1, 1, 1]
-    with pytest.raises(ValueError):
-        partition([1, 2], 3)
-
-
-def test_auto_balance_and_plan():
-    torch.manual_seed(0)
-    # Two big layers and small neighbours: each big layer gets its own stage.
-    model = nn.Sequential(nn.Embedding(20, 4), pipelstm.LSTM(4, 64), pipelstm.LSTM(64, 64), nn.Linear(64, 3))
-    pipe = pipelstm.Pipeline(model, devices=["cpu", "cpu"])  # FLOP cost model
-    assert pipe.balance == [2, 2]
-    text = str(pipe.plan)
-    for column in ("stage", "device", "units", "est.", "params", "activations"):
-        assert column in text
-    assert "1.l0" in text and "2.l0" in text
-    sample = torch.randint(0, 20, (6, 3))
-    profiled = pipelstm.Pipeline(copy.deepcopy(model), devices=["cpu", "cpu"], sample=sample)
-    assert sum(profiled.balance) == 4 and len(profiled.balance) == 2
-    assert "ms" in str(profiled.plan)
-    out, _ = profiled(sample)
-    assert out.shape == (6, 3, 3)
+# --- timeline ---------------------------------------------------------------------------
 
 
 def test_timeline(tmp_path):
