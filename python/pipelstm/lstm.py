@@ -22,27 +22,22 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
-from .pipeline import LSTMPipeline, Plan
+from .pipeline import LSTMPipeline, PipelineCore, Plan
+from .pipeline.core import core_settings
 
 __all__ = ["LSTM", "LSTMCell"]
 
 _State = Tuple[Tensor, Tensor]
 
 
-def _pipeline_setting(name: str, doc: str) -> property:
-    """A setting of ``LSTM(devices=...)``'s pipeline core, read and set
-    through the module; an ordinary LSTM has none (AttributeError)."""
-
-    def core(self):
-        if self._pipeline is None:
-            raise AttributeError(f"'LSTM' object has no attribute '{name}' (only an LSTM constructed with "
-                                 "devices=[...] has)")
-        return self._pipeline.core
-
-    return property(lambda self: getattr(core(self), name), lambda self, value: setattr(core(self), name, value),
-                    doc=doc)
+def _pipeline_core(lstm: "LSTM") -> PipelineCore:
+    """The core of ``LSTM(devices=...)``; an ordinary LSTM has none, nor its settings."""
+    if lstm._pipeline is None:
+        raise AttributeError("only an LSTM constructed with devices=[...] has a pipeline and its settings")
+    return lstm._pipeline.core
 
 
+@core_settings(_pipeline_core)
 class LSTM(nn.RNNBase):
     """A multi-layer LSTM with the interface of :class:`torch.nn.LSTM`.
 
@@ -138,14 +133,8 @@ class LSTM(nn.RNNBase):
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)
 
     # --- devices=: the layers as a pipeline ------------------------------------
-
-    balance = _pipeline_setting("balance", "Units per stage.")
-    chunks = _pipeline_setting("chunks", "K, the time chunks (clamped to the sequence length).")
-    micro_batches = _pipeline_setting("micro_batches", "M, the micro-batches (clamped to the batch).")
-    threads = _pipeline_setting("threads", "Intra-op threads per stage (0 for accelerators).")
-    checkpoint = _pipeline_setting("checkpoint", "The activation recomputation mode.")
-    saved_activation_bytes = _pipeline_setting("saved_activation_bytes",
-                                               "Bytes of activations the last forward with grad kept for backward.")
+    # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
+    # the pipeline core's (@core_settings).
 
     def flatten_parameters(self) -> None:
         # cuDNN's flattening would gather all weights into one buffer on one device.

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .balance import estimate_costs
-from .core import PipelineCore, check_checkpoint, check_positive_ints
+from .core import PipelineCore, check_checkpoint, check_positive_ints, core_settings
 from .placement import check_stage_count, stage_devices
 from .plan import Plan
 from .units import flatten, loss_spec
@@ -28,12 +28,7 @@ from .units import flatten, loss_spec
 __all__ = ["Pipeline"]
 
 
-def _core_setting(name: str, doc: str) -> property:
-    """A setting of the pipeline's core, read and set through the module."""
-    return property(lambda self: getattr(self.core, name), lambda self, value: setattr(self.core, name, value),
-                    doc=doc)
-
-
+@core_settings(lambda pipe: pipe.core)
 class Pipeline(nn.Module):
     """A ``Sequential`` LSTM model pipelined over devices, time chunks and micro-batches.
 
@@ -112,13 +107,8 @@ class Pipeline(nn.Module):
             self.add_module(name, child)
         self.training = module.training
 
-    balance = _core_setting("balance", "Units per stage.")
-    chunks = _core_setting("chunks", "K, the time chunks (clamped to the sequence length).")
-    micro_batches = _core_setting("micro_batches", "M, the micro-batches (clamped to the batch).")
-    threads = _core_setting("threads", "Intra-op threads per stage (0 for accelerators).")
-    checkpoint = _core_setting("checkpoint", "The activation recomputation mode.")
-    saved_activation_bytes = _core_setting("saved_activation_bytes",
-                                           "Bytes of activations the last forward with grad kept for backward.")
+    # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
+    # the core's (@core_settings).
 
     def __getitem__(self, index: int) -> nn.Module:
         return list(self._modules.values())[index]
