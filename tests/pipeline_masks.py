@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 import pipelstm
+from pipelstm.pipeline import PipelineCore
 
 from reference import layer
 
@@ -45,26 +46,26 @@ def _probe(position: int, p: float, width: int, index_input: bool, in_features: 
     return nn.Sequential(first, *fill, nn.Dropout(p))
 
 
-def pipeline_masks(pipe, x: Tensor, seed: int) -> Dict[str, Tensor]:
+def pipeline_masks(core: PipelineCore, x: Tensor, seed: int) -> Dict[str, Tensor]:
     """The mask (time-major ``[T, B, F]``, values 0 and 1/(1-p)) each dropout
-    unit of ``pipe`` (a Pipeline or ``pipelstm.LSTM(devices=...)``) draws in
+    unit of ``core`` (of a Pipeline or ``pipelstm.LSTM(devices=...)``) draws in
     a training pass over time-major input ``x`` after
     ``torch.manual_seed(seed)``; keyed by unit name."""
     index_input = not x.is_floating_point()
     dtype = torch.float64 if index_input else x.dtype
-    for u in pipe._units:
+    for u in core.units:
         ps = [t for t in u.params() if t is not None]
         if ps:
             dtype = ps[0].dtype
             break
     masks, width = {}, (0 if index_input else x.shape[-1])
-    for position, u in enumerate(pipe._units):
+    for position, u in enumerate(core.units):
         if u.kind != "dropout":
             width = u.out_size
             continue
         probe = pipelstm.Pipeline(_probe(position, u.p, width, index_input, 0 if index_input else x.shape[-1],
                                          dtype),
-                                  devices=["cpu"], chunks=pipe.chunks, micro_batches=pipe.micro_batches, threads=1)
+                                  devices=["cpu"], chunks=core.chunks, micro_batches=core.micro_batches, threads=1)
         if position == 0:
             feed = torch.ones_like(x)
         else:

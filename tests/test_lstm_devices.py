@@ -119,7 +119,7 @@ def test_given_balance_and_no_grad(balance):
 def test_dropout_units_eval_and_train():
     kw = dict(input_size=4, hidden_size=32, num_layers=3, dropout=0.5)
     ref, ours = make_pair(chunks=2, micro_batches=2, **kw)
-    assert [u.name for u in ours._units] == ["l0", "dropout0", "l1", "dropout1", "l2"]
+    assert [u.name for u in ours._pipeline.core.units] == ["l0", "dropout0", "l1", "dropout1", "l2"]
     x = torch.randn(6, 5, 4)
     ref.eval(), ours.eval()
     with torch.no_grad(), num_threads(1):
@@ -130,7 +130,7 @@ def test_dropout_units_eval_and_train():
         assert rel_error(a, b) <= TOL
     # Training: the inter-layer dropout is applied (the first layer, before any dropout, is unchanged).
     ours.train()
-    masks = pipeline_masks(ours, x, seed=4)
+    masks = pipeline_masks(ours._pipeline.core, x, seed=4)
     assert list(masks) == ["dropout0", "dropout1"]
     xg, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch.manual_seed(4)
@@ -191,7 +191,7 @@ def test_state_dict_both_ways_repr_copy_and_pickle():
     with torch.no_grad():
         expected, _ = ours(x)
         clone = copy.deepcopy(ours)
-        assert all(u.module is clone for u in clone._units)
+        assert all(u.module is clone for u in clone._pipeline.core.units)
         assert all(a is not b for a, b in zip(clone.parameters(), ours.parameters()))
         assert torch.equal(clone(x)[0], expected)
         buf = io.BytesIO()

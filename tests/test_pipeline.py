@@ -14,6 +14,11 @@ Exactness (docs/pipeline.md), with one thread on both sides:
 * with dropout on (training), in float64: within 1e-12 of the unsplit model
   with every dropout replaced by the mask the pass drew (read from the
   pipeline with tests/pipeline_masks.py), for outputs, states and gradients.
+
+The pipeline's pieces have files of their own: test_pipeline_units.py
+(flattening, unsupported modules), test_pipeline_balance.py (partition,
+costs), test_pipeline_placement.py (devices, threads),
+test_pipeline_core.py (PipelineCore) and test_pipeline_plan.py (the table).
 """
 
 import copy
@@ -25,7 +30,6 @@ import torch
 from torch import nn
 
 import pipelstm
-from pipelstm.pipeline import partition
 
 from pipeline_masks import pipeline_masks, run_masked
 from reference import num_threads, rel_error
@@ -278,10 +282,10 @@ def test_deepcopy_is_an_independent_pipeline():
     pipe = pipelstm.Pipeline(lm_model().eval(), devices=["cpu", "cpu"], balance=[2, 4], chunks=3, micro_batches=2,
                              threads=1)
     twin = copy.deepcopy(pipe)
-    assert isinstance(twin, pipelstm.Pipeline) and twin._engine is not pipe._engine
+    assert isinstance(twin, pipelstm.Pipeline) and twin.core.engine is not pipe.core.engine
     assert (twin.balance, twin.chunks, twin.micro_batches, twin.training) == ([2, 4], 3, 2, False)
     # its units run its own modules
-    assert all(u.module is twin._modules[u.name.split(".")[0]] for u in twin._units)
+    assert all(u.module is twin._modules[u.name.split(".")[0]] for u in twin.core.units)
     names = [n for n, _ in pipe.named_parameters()]
     assert [n for n, _ in twin.named_parameters()] == names
     for p, q in zip(pipe.parameters(), twin.parameters()):
@@ -310,7 +314,7 @@ def test_save_and_load_the_whole_pipeline(tmp_path):
     torch.save(pipe, path)
     loaded = torch.load(path, weights_only=False)  # a whole module, not only tensors
     assert isinstance(loaded, pipelstm.Pipeline) and loaded.balance == [1, 2]
-    assert [u.name for u in loaded._units] == [u.name for u in pipe._units]
+    assert [u.name for u in loaded.core.units] == [u.name for u in pipe.core.units]
     x = torch.randn(5, 3, 4)
     hx = (torch.randn(2, 3, 3), torch.randn(2, 3, 8))
     for a, b in zip(run_step(pipe, x, hx), run_step(loaded, x, hx)):
@@ -322,7 +326,7 @@ def test_dropout_statistics_and_eval():
     base = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5), pipelstm.LSTM(64, 4, num_layers=2, dropout=0.5))
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], chunks=2, micro_batches=2, threads=1,
                              balance=[2, 3])
-    assert [u.name for u in pipe._units] == ["0", "1", "2.l0", "2.dropout0", "2.l1"]
+    assert [u.name for u in pipe.core.units] == ["0", "1", "2.l0", "2.dropout0", "2.l1"]
     x = torch.randn(10, 6, 4)
     # The first stage's output in training mode: about half the activations dropped, the rest scaled by 2.
     first = pipelstm.Pipeline(nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5)), devices=["cpu"], chunks=3,
@@ -335,7 +339,7 @@ def test_dropout_statistics_and_eval():
     kept = y != 0
     assert torch.allclose(y[kept], 2 * plain[kept], atol=1e-5)
     # Gradients follow the mask: those of the unsplit Linear times the same mask.
-    masks = pipeline_masks(first, x, seed=3)
+    masks = pipeline_masks(first.core, x, seed=3)
     x_p, x_r = x.clone().requires_grad_(), x.clone().requires_grad_()
     g = torch.randn(10, 6, 64)
     torch.manual_seed(3)
@@ -387,13 +391,13 @@ def test_dropout_gradients_match_unsplit_with_the_same_masks(model_fn, balance, 
     ref = copy.deepcopy(base)
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu"] * len(balance), chunks=K, micro_batches=M,
                              balance=balance, threads=1)
-    assert pipe.training and sum(u.kind == "dropout" for u in pipe._units) == 3
+    assert pipe.training and sum(u.kind == "dropout" for u in pipe.core.units) == 3
     T, B = 11, 5
-    L = pipe._num_layers
+    L = pipe.core.num_layers
     H, P = (8, 8) if model_fn is dropout_lm_model else (8, 3)
     x = torch.randint(0, 37, (T, B)) if model_fn is dropout_lm_model else torch.randn(T, B, 4, dtype=torch.float64)
     hx = (torch.randn(L, B, P, dtype=torch.float64), torch.randn(L, B, H, dtype=torch.float64))
-    masks = pipeline_masks(pipe, x, seed=11)
+    masks = pipeline_masks(pipe.core, x, seed=11)
     assert all(0.05 < (m == 0).double().mean() < 0.7 for m in masks.values())  # masks, not all ones or zeros
 
     leaves_p = [x.clone().requires_grad_() if x.is_floating_point() else x] + [t.clone().requires_grad_() for t in hx]
@@ -449,54 +453,6 @@ def test_schedule_is_a_wavefront():
     assert all(e["start_ns"] >= last_fwd for e in trace if e["phase"] == "backward")
 
 
-# --- invalid plans ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(devices=["cpu"] * 7), "7 stages but only 6 units"),
-        (dict(devices=["cpu", "cpu"], balance=[2, 3]), "sums to 5"),
-        (dict(devices=["cpu", "cpu"], balance=[6]), "each of the 2 stages"),
-        (dict(devices=["cpu", "cpu"], balance=[0, 6]), "each of the 2 stages"),
-        (dict(devices=["cpu", "nosuchdevice"]), "unknown device"),
-        (dict(devices=["cpu", "cuda:7"]), "cuda:7"),
-        (dict(devices=[]), "non-empty list"),
-        (dict(devices=["cpu"], balance="fast"), "balance must be"),
-        (dict(devices=["cpu"], chunks=0), "chunks must be a positive int"),
-        (dict(devices=["cpu"], micro_batches=-1), "micro_batches must be a positive int"),
-        (dict(devices=["cpu", "cpu"], threads=0), r"threads\[0\] = 0 for the CPU stage 0: expected 1 to"),
-        (dict(devices=["cpu", "cpu"], threads=[1, -2]), r"threads\[1\] = -2 for the CPU stage 1: expected 1 to"),
-        (dict(devices=["cpu"], threads=10**6), r"threads\[0\] = 1000000 .* expected 1 to \d+ \(this machine's CPUs\)"),
-        (dict(devices=["cpu", "cpu"], threads=[1]), r"threads \[1\] must give one count per stage \(2\)"),
-    ],
-)
-def test_invalid_plans_are_rejected(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        pipelstm.Pipeline(lm_model(), **kwargs)
-
-
-@pytest.mark.parametrize("threads", [2.5, "2", [1, True]])
-def test_threads_of_the_wrong_type_are_rejected(threads):
-    with pytest.raises(TypeError, match=r"Pipeline: threads(\[1\])? must be"):
-        pipelstm.Pipeline(lm_model(), devices=["cpu", "cpu"], threads=threads)
-
-
-@pytest.mark.parametrize(
-    "model, message",
-    [
-        (nn.Sequential(nn.LSTM(3, 4, bidirectional=True)), "bidirectional"),
-        (nn.Sequential(nn.GRU(3, 4)), "only LSTMs"),
-        (nn.Sequential(nn.LSTM(3, 4), nn.Softplus()), "not supported"),
-        (nn.Sequential(nn.LSTM(3, 4), nn.LayerNorm((2, 4))), "over the last dimension"),
-        (nn.Sequential(nn.Identity()), "no units"),
-    ],
-)
-def test_unsupported_models_are_rejected(model, message):
-    with pytest.raises(ValueError, match=message):
-        pipelstm.Pipeline(model, devices=["cpu"])
-
-
 # --- failures in a stage -------------------------------------------------------------
 
 
@@ -533,7 +489,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu"] * 3, balance=[2, 2, 2], chunks=3,
                              micro_batches=2, threads=1)
     x = torch.randint(0, 37, (7, 4))
-    pipe._engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
+    pipe.core.engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
 
     def step():
         out, _ = pipe(x)
@@ -543,7 +499,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     assert isinstance(err, RuntimeError)
     assert "stage 1" in str(err) and "1.l2" in str(err) and phase in str(err) and "injected fault" in str(err)
     # Nothing half-finished stays behind: the next pass runs and is right.
-    pipe._engine.clear_faults()
+    pipe.core.engine.clear_faults()
     pipe.zero_grad()
     out, _ = pipe(x)
     with num_threads(1):
@@ -560,34 +516,7 @@ def test_backward_twice_raises():
         out.sum().backward()
 
 
-# --- balance, plan, timeline -----------------------------------------------------------
-
-
-def test_partition_minimises_the_slowest_stage():
-    assert partition([1, 1, 1, 1], 2) == [2, 2]
-    assert partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
-    assert partition([1, 2, 3, 4, 5, 6, 7, 8, 9], 3) == [5, 2, 2]  # 15 | 13 | 17 -> max 17
-    assert partition([3, 3, 3], 3) == [1, 1, 1]
-    with pytest.raises(ValueError):
-        partition([1, 2], 3)
-
-
-def test_auto_balance_and_plan():
-    torch.manual_seed(0)
-    # Two big layers and small neighbours: each big layer gets its own stage.
-    model = nn.Sequential(nn.Embedding(20, 4), pipelstm.LSTM(4, 64), pipelstm.LSTM(64, 64), nn.Linear(64, 3))
-    pipe = pipelstm.Pipeline(model, devices=["cpu", "cpu"])  # FLOP cost model
-    assert pipe.balance == [2, 2]
-    text = str(pipe.plan)
-    for column in ("stage", "device", "units", "est.", "params", "activations"):
-        assert column in text
-    assert "1.l0" in text and "2.l0" in text
-    sample = torch.randint(0, 20, (6, 3))
-    profiled = pipelstm.Pipeline(copy.deepcopy(model), devices=["cpu", "cpu"], sample=sample)
-    assert sum(profiled.balance) == 4 and len(profiled.balance) == 2
-    assert "ms" in str(profiled.plan)
-    out, _ = profiled(sample)
-    assert out.shape == (6, 3, 3)
+# --- timeline ---------------------------------------------------------------------------
 
 
 def test_timeline(tmp_path):

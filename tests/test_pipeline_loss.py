@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import pipelstm
@@ -70,7 +69,7 @@ def test_batch_first_targets_and_no_grad():
 def test_the_loss_runs_inside_the_last_stage():
     pipe = pipelstm.Pipeline(lm_model(), devices=["cpu", "cpu"], balance=[3, 1], chunks=3, threads=1,
                              loss_fn=nn.CrossEntropyLoss())
-    assert [u.name for u in pipe._engine_units()] == ["0", "1.l0", "1.l1", "2", "loss"]
+    assert [u.name for s in pipe.core.stage_specs() for u in s.units] == ["0", "1.l0", "1.l1", "2", "loss"]
     loss, _ = pipe(torch.randint(0, V, (6, 2)), target=torch.randint(0, V, (6, 2)))
     loss.backward()
     assert pipe.state_dict().keys() == lm_model().state_dict().keys()

@@ -66,7 +66,7 @@ def weight_tasks(pipe) -> list:
 
 def own_tasks(pipe) -> list:
     """Per stage, its units with parameters (one task each)."""
-    has = [any(p is not None for p in u.params()) for u in pipe._units]
+    has = [any(p is not None for p in u.params()) for u in pipe.core.units]
     bounds = [sum(pipe.balance[:s]) for s in range(len(pipe.balance) + 1)]
     return [sum(has[bounds[s] : bounds[s + 1]]) for s in range(len(pipe.balance))]
 

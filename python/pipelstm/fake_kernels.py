@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .geometry import LayerGeometry
+
 
 def _check_dim(op: str, name: str, t: Tensor, dim: int, layout: str) -> None:
     torch._check(
@@ -52,19 +54,19 @@ def _check_supported_dtype(op: str, name: str, t: Tensor) -> None:
     torch._check(t.dtype in ok, lambda: f"pipelstm::{op}: `{name}` must be {what}, got {t.dtype}")
 
 
-def _layer_shape(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=None):
-    """csrc/lstm_layer.cpp's check_weights and check_biases: -> (H, P)."""
+def _layer_geometry(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=None) -> LayerGeometry:
+    """csrc/lstm_layer.cpp's check_weights and check_biases: -> the layer's geometry."""
     _check_dim(op, "w_ih", w_ih, 2, "[4H, I]")
     _check_supported_dtype(op, "input", input)
     torch._check(
         w_ih.shape[0] % 4 == 0 and w_ih.shape[0] > 0,
         lambda: f"pipelstm::{op}: expected `w_ih` of shape [4H, I] with H > 0, got {list(w_ih.shape)}",
     )
-    H, I = w_ih.shape[0] // 4, input.shape[-1]
-    P = H
     if w_hr is not None:
         _check_dim(op, "w_hr", w_hr, 2, "[P, H]")
-        P = w_hr.shape[0]
+    g = LayerGeometry.of(w_ih, w_hr)
+    H, I, P = g.hidden_size, input.shape[-1], g.out_size
+    if w_hr is not None:
         _check_shape(op, "w_hr", w_hr, (P, H))
     _check_shape(op, "w_ih", w_ih, (4 * H, I))
     _check_shape(op, "w_hh", w_hh, (4 * H, P))
@@ -74,18 +76,18 @@ def _layer_shape(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=Non
         if bias is not None:
             _check_shape(op, name, bias, (4 * H,))
     _check_same_kind(op, "input", input, w_hr=w_hr, w_ih=w_ih, w_hh=w_hh, h0=h0, c0=c0, b_ih=b_ih, b_hh=b_hh)
-    return H, P
+    return g
 
 
-def _check_layer_grads(op, input, H, P, rows, batch, output, grad_output, grad_h_n, grad_c_n, workspace, projected):
+def _check_layer_grads(op, input, g: LayerGeometry, rows, batch, output, grad_output, grad_h_n, grad_c_n, workspace):
     """csrc/lstm_layer.cpp's check_grads."""
-    _check_shape(op, "workspace", workspace, (_workspace_numel(rows, H, projected),))
+    _check_shape(op, "workspace", workspace, (g.workspace_numel(rows),))
     if grad_output is not None:
         _check_shape(op, "grad_output", grad_output, tuple(output.shape))
     if grad_h_n is not None:
-        _check_shape(op, "grad_h_n", grad_h_n, (batch, P))
+        _check_shape(op, "grad_h_n", grad_h_n, (batch, g.out_size))
     if grad_c_n is not None:
-        _check_shape(op, "grad_c_n", grad_c_n, (batch, H))
+        _check_shape(op, "grad_c_n", grad_c_n, (batch, g.hidden_size))
     _check_same_kind(op, "input", input, output=output, workspace=workspace, grad_output=grad_output,
                      grad_h_n=grad_h_n, grad_c_n=grad_c_n)
 
@@ -98,12 +100,6 @@ def _check_batch_sizes(op: str, input: Tensor, batch_sizes: Tensor) -> None:
         f"{batch_sizes.dim()}-D {batch_sizes.dtype} on {batch_sizes.device}",
     )
     torch._check(batch_sizes.numel() > 0, lambda: f"pipelstm::{op}: expected `batch_sizes` with at least one time step")
-
-
-def _workspace_numel(rows, H, projected: bool):
-    """The layer's workspace: activated gates [rows, 4H], cell states [rows, H]
-    and, with a projection, the unprojected hidden states [rows, H]."""
-    return rows * H * (6 if projected else 5)
 
 
 def _check_cell(op, cx, gates, grads, biases=()):
@@ -144,12 +140,12 @@ def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
     _check_dim(op, "input", input, 3, "[T, B, I]")
     T, B, _ = input.shape
     torch._check(T > 0, lambda: f"pipelstm::{op}: expected `input` with at least one time step, got {list(input.shape)}")
-    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
+    g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
     return (
-        input.new_empty(T, B, P),
-        input.new_empty(B, P),
-        input.new_empty(B, H),
-        input.new_empty(_workspace_numel(T * B, H, w_hr is not None)),
+        input.new_empty(T, B, g.out_size),
+        input.new_empty(B, g.out_size),
+        input.new_empty(B, g.hidden_size),
+        input.new_empty(g.workspace_numel(T * B)),
     )
 
 
@@ -170,10 +166,10 @@ def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, 
     op = "lstm_layer_backward"
     _check_dim(op, "input", input, 3, "[T, B, I]")
     T, B, _ = input.shape
-    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr)
-    _check_shape(op, "output", output, (T, B, P))
-    _check_layer_grads(op, input, H, P, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace, w_hr is not None)
-    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H)
+    g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, w_hr)
+    _check_shape(op, "output", output, (T, B, g.out_size))
+    _check_layer_grads(op, input, g, T * B, B, output, grad_output, grad_h_n, grad_c_n, workspace)
+    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, g.hidden_size)
 
 
 @torch.library.register_fake("pipelstm::lstm_packed_layer_forward")
@@ -181,12 +177,12 @@ def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
     op = "lstm_packed_layer_forward"
     _check_batch_sizes(op, input, batch_sizes)
     rows, B = input.shape[0], h0.shape[0]  # B is batch_sizes[0]: the real op checks h0 against it
-    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
+    g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, w_hr, b_ih, b_hh)
     return (
-        input.new_empty(rows, P),
-        input.new_empty(B, P),
-        input.new_empty(B, H),
-        input.new_empty(_workspace_numel(rows, H, w_hr is not None)),
+        input.new_empty(rows, g.out_size),
+        input.new_empty(B, g.out_size),
+        input.new_empty(B, g.hidden_size),
+        input.new_empty(g.workspace_numel(rows)),
     )
 
 
@@ -195,7 +191,7 @@ def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w
     op = "lstm_packed_layer_backward"
     _check_batch_sizes(op, input, batch_sizes)
     rows, B = input.shape[0], h0.shape[0]
-    H, P = _layer_shape(op, input, B, h0, c0, w_ih, w_hh, w_hr)
-    _check_shape(op, "output", output, (rows, P))
-    _check_layer_grads(op, input, H, P, rows, B, output, grad_output, grad_h_n, grad_c_n, workspace, w_hr is not None)
-    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H)
+    g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, w_hr)
+    _check_shape(op, "output", output, (rows, g.out_size))
+    _check_layer_grads(op, input, g, rows, B, output, grad_output, grad_h_n, grad_c_n, workspace)
+    return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, g.hidden_size)

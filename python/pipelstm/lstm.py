@@ -9,8 +9,9 @@ purpose: TorchDynamo graph-breaks on every instance of ``nn.LSTM``
 (subclasses included), while ``pipelstm.LSTM`` compiles whole.
 
 ``LSTM(..., devices=[...])`` runs the stacked layers as a pipeline over
-devices, time chunks and micro-batches on the engine of
-:class:`pipelstm.Pipeline` (see docs/pipeline.md).
+devices, time chunks and micro-batches: it holds a
+:class:`pipelstm.pipeline.LSTMPipeline` (pipeline/lstm_stack.py), on the
+engine of :class:`pipelstm.Pipeline` (see docs/pipeline.md).
 """
 
 from typing import List, Optional, Sequence, Tuple, Union
@@ -21,14 +22,23 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
-from . import pipeline as _pl
+from .pipeline import LSTMPipeline, PipelineCore, Plan
+from .pipeline.core import core_settings
 
 __all__ = ["LSTM", "LSTMCell"]
 
 _State = Tuple[Tensor, Tensor]
 
 
-class LSTM(_pl.EngineHolder, nn.RNNBase):
+def _pipeline_core(lstm: "LSTM") -> PipelineCore:
+    """The core of ``LSTM(devices=...)``; an ordinary LSTM has none, nor its settings."""
+    if lstm._pipeline is None:
+        raise AttributeError("only an LSTM constructed with devices=[...] has a pipeline and its settings")
+    return lstm._pipeline.core
+
+
+@core_settings(_pipeline_core)
+class LSTM(nn.RNNBase):
     """A multi-layer LSTM with the interface of :class:`torch.nn.LSTM`.
 
     Args: exactly those of :class:`torch.nn.LSTM` (``input_size, hidden_size,
@@ -68,7 +78,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
     :class:`pipelstm.Pipeline`.
     """
 
-    _devices: Optional[List[torch.device]] = None  # set by devices=: the pipelined LSTM
+    _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
 
     def __init__(
         self,
@@ -87,7 +97,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
                 raise ValueError("LSTM: chunks, micro_batches, balance, threads and checkpoint only apply with "
                                  "devices=[...]")
             return
-        self._init_pipeline(devices, chunks, micro_batches, balance, threads, checkpoint)
+        self._pipeline = LSTMPipeline(self, devices, chunks, micro_batches, balance, threads, checkpoint)
 
     # nn.LSTM's own checks, so that bad input fails with its exact errors.
     get_expected_cell_size = nn.LSTM.get_expected_cell_size
@@ -97,7 +107,7 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
-        if self._devices is not None:
+        if self._pipeline is not None:
             return self._forward_pipelined(input, hx)
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -123,74 +133,41 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)
 
     # --- devices=: the layers as a pipeline ------------------------------------
-
-    def _init_pipeline(self, devices, chunks, micro_batches, balance, threads, checkpoint) -> None:
-        """Splits the layers (and the dropout between them) into stages as
-        ``pipelstm.Pipeline`` does, places the parameters, builds the engine."""
-        if self.bidirectional:
-            raise ValueError(
-                "LSTM: bidirectional=True cannot be pipelined with devices=: the reverse direction needs the "
-                "end of the sequence before its first step, so it cannot run in time chunks; use a "
-                "unidirectional LSTM or drop devices="
-            )
-        _pl.check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
-        devices = _pl.stage_devices("LSTM", devices)
-        units = _pl._flatten([("", self)])
-        _pl.check_stage_count("LSTM", len(devices), units)
-        for u in units:
-            u.cost, u.act_bytes = _pl._flop_model(u)
-        self._units = units
-        self._cost_unit, self._sample_shape = "MFLOP/token", None  # for Plan
-        self.chunks, self.micro_batches = chunks, micro_batches
-        self.checkpoint = _pl.check_checkpoint("LSTM", checkpoint)
-        self.saved_activation_bytes = 0
-        self.balance = _pl.resolve_balance(balance, units, len(devices), "LSTM")
-        self.threads = _pl._thread_budgets(threads, devices, "LSTM")
-        _pl._place(units, self.balance, devices)
-        self._devices = devices
-        self._build_engine()
-
-    def _build_engine(self) -> None:  # with devices= (the copy of a plain LSTM has no engine)
-        if self._devices is not None:
-            self._engine = _pl._engine.Engine(_pl._stage_specs(self._units, self.balance, self._devices,
-                                                               self.threads))
+    # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
+    # the pipeline core's (@core_settings).
 
     def flatten_parameters(self) -> None:
         # cuDNN's flattening would gather all weights into one buffer on one device.
-        if self._devices is None:
+        if self._pipeline is None:
             super().flatten_parameters()
 
     @property
     def devices(self) -> Optional[List[torch.device]]:
         """The stages' devices (``None`` for an ordinary LSTM)."""
-        return None if self._devices is None else list(self._devices)
+        return None if self._pipeline is None else list(self._pipeline.core.devices)
 
     @property
-    def plan(self) -> "_pl.Plan":
+    def plan(self) -> Plan:
         """The stages: device, threads, units, estimated cost, parameters, activation memory."""
-        self._require_devices("plan")
-        return _pl.Plan(self)
+        return self._require_pipeline("plan").core.plan
 
     def trace(self) -> List[dict]:
         """What ran in the last forward (and backward): one dict per span."""
-        self._require_devices("trace()")
-        return _pl.Pipeline.trace(self)
+        return self._require_pipeline("trace()").core.trace()
 
     def timeline(self, path: str):
         """As :meth:`pipelstm.Pipeline.timeline`: the last pass as a Chrome trace (and a Gantt chart)."""
-        self._require_devices("timeline()")
-        return _pl.Pipeline.timeline(self, path)
+        return self._require_pipeline("timeline()").core.timeline(path)
 
-    def _require_devices(self, what: str) -> None:
-        if self._devices is None:
+    def _require_pipeline(self, what: str) -> LSTMPipeline:
+        if self._pipeline is None:
             raise RuntimeError(f"LSTM: {what} is only available for an LSTM constructed with devices=[...]")
+        return self._pipeline
 
     def extra_repr(self) -> str:
         s = super().extra_repr()
-        if self._devices is not None:
-            s += (f", devices={[str(d) for d in self._devices]}, balance={self.balance}, chunks={self.chunks}, "
-                  f"micro_batches={self.micro_batches}"
-                  + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
+        if self._pipeline is not None:
+            s += ", " + self._pipeline.core.extra_repr()
         return s
 
     def _forward_pipelined(self, input, hx) -> Tuple[Tensor, _State]:
@@ -210,48 +187,9 @@ class LSTM(_pl.EngineHolder, nn.RNNBase):
             hx = self._initial_state(data, data.size(batch_dim), hx, is_batched)
             self.check_forward_args(data, hx, None)
             h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))  # the engine moves each to its layer's device
-        self._check_placement(data)
         x = data.transpose(0, 1) if self.batch_first else data
-        if x.size(1) == 0:  # nothing to pipeline; nn.LSTM returns empty results
-            output, h_n, c_n = self._run_empty_batch(x, h0, c0)
-        else:
-            output, h_n, c_n = _pl.run_engine(self, self._units, x, h0, c0)
-        dev = output.device
-        h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
+        output, h_n, c_n = self._pipeline.run(x, h0, c0, self.training)
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)
-
-    def _run_empty_batch(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]]):
-        """A batch of no sequences: each layer's op on its stage's device, so
-        the results (empty) and their autograd graph are nn.LSTM's."""
-        P = self.proj_size or self.hidden_size
-        h_n: List[Tensor] = []
-        c_n: List[Tensor] = []
-        for layer in range(self.num_layers):
-            w = self._layer_weights(layer, False)
-            x = x.to(w[0].device)
-            h = x.new_zeros(0, P) if h0[layer] is None else h0[layer].to(x.device)
-            c = x.new_zeros(0, self.hidden_size) if c0[layer] is None else c0[layer].to(x.device)
-            x, h, c = ops.lstm_layer(x, h, c, *w)
-            h_n.append(h)
-            c_n.append(c)
-        return x, h_n, c_n
-
-    def _check_placement(self, data: Tensor) -> None:
-        first = self._devices[0]
-        if data.device != first:
-            raise RuntimeError(
-                f"LSTM: the input is on {data.device}, but the first pipeline stage runs on {first}: "
-                f"move the input to {first} (devices={[str(d) for d in self._devices]})"
-            )
-        for u in self._units:
-            for name in u.param_names:
-                if name is not None and getattr(self, name).device != u.device:
-                    raise RuntimeError(
-                        f"LSTM: parameter {name} is on {getattr(self, name).device}, but its pipeline stage "
-                        f"runs on {u.device}; with devices=, the constructor places the parameters: do not "
-                        "move the module (.to(device), .cuda()) afterwards"
-                    )
-
 
     # --- pieces of forward ---------------------------------------------------
 

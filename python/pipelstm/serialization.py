@@ -9,14 +9,14 @@ libraries with their own serialisable modules do.
 They are safe to allowlist: unpickling one sets attributes (plain data,
 tensors, devices, submodules, each itself checked by the weights-only
 unpickler); the pipelined modules then build their engine from those specs
-(``EngineHolder.__setstate__``). Nothing else runs.
+(``PipelineCore.__setstate__``). Nothing else runs.
 """
 
 import torch
 
 from .lstm import LSTM, LSTMCell
-from .pipeline import Pipeline, _Unit
+from .pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
 
-SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, _Unit]
+SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit]
 
 torch.serialization.add_safe_globals(SAFE_GLOBALS)

@@ -67,11 +67,9 @@ class _PipelstmStep:
         self.pipe.train_step(self.x, self.target)
 
     def info(self) -> dict:
-        local = self.pipe._local
-        events = [dict(stage=e.stage, phase=e.phase, start_ns=e.start_ns, end_ns=e.end_ns)
-                  for e in local._engine.trace()]
-        return dict(busy=sum(stage_busy(events, self.pipe.num_local_stages)),
-                    kept=getattr(local, "saved_activation_bytes", None))
+        core = self.pipe.core
+        return dict(busy=sum(stage_busy(core.trace(), self.pipe.num_local_stages)),
+                    kept=core.saved_activation_bytes)
 
 
 def setup_pipelstm(rank: int, world: int, chunks: int, micro_batches: int, quick: bool,

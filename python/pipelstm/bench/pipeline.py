@@ -89,7 +89,7 @@ class PipelineStep:
         pipe = self.pipe
         start = time.perf_counter()
         pipe.zero_grad(set_to_none=True)
-        if pipe._loss is not None:
+        if pipe.core.loss is not None:
             loss, _ = pipe(self.x, target=self.target.t())
         else:
             out, _ = pipe(self.x)

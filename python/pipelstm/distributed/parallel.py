@@ -16,8 +16,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..pipeline import (_engine, _flatten, _flop_model, _loss_spec, _place, _stage_specs, _thread_budgets,
-                        check_checkpoint, check_positive_ints, partition, resolve_balance, run_engine)
+from .._C import pipeline as _engine
+from ..pipeline import PipelineCore
+from ..pipeline.balance import estimate_costs, partition, resolve_balance
+from ..pipeline.core import check_checkpoint, check_positive_ints
+from ..pipeline.units import flatten, loss_spec
 from ..timeline import write_timeline
 from .mesh import Mesh
 
@@ -26,22 +29,18 @@ __all__ = ["PipelineParallel"]
 
 class _Stage(nn.Module):
     """This process's units as a module: their parameters (the model's own
-    Parameter objects) and the engine that runs them."""
+    Parameter objects, for DDP) and the core that runs them."""
 
-    def __init__(self, units, global_names: List[str], engine, chunks: int, micro_batches: int,
-                 input_features: int, dtype: torch.dtype, checkpoint: str) -> None:
+    def __init__(self, core: PipelineCore, global_names: List[str], input_features: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weights = nn.ParameterList([p for ps in (u.params() for u in units) for p in ps if p is not None])
+        self.weights = nn.ParameterList([p for u in core.units for p in u.params() if p is not None])
         self.global_names = global_names
-        self._units = units
-        self._engine = engine
-        self.chunks, self.micro_batches, self.checkpoint = chunks, micro_batches, checkpoint
+        self.core = core
         self._input_features, self._dtype = input_features, dtype
-        self.num_layers = sum(u.kind == "lstm" for u in units)
 
     def forward(self, input: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]],
                 target: Optional[Tensor] = None):
-        return run_engine(self, self._units, input, h0, c0, target)
+        return self.core.run(input, h0, c0, self.training, target)
 
 
 class PipelineParallel(nn.Module):
@@ -80,11 +79,10 @@ class PipelineParallel(nn.Module):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
         check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
         check_checkpoint("PipelineParallel", checkpoint)
-        self._loss = _loss_spec(loss_fn)
+        self._loss = loss_spec(loss_fn)
         self.mesh = mesh
-        units = _flatten(model.named_children())
-        for u in units:
-            u.cost, u.act_bytes = _flop_model(u)
+        units = flatten(model.named_children())
+        estimate_costs(units)
         n = len(units)
         if mesh.pp > n:
             raise ValueError(f"PipelineParallel: pp={mesh.pp} stages but the model has only {n} units "
@@ -102,10 +100,10 @@ class PipelineParallel(nn.Module):
                                              len(local_devices), mesh)
         self.first_stage, self.num_local_stages = first_stage, len(local_devices)
         self.devices = local_devices
-        self.threads = _thread_budgets(threads, local_devices, "PipelineParallel")
-        _place(mine, local_balance, local_devices)
-        engine = _engine.Engine(_stage_specs(mine, local_balance, local_devices, self.threads,
-                                             self._loss if mesh.is_last_stage else None))
+        core = PipelineCore(mine, local_devices, local_balance, threads, chunks=chunks, micro_batches=micro_batches,
+                            checkpoint=checkpoint, loss=self._loss if mesh.is_last_stage else None,
+                            who="PipelineParallel")
+        self.threads = core.threads
         prev = nxt = None
         if not mesh.is_first_stage:
             r = mesh.pp_ranks[mesh.pp_rank - 1]
@@ -115,12 +113,12 @@ class PipelineParallel(nn.Module):
             r = mesh.pp_ranks[mesh.pp_rank + 1]
             nxt = _engine.RemoteSpec(mesh.pp_group.group_name, mesh.pp_rank + 1,
                                      f"stage {first_stage + len(local_devices)} (rank {r})")
-        engine.connect(prev, nxt, mesh.timeout, first_stage, f"rank {mesh.rank}")
+        core.connect(prev, nxt, mesh.timeout, first_stage, f"rank {mesh.rank}")
         names = {id(p): name for name, p in model.named_parameters()}
         global_names = [names[id(p)] for ps in (u.params() for u in mine) for p in ps if p is not None]
         in_features = 0 if mesh.is_first_stage else _width_after(units[:start])
         dtype = next(p for u in mine for p in u.params() if p is not None).dtype
-        self._local = _Stage(mine, global_names, engine, chunks, micro_batches, in_features, dtype, checkpoint)
+        self._local = _Stage(core, global_names, in_features, dtype)
         self._local.train(model.training)
         self.stage = (DistributedDataParallel(self._local, process_group=mesh.dp_group, broadcast_buffers=False)
                       if mesh.dp > 1 else self._local)
@@ -129,6 +127,12 @@ class PipelineParallel(nn.Module):
         self._stage_names: Optional[List[str]] = None
 
     # --- running -------------------------------------------------------------------
+
+    @property
+    def core(self) -> PipelineCore:
+        """This process's :class:`PipelineCore`: its local stages' units and
+        engine, ``trace()`` (local stage numbers) and ``saved_activation_bytes``."""
+        return self._local.core
 
     @property
     def is_last_stage(self) -> bool:
@@ -158,7 +162,7 @@ class PipelineParallel(nn.Module):
             x = input.to(self.devices[0])
         else:  # only the shape: the activations come from the previous stage
             x = torch.empty(T, B, local._input_features, dtype=local._dtype, device="meta")
-        L = local.num_layers
+        L = local.core.num_layers
         h0: List[Optional[Tensor]] = [None] * L
         c0: List[Optional[Tensor]] = [None] * L
         if self.carry_state and self._hidden is not None:
@@ -283,8 +287,7 @@ class PipelineParallel(nn.Module):
         ``Pipeline.timeline``). A collective: call it on every rank. The
         stages' clocks are each machine's steady clock, comparable only
         within one machine."""
-        events = [dict(stage=self.first_stage + e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
-                       start_ns=e.start_ns, end_ns=e.end_ns) for e in self._local._engine.trace()]
+        events = [dict(e, stage=self.first_stage + e["stage"]) for e in self.core.trace()]
         names = [f"stage {self.first_stage + s} ({d}, rank {self.mesh.rank})" for s, d in enumerate(self.devices)]
         parts = self._gather_first_replica(lambda: (events, names))
         if parts is None:
@@ -297,7 +300,7 @@ class PipelineParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"stage={self.mesh.pp_rank}/{self.mesh.pp}, replica={self.mesh.dp_rank}/{self.mesh.dp}, "
-                f"balance={self.balance}, units=[{', '.join(u.name for u in self._local._units)}], "
+                f"balance={self.balance}, units=[{', '.join(u.name for u in self.core.units)}], "
                 f"devices={[str(d) for d in self.devices]}")
 
 

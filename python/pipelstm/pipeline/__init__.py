@@ -1,0 +1,19 @@
+"""In-process pipelines: a sequential LSTM model split into stages on devices.
+
+One module per concept: ``units`` (what a model flattens into), ``balance``
+(costs and the split into stages), ``placement`` (devices, thread budgets,
+parameters), ``core`` (``PipelineCore``: the engine and one differentiable
+run, which ``Pipeline``, ``pipelstm.LSTM(devices=...)`` and
+``PipelineParallel``'s stage each hold), ``plan`` (the stages as a table),
+``module`` (``Pipeline``) and ``lstm_stack`` (the pipelined mode of
+``pipelstm.LSTM``). See docs/pipeline.md.
+"""
+
+from .balance import partition
+from .core import PipelineCore
+from .lstm_stack import LSTMPipeline
+from .module import Pipeline
+from .plan import Plan
+from .units import Unit
+
+__all__ = ["Pipeline", "PipelineCore", "LSTMPipeline", "Plan", "Unit", "partition"]

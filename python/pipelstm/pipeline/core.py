@@ -1,0 +1,325 @@
+"""``PipelineCore``: units on stages, the C++ engine that runs them, one run.
+
+``pipelstm.Pipeline``, ``pipelstm.LSTM(devices=...)`` and each process's
+stage of ``pipelstm.distributed.PipelineParallel`` hold one core; the core
+owns the engine (and its links to other processes), places the units'
+parameters, runs a pipelined forward as one autograd node, and reports what
+ran (``trace``, ``timeline``) and what was planned (``plan``).
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from ..timeline import write_timeline
+from .balance import resolve_balance
+from .placement import cap_threads, place, thread_budgets
+from .plan import Plan
+from .units import Unit
+
+__all__ = ["PipelineCore", "CHECKPOINT_MODES", "SETTINGS", "check_checkpoint", "check_positive_ints",
+           "core_settings"]
+
+_engine = _C.pipeline
+CHECKPOINT_MODES = ("never", "except_last", "always")
+
+
+def check_checkpoint(who: str, checkpoint: str) -> str:
+    """Returns ``checkpoint``.
+
+    Raises:
+        ValueError: not one of ``CHECKPOINT_MODES``.
+    """
+    if checkpoint not in CHECKPOINT_MODES:
+        raise ValueError(f"{who}: checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, "
+                         f"got {checkpoint!r}")
+    return checkpoint
+
+
+def check_positive_ints(who: str, **values) -> None:
+    """Raises:
+        ValueError: a value (named by its keyword) is not an int >= 1.
+    """
+    for what, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}: {what} must be a positive int, got {v!r}")
+
+
+class PipelineCore:
+    """Units split into stages on devices, and the engine that runs them.
+
+    Args:
+        units: from ``units.flatten`` (or a contiguous run of them), with
+            their ``cost`` estimated (``balance.estimate_costs``).
+        devices: one per stage, checked (``placement.stage_devices``).
+        balance: ``"auto"`` (by the units' costs) or the units per stage.
+        threads: intra-op threads per CPU stage (``placement.thread_budgets``).
+        chunks: K, the time chunks (clamped to the sequence length).
+        micro_batches: M, the micro-batches (clamped to the batch).
+        checkpoint: activation recomputation, one of ``CHECKPOINT_MODES``.
+        loss: ``units.loss_spec`` of the loss the last stage computes, or None.
+        sample_shape: ``(T, B)`` of the sample the costs were profiled on
+            (seconds, activations for that sample), or None for the FLOP
+            cost model (per token).
+        who: what error messages name, e.g. ``"Pipeline"``.
+
+    The units' parameters are moved to their stage's device here, in place.
+    The settings (``chunks``, ``micro_batches``, ``checkpoint``,
+    ``threads``) are plain attributes: a change applies from the next run
+    (``threads``: from the next engine, built on unpickling).
+
+    A core pickles and deep-copies without its engine, which cannot be
+    either: a new one is built from the same settings (each CPU stage's
+    threads capped to this machine's CPUs), and a deep copy's units point
+    at the copied modules when the modules are copied in the same memo.
+
+    Raises:
+        ValueError, TypeError: a setting out of range (the messages start
+            with ``who``).
+    """
+
+    def __init__(
+        self,
+        units: Sequence[Unit],
+        devices: Sequence[torch.device],
+        balance: Union[str, Sequence[int]] = "auto",
+        threads: Union[None, int, Sequence[int]] = None,
+        *,
+        chunks: int = 1,
+        micro_batches: int = 1,
+        checkpoint: str = "never",
+        loss: Optional[dict] = None,
+        sample_shape: Optional[Tuple[int, int]] = None,
+        who: str = "Pipeline",
+    ) -> None:
+        check_positive_ints(who, chunks=chunks, micro_batches=micro_batches)
+        self.checkpoint = check_checkpoint(who, checkpoint)
+        self.units = list(units)
+        self.devices = list(devices)
+        self.balance = resolve_balance(balance, self.units, len(self.devices), who)
+        self.threads = thread_budgets(threads, self.devices, who)
+        self.chunks, self.micro_batches = chunks, micro_batches
+        self.loss = loss
+        self.sample_shape = sample_shape
+        self.saved_activation_bytes = 0
+        self._links: Optional[tuple] = None
+        place(self.units, self.balance, self.devices)
+        self._build_engine()
+
+    # --- the engine ----------------------------------------------------------------
+
+    @property
+    def engine(self) -> "_engine.Engine":
+        """The C++ engine (``pipelstm._C.pipeline.Engine``)."""
+        return self._engine
+
+    def stage_specs(self) -> List["_engine.StageSpec"]:
+        """The engine's description of the stages. LSTM layers are numbered
+        in order from 0 (their slot among the initial and final states); the
+        loss, if any, ends the last stage."""
+        specs, i, layer = [], 0, 0
+        for s, count in enumerate(self.balance):
+            stage_units = []
+            for u in self.units[i : i + count]:
+                stage_units.append(u.spec(layer))
+                layer += u.has_state
+            if self.loss is not None and s == len(self.balance) - 1:
+                stage_units.append(_engine.UnitSpec(_engine.UnitKind.cross_entropy, "loss", **self.loss))
+            specs.append(_engine.StageSpec(str(self.devices[s]), stage_units, int(self.threads[s])))
+            i += count
+        return specs
+
+    def connect(self, prev: Optional["_engine.RemoteSpec"], next: Optional["_engine.RemoteSpec"], timeout: float,
+                first_stage: int, name: str) -> None:
+        """Links the first stage to the process before (``prev``) and the last
+        to the process after (``next``), as ``Engine.connect``: activations
+        and gradients then cross process boundaries point-to-point. A
+        connected core can be neither pickled nor copied."""
+        self._links = (prev, next, timeout, first_stage, name)
+        self._engine.connect(*self._links)
+
+    def _build_engine(self) -> None:
+        self._engine = _engine.Engine(self.stage_specs())
+        if self._links is not None:
+            self._engine.connect(*self._links)
+
+    def __getstate__(self) -> dict:
+        if self._links is not None:
+            raise TypeError("PipelineCore: a core connected to other processes (PipelineParallel) cannot be "
+                            "pickled or copied")
+        state = self.__dict__.copy()
+        del state["_engine"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.threads = cap_threads(self.threads, self.devices)
+        self._build_engine()
+
+    # --- running -------------------------------------------------------------------
+
+    @property
+    def num_layers(self) -> int:
+        """The LSTM layers among the units: the initial and final states ``run`` takes and gives."""
+        return sum(u.has_state for u in self.units)
+
+    def run(self, x: Tensor, h0: Sequence[Optional[Tensor]], c0: Sequence[Optional[Tensor]], training: bool,
+            target: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+        """One pipelined forward, differentiable when anything requires grad:
+        its backward is the engine's pipelined backward.
+
+        Args:
+            x: the time-major input ``[T, B, ...]`` on the first stage's
+                device (or, with a link to a previous process, only its shape).
+            h0, c0: per LSTM layer (``num_layers``), its initial state or None
+                (zeros); the engine moves each to its layer's device.
+            training: dropout on (and the units in training mode).
+            target: ``[T, B]`` class indices for the loss of the last stage
+                (a core built with ``loss``), else None.
+
+        Returns:
+            The output (with a ``target``: the loss) and the final states per
+            LSTM layer, each on its stage's device. ``saved_activation_bytes``
+            tells what a forward with grad kept.
+        """
+        L = len(h0)
+        params = [u.params() for u in self.units] + ([[]] if target is not None else [])
+        unit_counts = [tuple(p is not None for p in ps) for ps in params]
+        flat = [p for ps in params for p in ps if p is not None]
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in flat)
+            or any(t is not None and t.requires_grad for t in list(h0) + list(c0))
+        )
+        if needs_grad:
+            outs = _PipelineFunction.apply(self, (L, unit_counts), training, target, x, *h0, *c0, *flat)
+            return outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
+        run = self._engine.forward(
+            x, list(h0), list(c0), _unflatten(flat, unit_counts), self.chunks, self.micro_batches, training, False,
+            _engine.Checkpoint.never, target,
+        )
+        return run.output, list(run.h_n), list(run.c_n)
+
+    # --- what ran, what was planned ---------------------------------------------------
+
+    def trace(self) -> List[dict]:
+        """What ran in the last forward (and backward): one dict per span, with
+        ``stage``, ``phase``, ``micro_batch``, ``chunk``, ``start_ns``, ``end_ns``."""
+        return [
+            dict(stage=e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
+                 start_ns=e.start_ns, end_ns=e.end_ns)
+            for e in self._engine.trace()
+        ]
+
+    def timeline(self, path: str, names: Optional[Sequence[str]] = None) -> Dict[str, object]:
+        """Writes the schedule that last ran as a Chrome trace (``path``, JSON;
+        open it in chrome://tracing or ui.perfetto.dev) and, if matplotlib is
+        installed, a Gantt chart next to it (same name, ``.png``).
+
+        Args:
+            path: where to write the trace.
+            names: one row name per stage; default ``"stage s (device)"``.
+
+        Returns:
+            The paths written and the measured bubble (idle fraction of the
+            stages over each pass) with the theoretical (S-1)/(K*M+S-1).
+        """
+        if names is None:
+            names = [f"stage {s} ({d})" for s, d in enumerate(self.devices)]
+        return write_timeline(self.trace(), list(names), path)
+
+    @property
+    def plan(self) -> Plan:
+        """The stages: device, threads, units, estimated cost, parameters, activation memory."""
+        return Plan(self.units, self.balance, self.devices, self.threads, self.checkpoint, self.sample_shape)
+
+    def extra_repr(self) -> str:
+        """The settings, as the holding module's repr shows them."""
+        return (f"devices={[str(d) for d in self.devices]}, balance={self.balance}, chunks={self.chunks}, "
+                f"micro_batches={self.micro_batches}"
+                + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
+
+
+# The core's settings a module holding it shows as its own: name -> doc.
+SETTINGS: Dict[str, str] = {
+    "balance": "Units per stage.",
+    "chunks": "K, the time chunks (clamped to the sequence length).",
+    "micro_batches": "M, the micro-batches (clamped to the batch).",
+    "threads": "Intra-op threads per stage (0 for accelerators).",
+    "checkpoint": "The activation recomputation mode.",
+    "saved_activation_bytes": "Bytes of activations the last forward with grad kept for backward.",
+}
+
+_Module = TypeVar("_Module", bound=type)
+
+
+def core_settings(core_of: Callable[[object], PipelineCore]) -> Callable[[_Module], _Module]:
+    """A class decorator for modules holding a core: each of ``SETTINGS``
+    becomes a property of the module that reads and sets the setting of
+    the core ``core_of(module)`` (which may raise AttributeError: the
+    module has no such attribute)."""
+
+    def setting(name: str, doc: str) -> property:
+        return property(lambda self: getattr(core_of(self), name),
+                        lambda self, value: setattr(core_of(self), name, value), doc=doc)
+
+    def decorate(cls: _Module) -> _Module:
+        for name, doc in SETTINGS.items():
+            setattr(cls, name, setting(name, doc))
+        return cls
+
+    return decorate
+
+
+class _PipelineFunction(torch.autograd.Function):
+    """The whole pipelined forward as one autograd node; its backward is the
+    engine's pipelined backward, returning the gradients of the input, the
+    initial states and every parameter (each on its own stage's device)."""
+
+    @staticmethod
+    def forward(ctx, core: PipelineCore, layout, training: bool, target: Optional[Tensor], input: Tensor,
+                *tensors: Optional[Tensor]):
+        L, unit_counts = layout
+        h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
+        params = _unflatten(tensors[2 * L :], unit_counts)
+        run = core.engine.forward(
+            input, h0, c0, params, core.chunks, core.micro_batches, training, True,
+            getattr(_engine.Checkpoint, core.checkpoint), target,
+        )
+        core.saved_activation_bytes = run.saved_bytes
+        ctx.run, ctx.layout = run, layout
+        ctx.input_device, ctx.input_float = input.device, input.is_floating_point()
+        ctx.state_devices = [None if t is None else t.device for t in tensors[: 2 * L]]
+        ctx.set_materialize_grads(False)
+        return (run.output, *run.h_n, *run.c_n)
+
+    @staticmethod
+    def backward(ctx, grad_output, *grad_states):
+        L, unit_counts = ctx.layout
+        run = ctx.run  # frees its saved activations as it goes; a second backward raises
+        grad_input, gh0, gc0, gparams = run.backward(
+            grad_output, list(grad_states[:L]), list(grad_states[L:])
+        )
+        if grad_input is not None:
+            grad_input = grad_input.to(ctx.input_device) if ctx.input_float else None
+        states = [
+            None if g is None or d is None else g.to(d) for g, d in zip(list(gh0) + list(gc0), ctx.state_devices)
+        ]
+        # gparams has an entry per parameter slot; keep those the forward got.
+        flat = []
+        for unit_grads, count in zip(gparams, unit_counts):
+            flat.extend(g for g, present in zip(unit_grads, count) if present)
+        return (None, None, None, None, grad_input, *states, *flat)
+
+
+def _unflatten(flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:
+    """Per unit, its parameter slots (None where absent) from the flat list."""
+    out, i = [], 0
+    for present in unit_counts:
+        params = []
+        for p in present:
+            params.append(flat[i] if p else None)
+            i += p
+        out.append(params)
+    return out

@@ -1,0 +1,181 @@
+"""``pipelstm.Pipeline``: a sequential LSTM model split into stages on devices.
+
+The model is a ``torch.nn.Sequential`` of ``Embedding``, ``pipelstm.LSTM`` or
+``nn.LSTM``, ``Dropout``, ``Linear`` (and ``Identity``). It is flattened into
+*units* (every layer of a multi-layer LSTM is a unit of its own, and so is
+the dropout between two of its layers), and the units are split into
+contiguous *stages*, one device each. The C++ engine (``csrc/pipeline``) runs
+the stages in one worker thread each, outside the GIL, as a wavefront over
+``chunks`` time chunks x ``micro_batches`` micro-batches; ``loss.backward()``
+runs the reverse wavefront. See docs/pipeline.md.
+
+All units run natively in C++ (LSTM layers on the fused layer ops,
+``Embedding`` as ``at::embedding``, ``Linear`` as ``at::linear``, ``Dropout``
+as a Bernoulli mask), so the workers never take the GIL.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from .balance import estimate_costs
+from .core import PipelineCore, check_checkpoint, check_positive_ints, core_settings
+from .placement import check_stage_count, stage_devices
+from .plan import Plan
+from .units import flatten, loss_spec
+
+__all__ = ["Pipeline"]
+
+
+@core_settings(lambda pipe: pipe.core)
+class Pipeline(nn.Module):
+    """A ``Sequential`` LSTM model pipelined over devices, time chunks and micro-batches.
+
+    Args:
+        module: ``nn.Sequential`` of ``Embedding``, ``pipelstm.LSTM``/``nn.LSTM``
+            (unidirectional), ``Dropout``, ``Linear`` and ``Identity``. Its
+            submodules become this module's (same names, so ``state_dict()`` is
+            the unsplit model's), their parameters moved to their stage's device.
+        devices: one device per stage, e.g. ``["cpu", "cpu"]`` or ``["cuda:0", "cuda:1"]``.
+        chunks: K, the number of time chunks (clamped to the sequence length).
+        micro_batches: M, the number of micro-batches (clamped to the batch).
+        balance: ``"auto"``, or the number of units per stage, e.g. ``[2, 3]``.
+        sample: an input to profile the units on for ``balance="auto"``;
+            without one, a FLOP cost model balances.
+        threads: intra-op threads per CPU stage (an int or one per stage);
+            default: ``torch.get_num_threads()`` shared among the CPU stages.
+        checkpoint: activation recomputation, trading compute for memory:
+            ``"never"`` keeps every activation backward needs; ``"always"``
+            keeps of each (micro-batch, chunk) only the stage's input, the
+            LSTM layers' initial states and the dropout masks, and runs its
+            forward again just before its backward; ``"except_last"`` does so
+            for all but each stage's last item (whose backward comes first).
+            Results are bitwise the same; ``saved_activation_bytes`` tells
+            what the last forward kept.
+        loss_fn: an ``nn.CrossEntropyLoss`` (``ignore_index``, reduction
+            ``"mean"`` or ``"sum"``) computed inside the last stage, item by
+            item, while the other stages work: ``forward(input, hx,
+            target=...)`` then returns the loss (a scalar) instead of the
+            logits, and its backward starts from there.
+
+    ``forward(input, hx=None)`` takes ``[T, B]`` indices (first unit an
+    Embedding) or ``[T, B, I]`` features (``[B, T, ...]`` when the LSTMs are
+    ``batch_first``) and optional ``(h_0, c_0)`` of shape ``[L, B, P]`` and
+    ``[L, B, H]`` over all L LSTM layers; it returns ``output, (h_n, c_n)``.
+    With ``loss_fn``, ``forward(input, hx=None, target=...)`` takes the
+    targets ``[T, B]`` (``[B, T]`` with ``batch_first``) and returns
+    ``loss, (h_n, c_n)``.
+
+    The pipeline's :class:`PipelineCore` (``core``) holds the units, the
+    stages and the engine; ``balance``, ``chunks``, ``micro_batches``,
+    ``threads``, ``checkpoint`` and ``saved_activation_bytes`` are its.
+    """
+
+    def __init__(
+        self,
+        module: nn.Sequential,
+        devices: Sequence[Union[str, torch.device]],
+        chunks: int = 1,
+        micro_batches: int = 1,
+        balance: Union[str, Sequence[int]] = "auto",
+        sample: Optional[Tensor] = None,
+        threads: Union[None, int, Sequence[int]] = None,
+        checkpoint: str = "never",
+        loss_fn: Optional[nn.Module] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Sequential):
+            raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
+        check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
+        check_checkpoint("Pipeline", checkpoint)
+        loss = loss_spec(loss_fn)
+        devices = stage_devices("Pipeline", devices)
+        units = flatten(module.named_children())
+        check_stage_count("Pipeline", len(devices), units)
+        lstms = {id(u.module): u.module for u in units if u.kind == "lstm"}.values()
+        batch_first = {m.batch_first for m in lstms}
+        if len(batch_first) > 1:
+            raise ValueError("Pipeline: all LSTMs must agree on batch_first")
+        self._batch_first = batch_first.pop() if batch_first else False
+        if sample is not None and self._batch_first:
+            sample = sample.transpose(0, 1)
+        sample_shape = estimate_costs(units, sample)
+        self.core = PipelineCore(units, devices, balance, threads, chunks=chunks, micro_batches=micro_batches,
+                                 checkpoint=checkpoint, loss=loss, sample_shape=sample_shape, who="Pipeline")
+        for name, child in module.named_children():
+            self.add_module(name, child)
+        self.training = module.training
+
+    # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
+    # the core's (@core_settings).
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    # --- running -----------------------------------------------------------------
+
+    def forward(self, input: Tensor, hx=None, target: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        if not isinstance(input, Tensor) or input.dim() < 2:
+            raise ValueError("Pipeline: expected input of shape [T, B] (indices) or [T, B, I] "
+                             "([B, T, ...] with batch_first)")
+        x = input.transpose(0, 1) if self._batch_first else input
+        if (target is None) != (self.core.loss is None):
+            raise ValueError("Pipeline: pass target= exactly when the pipeline was built with a loss_fn")
+        if target is not None:
+            if not isinstance(target, Tensor) or target.dim() != 2 or target.dtype != torch.int64:
+                raise ValueError("Pipeline: expected target of dtype torch.int64 and shape [T, B] ([B, T] with "
+                                 f"batch_first), got {getattr(target, 'dtype', type(target).__name__)} "
+                                 f"{tuple(getattr(target, 'shape', ()))}")
+            if self._batch_first:
+                target = target.t()
+        L = self.core.num_layers
+        h0: List[Optional[Tensor]] = [None] * L
+        c0: List[Optional[Tensor]] = [None] * L
+        if hx is not None:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise ValueError("Pipeline: hx must be a tuple (h_0, c_0)")
+            for states, given in ((h0, hx[0]), (c0, hx[1])):
+                if len(given) != L:
+                    raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
+                for l in range(L):
+                    states[l] = given[l]
+        out, h_n, c_n = self.core.run(x, h0, c0, self.training, target)
+        if self._batch_first and target is None:
+            out = out.transpose(0, 1)
+        return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))
+
+    @staticmethod
+    def _stack(states: List[Tensor], device: torch.device):
+        if not states:
+            return None
+        if len({tuple(s.shape) for s in states}) > 1:
+            return [s.to(device) for s in states]  # layers of different widths
+        return torch.stack([s.to(device) for s in states])
+
+    # --- plan and timeline ---------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The stages: device, units, estimated time, parameters, activation memory."""
+        return self.core.plan
+
+    def trace(self) -> List[dict]:
+        """What ran in the last forward (and backward): one dict per span."""
+        return self.core.trace()
+
+    def timeline(self, path: str) -> Dict[str, object]:
+        """Writes the schedule that last ran as a Chrome trace (``path``, JSON;
+        open it in chrome://tracing or ui.perfetto.dev) and, if matplotlib is
+        installed, a Gantt chart next to it (same name, ``.png``).
+
+        Returns the paths written and the measured bubble (idle fraction of
+        the stages over each pass) with the theoretical (S-1)/(K*M+S-1).
+        """
+        return self.core.timeline(path)
+
+    def extra_repr(self) -> str:
+        return self.core.extra_repr()

@@ -1,0 +1,283 @@
+"""What a model flattens into: *units*, and what pipelstm knows of each kind.
+
+A pipeline runs a ``Sequential``'s children as units, each run natively by
+the C++ engine (``csrc/pipeline/units.cpp``): every layer of a multi-layer
+LSTM is a unit of its own, and so is the dropout between two of its layers;
+``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm`` and the activations
+are one unit each; ``Identity`` is none.
+
+Two tables say the rest. ``MODULES``: for each module type, the units it
+flattens into. ``KINDS``: for each kind of unit (the engine's ``UnitKind``
+of the same name), the arguments of its engine ``UnitSpec``, its cost per
+token for the balancing cost model, and a plain-torch forward for the
+profiler. A new activation the engine runs is one entry of ``ACTIVATIONS``.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _C, ops
+from ..geometry import LayerGeometry
+
+__all__ = ["Unit", "Kind", "KINDS", "MODULES", "ACTIVATIONS", "SUPPORTED", "flatten", "loss_spec"]
+
+_engine = _C.pipeline
+
+
+@dataclass
+class Unit:
+    """One unit of a pipeline: a piece of ``module`` that one stage runs.
+
+    ``param_names`` are the unit's parameter slots in the engine's order
+    (``None`` where a slot is empty, e.g. a Linear without bias); ``cost``
+    and ``act_bytes`` are filled in by the balancing (pipeline/balance.py),
+    ``device`` by the placement (pipeline/placement.py).
+    """
+
+    kind: str  # a key of KINDS: "lstm", "embedding", "linear", "dropout", "activation", "layer_norm"
+    name: str
+    module: nn.Module
+    param_names: List[Optional[str]]
+    layer: int = -1  # LSTM: index among all LSTM layers of the model
+    input_size: int = 0
+    hidden_size: int = 0
+    proj_size: int = 0
+    p: float = 0.0
+    activation: str = ""  # activation: the engine's name, e.g. "gelu_tanh"
+    eps: float = 1e-5  # layer_norm
+    out_size: int = 0
+    cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
+    act_bytes: float = 0.0  # saved for backward, per token (or in all, with a sample)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def params(self) -> List[Optional[Tensor]]:
+        """The parameter slots, looked up on the module by name each call."""
+        return [None if n is None else getattr(self.module, n) for n in self.param_names]
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.params() if p is not None)
+
+    def element_size(self) -> int:
+        """Bytes per element of the unit's activations: its parameters' (4 without parameters)."""
+        ps = [p for p in self.params() if p is not None]
+        return ps[0].element_size() if ps else 4
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the unit has initial and final states (an LSTM layer)."""
+        return KINDS[self.kind].has_state
+
+    def cost_per_token(self) -> Tuple[float, float]:
+        """(forward + backward FLOPs per token, bytes saved for backward per token)."""
+        return KINDS[self.kind].cost(self)
+
+    def spec(self, state_index: int = -1) -> "_engine.UnitSpec":
+        """The engine's description of this unit; ``state_index``: an LSTM
+        layer's slot among the initial and final states."""
+        kw = KINDS[self.kind].engine_args(self)
+        if self.has_state:
+            kw["state_index"] = state_index
+        return _engine.UnitSpec(getattr(_engine.UnitKind, self.kind), self.name, **kw)
+
+    def reference(self) -> Callable[[Tensor], Tensor]:
+        """The unit's forward in plain torch (LSTM layers from zero states),
+        which the profiler times."""
+        return KINDS[self.kind].reference(self)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What pipelstm knows of one kind of unit.
+
+    Args:
+        engine_args: the unit's keyword arguments of the engine's ``UnitSpec``.
+        cost: (forward + backward FLOPs per token, bytes saved for backward per token).
+        reference: the unit's forward in plain torch.
+        has_state: whether the unit has initial and final states (an LSTM layer).
+    """
+
+    engine_args: Callable[[Unit], dict]
+    cost: Callable[[Unit], Tuple[float, float]]
+    reference: Callable[[Unit], Callable[[Tensor], Tensor]]
+    has_state: bool = False
+
+
+def _lstm_cost(u: Unit) -> Tuple[float, float]:
+    g = LayerGeometry(u.input_size, u.hidden_size, u.proj_size)
+    H, P, I = g.hidden_size, g.out_size, g.input_size
+    fwd = 2 * 4 * H * (I + P) + (2 * P * H if g.projected else 0) + 20 * H
+    return 3.0 * fwd, float((I + P + g.workspace_width) * u.element_size())
+
+
+def _pointwise_cost(u: Unit) -> Tuple[float, float]:
+    width = max(u.out_size, 1)
+    return 3.0 * width, float(width * u.element_size())
+
+
+def _lstm_reference(u: Unit) -> Callable[[Tensor], Tensor]:
+    p = u.params()
+
+    def fn(x: Tensor) -> Tensor:
+        B = x.shape[1]
+        return ops.lstm_layer(x, x.new_zeros(B, u.out_size), x.new_zeros(B, u.hidden_size), *p)[0]
+
+    return fn
+
+
+def _embedding_reference(u: Unit) -> Callable[[Tensor], Tensor]:
+    weight, m = u.params()[0], u.module
+    return lambda x: F.embedding(x, weight, m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
+
+
+def _embedding_args(u: Unit) -> dict:
+    pad = u.module.padding_idx
+    return dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
+
+
+def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
+    weight, bias = u.params()
+    return lambda x: F.linear(x, weight, bias)
+
+
+KINDS: Dict[str, Kind] = {
+    "lstm": Kind(lambda u: {}, _lstm_cost, _lstm_reference, has_state=True),
+    "embedding": Kind(_embedding_args, lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
+    "linear": Kind(lambda u: {}, lambda u: (3.0 * 2 * u.input_size * u.out_size,
+                                            float(u.input_size * u.element_size())), _linear_reference),
+    "dropout": Kind(lambda u: dict(p=float(u.p)), _pointwise_cost,
+                    lambda u: lambda x: F.dropout(x, u.p, training=True)),
+    "activation": Kind(lambda u: dict(activation=getattr(_engine.Activation, u.activation)), _pointwise_cost,
+                       lambda u: u.module),
+    "layer_norm": Kind(lambda u: dict(eps=float(u.eps)), _pointwise_cost, lambda u: u.module),
+}
+
+# The activations the engine runs natively: module type (exactly) -> its name there.
+ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
+    nn.ReLU: lambda m: "relu",
+    nn.Tanh: lambda m: "tanh",
+    nn.Sigmoid: lambda m: "sigmoid",
+    nn.GELU: lambda m: "gelu" if m.approximate == "none" else "gelu_tanh",
+    nn.SiLU: lambda m: "silu",
+}
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
+             "ReLU, Tanh, Sigmoid, GELU, SiLU and Identity")
+
+
+def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Unit]:
+    if child.mode != "LSTM":
+        raise ValueError(f"Pipeline: module {name!r} is a {child.mode}; only LSTMs are supported")
+    if child.bidirectional:
+        raise ValueError(
+            f"Pipeline: module {name!r} is a bidirectional LSTM, which cannot be pipelined over time "
+            "chunks (its reverse direction needs the end of the sequence before the start); "
+            "use unidirectional LSTMs"
+        )
+    prefix = f"{name}." if name else ""
+    first = sum(u.kind == "lstm" for u in before)
+    H, P = child.hidden_size, child.proj_size
+    units = []
+    for l in range(child.num_layers):
+        g = LayerGeometry(child.input_size if l == 0 else (P or H), H, P)
+        sfx = f"_l{l}"
+        names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
+        names += [f"bias_ih{sfx}", f"bias_hh{sfx}"] if child.bias else [None, None]
+        names += [f"weight_hr{sfx}"] if g.projected else [None]
+        units.append(Unit("lstm", f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
+                          hidden_size=H, proj_size=P, out_size=g.out_size))
+        if child.dropout > 0 and l < child.num_layers - 1:
+            units.append(Unit("dropout", f"{prefix}dropout{l}", child, [], p=child.dropout, out_size=g.out_size))
+    return units
+
+
+def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> List[Unit]:
+    if child.max_norm is not None or child.sparse:
+        raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
+    return [Unit("embedding", name, child, ["weight"], out_size=child.embedding_dim)]
+
+
+def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[Unit]:
+    return [Unit("linear", name, child, ["weight", "bias" if child.bias is not None else None],
+                 input_size=child.in_features, out_size=child.out_features)]
+
+
+def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
+    if len(child.normalized_shape) != 1:
+        raise ValueError(f"Pipeline: LayerNorm {name!r} must normalise over the last dimension only, "
+                         f"got normalized_shape={tuple(child.normalized_shape)}")
+    width = child.normalized_shape[0]
+    names = ["weight" if child.weight is not None else None,
+             "bias" if getattr(child, "bias", None) is not None else None]
+    return [Unit("layer_norm", name, child, names, eps=child.eps, input_size=width, out_size=width)]
+
+
+def _activation_units(name: str, child: nn.Module, before: Sequence[Unit]) -> List[Unit]:
+    width = before[-1].out_size if before else 0
+    return [Unit("activation", name, child, [], activation=ACTIVATIONS[type(child)](child),
+                 input_size=width, out_size=width)]
+
+
+_Flatten = Callable[[str, nn.Module, Sequence[Unit]], List[Unit]]
+
+# Module type (and its subclasses) -> its units, given the units before it.
+# The activations of ACTIVATIONS match their exact type.
+MODULES: Dict[type, _Flatten] = {
+    nn.Identity: lambda name, child, before: [],
+    nn.RNNBase: _lstm_units,
+    nn.Embedding: _embedding_units,
+    nn.Linear: _linear_units,
+    nn.Dropout: lambda name, child, before: [Unit("dropout", name, child, [], p=child.p)],
+    nn.LayerNorm: _layer_norm_units,
+}
+
+
+def _flattener(child: nn.Module) -> Optional[_Flatten]:
+    for module_type, fn in MODULES.items():
+        if isinstance(child, module_type):
+            return fn
+    return _activation_units if type(child) in ACTIVATIONS else None
+
+
+def flatten(children: Iterable[Tuple[str, nn.Module]]) -> List[Unit]:
+    """The units of a Sequential's ``named_children()``.
+
+    A module named ``""`` gives its units without a prefix: one LSTM on its
+    own (``pipelstm.LSTM(devices=...)``) flattens into ``l0, dropout0, l1, ...``.
+
+    Raises:
+        ValueError: a module the engine does not run (naming it and the
+            supported ones), a GRU, a bidirectional LSTM, or no units at all.
+    """
+    units: List[Unit] = []
+    for name, child in children:
+        fn = _flattener(child)
+        if fn is None:
+            raise ValueError(
+                f"Pipeline: module {name!r} ({type(child).__name__}) is not supported; a pipeline is a "
+                f"Sequential of {SUPPORTED}"
+            )
+        units += fn(name, child, units)
+    if not units:
+        raise ValueError("Pipeline: the model has no units")
+    return units
+
+
+def loss_spec(loss_fn: Optional[nn.Module]) -> Optional[dict]:
+    """The engine's loss unit for ``loss_fn`` (``nn.CrossEntropyLoss``): its
+    ``UnitSpec`` arguments (``ignore_index``, ``mean``), or None without one.
+
+    Raises:
+        ValueError: another loss, or class weights, label smoothing or
+            ``reduction="none"``.
+    """
+    if loss_fn is None:
+        return None
+    if type(loss_fn) is not nn.CrossEntropyLoss:
+        raise ValueError(f"Pipeline: loss_fn must be an nn.CrossEntropyLoss, got {type(loss_fn).__name__}")
+    if loss_fn.weight is not None or loss_fn.label_smoothing != 0.0 or loss_fn.reduction not in ("mean", "sum"):
+        raise ValueError("Pipeline: loss_fn supports ignore_index and reduction='mean' or 'sum'; not class weights, "
+                         f"label_smoothing or reduction={loss_fn.reduction!r}")
+    return dict(ignore_index=int(loss_fn.ignore_index), mean=loss_fn.reduction == "mean")

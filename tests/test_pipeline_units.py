@@ -1,0 +1,79 @@
+"""pipelstm/pipeline/units.py: what a model flattens into, and the tables of
+module types and unit kinds the engine runs."""
+
+import pytest
+import torch
+from torch import nn
+
+import pipelstm
+from pipelstm._C import pipeline as engine
+from pipelstm.geometry import LayerGeometry
+from pipelstm.pipeline.units import ACTIVATIONS, KINDS, flatten
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (nn.Sequential(nn.LSTM(3, 4, bidirectional=True)), "bidirectional"),
+        (nn.Sequential(nn.GRU(3, 4)), "only LSTMs"),
+        (nn.Sequential(nn.LSTM(3, 4), nn.Softplus()), "not supported"),
+        (nn.Sequential(nn.LSTM(3, 4), nn.LayerNorm((2, 4))), "over the last dimension"),
+        (nn.Sequential(nn.Identity()), "no units"),
+    ],
+)
+def test_unsupported_models_are_rejected(model, message):
+    with pytest.raises(ValueError, match=message):
+        pipelstm.Pipeline(model, devices=["cpu"])
+
+
+def test_an_activation_matches_its_exact_type():
+    # A subclass may compute anything: the engine's native ReLU would not be it.
+    class Shifted(nn.ReLU):
+        def forward(self, x):
+            return super().forward(x) + 1
+
+    with pytest.raises(ValueError, match=r"module '1' \(Shifted\) is not supported"):
+        flatten(nn.Sequential(nn.Linear(2, 2), Shifted()).named_children())
+
+
+def test_every_kind_and_activation_is_the_engines():
+    assert set(KINDS) <= set(engine.UnitKind.__members__)
+    for module_type, name in ACTIVATIONS.items():
+        assert name(module_type()) in engine.Activation.__members__
+    assert ACTIVATIONS[nn.GELU](nn.GELU(approximate="tanh")) == "gelu_tanh"
+
+
+def test_flatten_names_kinds_widths_and_parameter_slots():
+    model = nn.Sequential(nn.Embedding(10, 3), nn.Identity(), pipelstm.LSTM(3, 6, num_layers=2, proj_size=2, dropout=0.5),
+                          nn.ReLU(), nn.Linear(2, 4, bias=False), nn.LayerNorm(4), nn.LSTM(4, 5, bias=False))
+    units = flatten(model.named_children())
+    assert [(u.kind, u.name) for u in units] == [
+        ("embedding", "0"), ("lstm", "2.l0"), ("dropout", "2.dropout0"), ("lstm", "2.l1"), ("activation", "3"),
+        ("linear", "4"), ("layer_norm", "5"), ("lstm", "6.l0"),
+    ]
+    assert [u.layer for u in units if u.kind == "lstm"] == [0, 1, 2]  # the state slots, over all LSTMs
+    assert [u.out_size for u in units] == [3, 2, 2, 2, 2, 4, 4, 5]
+    assert [u.input_size for u in units if u.kind == "lstm"] == [3, 2, 4]
+    assert units[1].param_names == ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_hr_l0"]
+    assert units[-1].param_names == ["weight_ih_l0", "weight_hh_l0", None, None, None]
+    assert units[5].param_names == ["weight", None]
+    assert units[4].activation == "relu" and units[2].p == 0.5
+    assert [u.has_state for u in units] == [u.kind == "lstm" for u in units]
+    # The parameter slots are the module's own parameters, in the engine's order.
+    assert units[3].params()[0] is model[2].weight_ih_l1 and units[3].num_params() == sum(
+        p.numel() for n, p in model[2].named_parameters() if n.endswith("_l1"))
+
+
+def test_an_lstm_units_cost_reads_the_layer_geometry():
+    (u,) = flatten([("", nn.LSTM(3, 6, proj_size=2).double())])
+    g = LayerGeometry(3, 6, 2)
+    flops, saved = u.cost_per_token()
+    assert saved == (g.input_size + g.out_size + g.workspace_width) * 8  # input, output, workspace in float64
+    assert flops == 3.0 * (2 * 4 * 6 * (3 + 2) + 2 * 2 * 6 + 20 * 6)
+
+
+def test_a_units_reference_is_its_module():
+    lin = nn.Linear(3, 2)
+    (u,) = flatten([("0", lin)])
+    x = torch.randn(4, 3)
+    assert torch.equal(u.reference()(x), lin(x))
