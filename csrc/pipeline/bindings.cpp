@@ -1,4 +1,4 @@
-// pipelstm._C.pipeline: the engine for Python (python/pipelstm/pipeline.py).
+// pipelstm._C.pipeline: the engine for Python (python/pipelstm/pipeline/core.py).
 // Every call that runs the engine releases the GIL: the stage workers never
 // need it, and other Python threads keep running meanwhile.
 #include <pybind11/pybind11.h>
