@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -31,6 +32,14 @@ const k::RecurrentKernels& kernels() {
 // well under one), not a tuned one.
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 
+// Row blocks (row_blocks): at least this many rows each, and weights of at
+// most this many floats (4H x P: H = P = 512). Row blocks measured faster
+// than split panels on a 2-core AVX2 EPYC from H=64 to 1024 at B >= 16
+// (PIPELSTM_ROW_SPLIT=0/1); the cap keeps the cores of a many-core machine
+// from each streaming large weights every step.
+constexpr int64_t kMinRowsPerBlock = 8;
+constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
+
 int team_size(int64_t macs_per_step, int64_t panels) {
   if (at::in_parallel_region()) return 1;
   const int64_t by_work = std::max<int64_t>(1, macs_per_step / kMinMacsPerThread);
@@ -51,6 +60,30 @@ Tensor packed(int64_t size, const Tensor& like, Pack&& pack) {
 // Where step t's rows start in a [N, width] buffer (or null before the first step).
 const float* step_rows(const float* base, const LayerSteps& steps, int64_t t, int64_t width) {
   return t < 0 ? nullptr : base + steps.offset[t] * width;
+}
+
+// Rows [r0, ...) of a step's rows.
+k::RowSource rows_from(const k::RowSource& s, int64_t r0) {
+  return {s.first != nullptr ? s.first + r0 * s.ld : nullptr, s.rest + r0 * s.ld,
+          std::max<int64_t>(0, s.split - r0), s.ld};
+}
+
+// Blocks of batch rows that run a whole time loop each, on threads of their
+// own: a row depends only on its own row of the step before, so this needs
+// no barrier per step and no row of h crosses cores, but every thread reads
+// all the weights. Used where every thread gets a block of at least
+// kMinRowsPerBlock rows and the weights (`weights` floats) are at most
+// kMaxRowSplitWeights; 1 otherwise (the panels of each step are split
+// instead). PIPELSTM_ROW_SPLIT=0 never splits rows, =1 whenever there are
+// rows for two blocks (for measuring).
+int64_t row_blocks(int64_t batch, int64_t weights) {
+  const char* env = std::getenv("PIPELSTM_ROW_SPLIT");  // read per call: cheap beside a loop
+  const int forced = env == nullptr ? -1 : std::atoi(env);
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t blocks = std::min<int64_t>(threads, batch / kMinRowsPerBlock);
+  if (forced == 0 || blocks < 2) return 1;
+  if (forced == 1) return blocks;
+  return blocks == threads && weights <= kMaxRowSplitWeights ? blocks : 1;
 }
 
 bool all_zero(const Tensor& t) {
@@ -103,43 +136,72 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   const bool zero_h0 = all_zero(h0);
   const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.gate_panels(H), proj_panels = K.plain_panels(P);
-  const int threads = team_size(steps.max_batch * 4 * H * P, cell_panels);
-  auto chunks = [&](int64_t s) {
-    return std::min<int64_t>(threads, s % phases == 0 ? cell_panels : proj_panels);
-  };
-  run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
-    const int64_t p = s / phases;
+  // Step p's cell (and with w_hr its projection) for rows [r0, r1) of its
+  // batch and panels [pb, pe).
+  auto cell = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
     const int64_t t = LayerSteps::step_at(p, T, reverse);
     const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
-    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
-    if (s % phases == 0) {
-      k::ForwardStep f;
-      f.rows = rows;
-      f.hidden = H;
-      f.k = zero_h0 && steps.continuing(p, reverse) == 0 ? 0 : P;
-      f.h_prev = {step_rows(out, steps, prev, P), h_init, steps.continuing(p, reverse), P};
-      f.w = cptr(packed_hh);
-      f.gates = g + row0 * 4 * H;
-      f.bias = b.defined() ? cptr(b) : nullptr;
-      f.c_prev = {step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H};
-      f.c = c + row0 * H;
-      f.h = projected ? raw + row0 * H : out + row0 * P;
-      f.ldh = projected ? H : P;
-      const auto [b, e] = chunk_range(cell_panels, n_chunks, chunk);
-      K.forward_step(f, b, e);
-    } else {
-      k::Gemm m;
-      m.rows = rows;
-      m.n = P;
-      m.k = H;
-      m.a = {raw + row0 * H, nullptr, rows, H};
-      m.w = cptr(packed_hr);
-      m.out = out + row0 * P;
-      m.ldo = P;
-      const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
-      K.gemm(m, b, e);
-    }
-  });
+    const int64_t row0 = steps.offset[t] + r0, cont = steps.continuing(p, reverse);
+    k::ForwardStep f;
+    f.rows = r1 - r0;
+    f.hidden = H;
+    f.k = zero_h0 && cont == 0 ? 0 : P;
+    f.h_prev = rows_from({step_rows(out, steps, prev, P), h_init, cont, P}, r0);
+    f.w = cptr(packed_hh);
+    f.gates = g + row0 * 4 * H;
+    f.bias = b.defined() ? cptr(b) : nullptr;
+    f.c_prev = rows_from({step_rows(c, steps, prev, H), c_init, cont, H}, r0);
+    f.c = c + row0 * H;
+    f.h = projected ? raw + row0 * H : out + row0 * P;
+    f.ldh = projected ? H : P;
+    K.forward_step(f, pb, pe);
+  };
+  auto projection = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
+    const int64_t row0 = steps.offset[LayerSteps::step_at(p, T, reverse)] + r0;
+    k::Gemm m;
+    m.rows = r1 - r0;
+    m.n = P;
+    m.k = H;
+    m.a = {raw + row0 * H, nullptr, r1 - r0, H};
+    m.w = cptr(packed_hr);
+    m.out = out + row0 * P;
+    m.ldo = P;
+    K.gemm(m, pb, pe);
+  };
+  // Packed sequences end at different steps: equal blocks of rows would not
+  // stay balanced, so they split panels.
+  const int64_t blocks =
+      steps.dense ? row_blocks(steps.max_batch, 4 * H * P + (projected ? P * H : 0)) : 1;
+  if (blocks > 1) {
+    // Each block of batch rows runs the whole loop on its own thread.
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const auto [r0, r1] = chunk_range(steps.max_batch, blocks, blk);
+        for (int64_t p = 0; p < T; ++p) {
+          const int64_t end = std::min(r1, steps.batch[LayerSteps::step_at(p, T, reverse)]);
+          if (end <= r0) continue;  // packed: this block has no rows at this step
+          cell(p, r0, end, 0, cell_panels);
+          if (projected) projection(p, r0, end, 0, proj_panels);
+        }
+      }
+    });
+  } else {
+    const int threads = team_size(steps.max_batch * 4 * H * P, cell_panels);
+    auto chunks = [&](int64_t s) {
+      return std::min<int64_t>(threads, s % phases == 0 ? cell_panels : proj_panels);
+    };
+    run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
+      const int64_t p = s / phases;
+      const int64_t rows = steps.batch[LayerSteps::step_at(p, T, reverse)];
+      if (s % phases == 0) {
+        const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
+        cell(p, 0, rows, pb, pe);
+      } else {
+        const auto [pb, pe] = chunk_range(proj_panels, n_chunks, chunk);
+        projection(p, 0, rows, pb, pe);
+      }
+    });
+  }
 
   // Sequences that end at a step leave their final state there.
   float* hn = ptr(h_n);

@@ -15,7 +15,7 @@ namespace cpu {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kMinBytes = size_t{4} << 20;
+constexpr size_t kMinBytes = size_t{32} << 20;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct Mapping {
