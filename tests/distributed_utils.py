@@ -67,6 +67,15 @@ def tagged(tag: str) -> Dict[int, Optional[int]]:
     return found
 
 
+def parent_of(pid: int) -> Optional[int]:
+    """The parent pid of a live process, or None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def kill_tagged(tag: str) -> None:
     """SIGKILLs every process started with PIPELSTM_TEST_TAG=tag: a stopped
     worker outlives its torchrun agent, whatever session it is in."""
@@ -139,7 +148,10 @@ def watch_run(procs: List[subprocess.Popen], tag: str, after: str, within: float
             if t_after is None and after in seen[-1][2]:
                 t_after = seen[-1][0]
         now_live = tagged(tag)
-        workers.update({pid: rank for pid, rank in now_live.items() if rank is not None})
+        # A worker is a ranked child of an agent; a process a worker starts
+        # (torch may run helpers) inherits RANK but is not one.
+        workers.update({pid: rank for pid, rank in now_live.items()
+                        if rank is not None and pid not in workers and now_live.get(parent_of(pid), 0) is None})
         for pid in live:
             if pid not in now_live:
                 gone.setdefault(pid, now)
