@@ -68,8 +68,8 @@ namespace {
 // `batch` sequences, `rows` steps of all sequences together) and returns the
 // sizes; the workspace's size (the largest the op computes) fits int64.
 LayerGeometry check_weights(const char* op, const Tensor& input, int64_t rows, int64_t batch,
-                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-                         const Tensor& w_hh, const OptTensor& w_hr) {
+                            const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                            const Tensor& w_hh, const OptTensor& w_hr) {
   check_dim(op, "w_ih", w_ih, 2, "[4H, I]");
   check_supported_dtype(op, "input", input);
   LayerGeometry s{};
@@ -543,7 +543,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
   constexpr const char* op = "lstm_packed_layer_forward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerGeometry s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_biases(op, input, s, b_ih, b_hh);
   auto r = forward_core(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                         reverse);
@@ -558,7 +559,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_l
   constexpr const char* op = "lstm_packed_layer_backward";
   const OpGuard guard(input);
   const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerGeometry s = check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
   check_shape(op, "output", output, {steps.rows, s.out});
   check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
               workspace);
