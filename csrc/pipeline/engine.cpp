@@ -8,7 +8,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <memory>
 #include <sstream>
@@ -475,13 +474,10 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
 
   // Assemble: time chunks along dim 0, then micro-batches along dim 1 (with
   // a next process, which has the output, an empty placeholder).
-  const c10::Device out_device = stages_.back().device;
   std::vector<Tensor> items;  // the outputs of items (m, k) at grid.index(m, k)
   if (!next_) {
     for (Slot& slot : io.exit()) {
-      if (slot.event.has_value()) {
-        slot.event->block(c10::impl::VirtualGuardImpl(out_device.type()).getStream(out_device));
-      }
+      acquire(slot);
       items.push_back(slot.value);
     }
   }
@@ -611,9 +607,7 @@ BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<Opt
     bool any = false;
     at::ScalarType dtype = at::kFloat;
     for (auto& slot : io.exit()) {
-      if (slot.event.has_value()) {
-        slot.event->block(c10::impl::VirtualGuardImpl(d0.type()).getStream(d0));
-      }
+      acquire(slot);
       if (slot.value.defined()) {
         any = true;
         dtype = slot.value.scalar_type();

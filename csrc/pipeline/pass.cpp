@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <exception>
-#include <tuple>
 #include <utility>
 
 #include "engine.h"
@@ -81,15 +80,12 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
           io.to->send(io.traffic, it.m, it.k, grid.K, work->for_remote(it, std::move(x)));
           continue;
         }
-        std::optional<c10::Event> ready;
-        if (x.defined() && out_device != stage.device) {
-          const int64_t t1 = now_ns();
-          std::tie(x, ready) = courier.send(x, out_device);
+        const int64_t t1 = now_ns();
+        Courier::Delivery out = courier.send(x, out_device);
+        if (out.copied) {
           trace.push_back({s, "transfer", static_cast<int>(it.m), static_cast<int>(it.k), t1, now_ns()});
-        } else {
-          ready = ready_event(out_device);
         }
-        sync.put(outbox[i], std::move(x), std::move(ready));
+        sync.put(outbox[i], std::move(out.value), std::move(out.ready));
       } catch (const std::exception& e) {
         const int64_t first_unit = engine.first_unit(s);
         sync.fail(describe_failure(engine, s, unit >= 0 ? &stage.units[unit] : nullptr,

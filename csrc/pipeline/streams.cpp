@@ -1,25 +1,200 @@
 #include "streams.h"
 
-#include <c10/core/StreamGuard.h>
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "sync.h"
 
 namespace pipelstm::pipeline {
 
-std::optional<c10::Event> ready_event(const c10::Device& device) {
-  if (device.is_cpu()) return std::nullopt;
-  c10::impl::VirtualGuardImpl impl(device.type());
-  c10::Event ev(device.type());
-  ev.record(impl.getStream(device));
-  return ev;
+// A point in a host copy stream's queue.
+struct HostEvent {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;  // what the stream's work raised before this point
+
+  void set(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+};
+
+// The CPU's stand-in for a copy stream: a thread that runs the copies queued
+// on it in order, each `delay` after it was queued.
+class HostQueue {
+ public:
+  explicit HostQueue(std::chrono::microseconds delay)
+      : delay_(delay), thread_([this] { serve(); }) {}
+  ~HostQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // after the queued work: slots may still wait on it
+  }
+
+  Tensor copy(const Tensor& x, const c10::Device& to) {
+    TORCH_CHECK(to.is_cpu(), "pipelstm: the host copy stream copies into host memory only");
+    Tensor y = at::empty_like(x, x.options().device(to));
+    // Unwritten memory reads as NaN: a consumer that did not wait shows.
+    if (y.is_floating_point()) y.fill_(std::numeric_limits<float>::quiet_NaN());
+    const auto due = std::chrono::steady_clock::now() + delay_;
+    push([x, y, due]() mutable {
+      std::this_thread::sleep_until(due);
+      y.copy_(x);
+    });
+    return y;
+  }
+
+  std::shared_ptr<HostEvent> record() {
+    auto event = std::make_shared<HostEvent>();
+    push([this, event] { event->set(error_); });
+    return event;
+  }
+
+ private:
+  void push(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+    }
+    cv_.notify_all();
+  }
+
+  void serve() {
+    c10::AutoGradMode no_grad(false);
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        work();
+      } catch (...) {
+        if (!error_) error_ = std::current_exception();  // read by this thread only
+      }
+    }
+  }
+
+  const std::chrono::microseconds delay_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+namespace {
+
+// PIPELSTM_HOST_COPY_STREAM: the delay of the host copy thread, if on.
+std::optional<std::chrono::microseconds> host_copy_delay() {
+  const char* env = std::getenv("PIPELSTM_HOST_COPY_STREAM");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long us = std::strtoll(env, &end, 10);
+  TORCH_CHECK(*end == '\0' && us >= 0,
+              "pipelstm: PIPELSTM_HOST_COPY_STREAM must be a number of microseconds (0 or "
+              "more), got '", env, "'");
+  return std::chrono::microseconds(us);
+}
+
+}  // namespace
+
+void Event::block(const Stream& stream) const {
+  if (host_) host_->wait();
+  if (!device_.has_value()) return;
+  if (stream.device_stream_.has_value()) {
+    device_->block(*stream.device_stream_);
+  } else {
+    device_->synchronize();  // the host's stream is this thread
+  }
+}
+
+Stream Stream::current(const c10::Device& device) {
+  Stream s(device);
+  if (!device.is_cpu()) s.device_stream_ = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  return s;
+}
+
+Stream Stream::for_copies(const c10::Device& device) {
+  Stream s(device);
+  if (!device.is_cpu()) {
+    s.device_stream_ = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device);
+  } else if (const auto delay = host_copy_delay()) {
+    s.host_ = std::make_shared<HostQueue>(*delay);
+  }
+  return s;
+}
+
+Event Stream::record() const {
+  Event e;
+  if (device_stream_.has_value()) {
+    e.device_.emplace(device_.type());
+    e.device_->record(*device_stream_);
+  } else if (host_) {
+    e.host_ = host_->record();
+  }
+  return e;
+}
+
+Tensor Stream::copy(const Tensor& x, const c10::Device& to) const {
+  if (host_) return host_->copy(x, to);
+  if (!device_stream_.has_value()) return to_device(x, to);
+  Tensor y;
+  {
+    c10::StreamGuard on_this_stream(*device_stream_);
+    y = to_device(x, to);  // into host memory it waits for the copy
+  }
+  uses(x);  // x came from another stream: its memory stays until the copy is done
+  return y;
+}
+
+void Stream::uses(const Tensor& t) const {
+  if (device_stream_.has_value() && t.defined()) {
+    c10::impl::VirtualGuardImpl(device_.type()).recordDataPtrOnStream(t.storage().data_ptr(), *device_stream_);
+  }
+}
+
+StreamScope::StreamScope(const c10::Device& device) {
+  if (!device.is_cpu()) {
+    guard_.emplace(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
+  }
 }
 
 void acquire(Slot& slot) {
-  if (!slot.event.has_value() || !slot.value.defined()) return;
-  const c10::Device device = slot.value.device();
-  c10::impl::VirtualGuardImpl impl(device.type());
-  const c10::Stream stream = impl.getStream(device);
-  slot.event->block(stream);
-  impl.recordDataPtrOnStream(slot.value.storage().data_ptr(), stream);
+  if (!slot.value.defined()) return;
+  const Stream stream = Stream::current(slot.value.device());
+  slot.event.block(stream);
+  stream.uses(slot.value);
 }
 
 Tensor to_device(const Tensor& t, const c10::Device& device) {
@@ -27,32 +202,18 @@ Tensor to_device(const Tensor& t, const c10::Device& device) {
   return t.to(device, /*non_blocking=*/!device.is_cpu());
 }
 
-Courier::Courier(const c10::Device& from) : from_(from) {
-  if (!from.is_cpu()) {
-    copy_stream_ = c10::impl::VirtualGuardImpl(from.type()).getStreamFromGlobalPool(from);
-  }
-}
+Courier::Courier(const c10::Device& from)
+    : from_(from), copies_(Stream::for_copies(from)), copy_all_(from.is_cpu() && copies_.asynchronous()) {}
 
-std::pair<Tensor, std::optional<c10::Event>> Courier::send(const Tensor& x, const c10::Device& to) {
-  if (!copy_stream_.has_value() || !x.defined()) {  // from host memory: a plain copy
-    Tensor y = to_device(x, to);
-    return {y, ready_event(to)};
-  }
-  c10::impl::VirtualGuardImpl impl(from_.type());
-  c10::Event computed(from_.type());
-  computed.record(impl.getStream(from_));
-  computed.block(*copy_stream_);
-  Tensor y;
-  {
-    c10::StreamGuard on_copy_stream(*copy_stream_);
-    y = to_device(x, to);  // into host memory it waits for the copy
-    // x came from the compute stream: its memory stays until the copy is done.
-    impl.recordDataPtrOnStream(x.storage().data_ptr(), *copy_stream_);
-  }
-  if (to.is_cpu()) return {y, std::nullopt};
-  c10::Event copied(from_.type());
-  copied.record(*copy_stream_);
-  return {y, std::move(copied)};
+Courier::Delivery Courier::send(const Tensor& x, const c10::Device& to) {
+  if (!x.defined()) return {x, Event(), false};
+  if (to == from_ && !copy_all_) return {x, Stream::current(from_).record(), false};
+  Stream::current(from_).record().block(copies_);  // the copy starts after the compute
+  Tensor y = copies_.copy(x, to);
+  // A synchronous copy stream (the CPU's) queued a copy into an accelerator
+  // on that device's current stream.
+  Event ready = copies_.asynchronous() ? copies_.record() : Stream::current(to).record();
+  return {std::move(y), std::move(ready), true};
 }
 
 }  // namespace pipelstm::pipeline

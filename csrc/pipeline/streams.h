@@ -1,46 +1,123 @@
 // How a tensor made on one stage's device becomes safe to use on another's:
-// events on the producer's stream, non-blocking copies, and the courier
-// that copies on a stream of its own so that the next item's compute
-// overlaps this item's transfer. On the CPU all of this reduces to plain
-// (synchronous) copies and no events.
+// streams (ordered queues of device work), events (points in a stream's
+// queue), and the courier that copies on a stream of its own so that the
+// next item's compute overlaps this item's transfer.
+//
+// The CPU has a stand-in for each, as torchgpipe's stream.py has, so that
+// the same code runs on every device: the compute stream of a CPU stage is
+// its own thread (work is done when queued, an event is done when recorded,
+// and waiting on an event waits on the host). The CPU copy stream is
+// normally the same plain synchronous copy; with PIPELSTM_HOST_COPY_STREAM
+// set (a number of microseconds, 0 included) every hand-over between CPU
+// stages goes through a courier whose copy stream is a thread of its own,
+// which runs its copies in order, that long after they are queued, into
+// NaN-filled memory. A missing wait then gives a wrong answer on any
+// machine, so the tests catch it in CI.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
 
+#include <memory>
 #include <optional>
-#include <utility>
-
-#include "sync.h"
 
 namespace pipelstm::pipeline {
 
-// An event marking that what this thread's current stream of `device` has
-// queued so far is done; none on the CPU.
-std::optional<c10::Event> ready_event(const c10::Device& device);
+using at::Tensor;
 
-// Before using a slot's tensor on this thread's current stream: waits on
-// its event (on the stream, not the host) and tells the caching allocator
-// that the stream uses its memory.
+class HostQueue;
+struct HostEvent;
+class Stream;
+struct Slot;  // sync.h
+
+// A point in a stream's queue: done once everything queued on that stream
+// before it is done. Default-constructed: done already.
+class Event {
+ public:
+  Event() = default;
+  // Later work on `stream` starts after this point: on an accelerator the
+  // device waits; on the CPU, whose compute stream is the calling thread,
+  // the thread does. Raises what a host copy stream's work raised.
+  void block(const Stream& stream) const;
+
+ private:
+  friend class Stream;
+  std::optional<c10::Event> device_;
+  std::shared_ptr<HostEvent> host_;
+};
+
+// An ordered queue of work on one device.
+class Stream {
+ public:
+  // The stream this thread queues its work for `device` on.
+  static Stream current(const c10::Device& device);
+  // A fresh stream for copies: one from the accelerator's pool, or on the
+  // CPU the thread that is the copy stream (see above), or, without
+  // PIPELSTM_HOST_COPY_STREAM, the calling thread.
+  static Stream for_copies(const c10::Device& device);
+
+  const c10::Device& device() const { return device_; }
+  // Whether work queued on this stream can still be running when queueing
+  // returns (an accelerator, or the CPU copy thread).
+  bool asynchronous() const { return device_stream_.has_value() || host_ != nullptr; }
+  // The point after everything queued so far.
+  Event record() const;
+  // Copies `x` to `to` on this stream; the result is ready at the next
+  // record(). `x`'s memory is kept until the copy has read it.
+  Tensor copy(const Tensor& x, const c10::Device& to) const;
+  // Tells the caching allocator that work queued on this stream uses `t`'s
+  // memory (which another stream allocated).
+  void uses(const Tensor& t) const;
+
+ private:
+  explicit Stream(const c10::Device& device) : device_(device) {}
+  friend class Event;
+  c10::Device device_;
+  std::optional<c10::Stream> device_stream_;
+  std::shared_ptr<HostQueue> host_;
+};
+
+// For its lifetime, this thread queues the work of `device` on a stream of
+// its own (from the accelerator's pool; on the CPU, the thread itself).
+class StreamScope {
+ public:
+  explicit StreamScope(const c10::Device& device);
+
+ private:
+  std::optional<c10::StreamGuard> guard_;
+};
+
+// Before using a slot's tensor on this thread's current stream: its event
+// blocks that stream, and the caching allocator learns that the stream uses
+// the tensor's memory.
 void acquire(Slot& slot);
 
 // `t` on `device`: non-blocking only into an accelerator (its stream orders
 // the copy); into host memory the copy has finished when this returns.
 Tensor to_device(const Tensor& t, const c10::Device& device);
 
-// Hands a stage's results to the neighbouring stage on another device. From
-// an accelerator the copy runs on a copy stream of the stage's own, after an
-// event on its compute stream; the returned event marks the copy done.
+// Hands a stage's results to the neighbouring stage. To another device (or
+// between CPU stages with PIPELSTM_HOST_COPY_STREAM set) the copy runs on a
+// copy stream of the stage's own, after a point on its compute stream; the
+// event returned marks the copy done. Otherwise `x` is passed on as it is,
+// with the point after the compute that made it.
 class Courier {
  public:
   explicit Courier(const c10::Device& from);
-  std::pair<Tensor, std::optional<c10::Event>> send(const Tensor& x, const c10::Device& to);
+  struct Delivery {
+    Tensor value;
+    Event ready;
+    bool copied = false;
+  };
+  Delivery send(const Tensor& x, const c10::Device& to);
 
  private:
   c10::Device from_;
-  std::optional<c10::Stream> copy_stream_;
+  Stream copies_;
+  bool copy_all_;  // CPU to CPU too: the host copy thread is on
 };
 
 }  // namespace pipelstm::pipeline

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Event.h>
 
 #include <condition_variable>
 #include <mutex>
@@ -14,17 +13,18 @@
 #include <vector>
 
 #include "remote.h"
+#include "streams.h"
 
 namespace pipelstm::pipeline {
 
 using at::Tensor;
 
-// A tensor handed from one stage to the next. On an accelerator, `event`
-// marks when it is ready on the producer's stream.
+// A tensor handed from one stage to the next; `event` marks when it is
+// ready on the stream that made it (streams.h).
 struct Slot {
   Tensor value;
   bool ready = false;
-  std::optional<c10::Event> event;
+  Event event;
 };
 
 // Shared by the workers of one pass: the slots between stages, and the
@@ -61,7 +61,7 @@ struct Sync {
     return slot.ready && !failed;
   }
 
-  void put(Slot& slot, Tensor value, std::optional<c10::Event> event) {
+  void put(Slot& slot, Tensor value, Event event) {
     {
       std::lock_guard<std::mutex> lock(mu);
       slot.value = std::move(value);

@@ -3,13 +3,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/StreamGuard.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include "streams.h"
 
 namespace pipelstm::pipeline {
 namespace {
@@ -17,13 +17,10 @@ namespace {
 // What one worker thread holds for its whole pass.
 class WorkerScope {
  public:
-  WorkerScope(const at::ThreadLocalState& tls, const StageSpec& stage) : tls_guard_(tls) {
+  WorkerScope(const at::ThreadLocalState& tls, const StageSpec& stage)
+      : tls_guard_(tls), streams_(stage.device) {
     at::internal::lazy_init_num_threads();
     if (stage.threads > 0) at::set_num_threads(stage.threads);
-    if (!stage.device.is_cpu()) {
-      c10::impl::VirtualGuardImpl impl(stage.device.type());
-      stream_guard_.emplace(impl.getStreamFromGlobalPool(stage.device));
-    }
   }
 
  private:
@@ -31,7 +28,7 @@ class WorkerScope {
   // The pass computes its own gradients: no autograd graph, no autocast.
   c10::AutoGradMode no_grad_{false};
   at::AutoDispatchBelowADInplaceOrView below_autograd_;
-  std::optional<c10::StreamGuard> stream_guard_;
+  StreamScope streams_;  // the stage's compute stream
 };
 
 }  // namespace
