@@ -20,7 +20,7 @@ import pipelstm
 
 from pipeline_masks import pipeline_masks, run_masked_layers
 from reference import num_threads, rel_error
-from test_module_bad_input import FORWARD_CASES, assert_rejects_like_nn_lstm
+from nn_lstm_rejections import FORWARD_CASES, assert_rejects_like_nn_lstm
 
 TOL = 1e-5
 DEVICES = ["cpu", "cpu"]

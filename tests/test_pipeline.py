@@ -32,6 +32,7 @@ from torch import nn
 import pipelstm
 
 from pipeline_masks import pipeline_masks, run_masked
+from pipeline_models import lm_model
 from reference import num_threads, rel_error
 
 TOL = 1e-6
@@ -100,11 +101,6 @@ def run_reference_pieces(model: nn.Sequential, x, hx, K, M):
         c_parts.append(torch.cat([states[i][1] for i, _, _ in lstms]))
     out = torch.cat(outs, dim=1)
     return out.transpose(0, 1) if batch_first else out, (torch.cat(h_parts, dim=1), torch.cat(c_parts, dim=1))
-
-
-def lm_model(V=37, E=6, H=8, O=5):
-    # units: 0, 1.l0, 1.l1, 1.l2, 2, 3
-    return nn.Sequential(nn.Embedding(V, E), pipelstm.LSTM(E, H, num_layers=3), nn.Dropout(0.25), nn.Linear(H, O))
 
 
 def proj_model(lstm_cls=pipelstm.LSTM, I=4):

@@ -11,7 +11,7 @@ from pipelstm.pipeline import partition
 from pipelstm.pipeline.balance import estimate_costs, resolve_balance
 from pipelstm.pipeline.units import flatten
 
-from test_pipeline import lm_model
+from pipeline_models import lm_model
 
 
 def test_partition_minimises_the_slowest_stage():

@@ -15,7 +15,7 @@ from pipelstm.pipeline import PipelineCore
 from pipelstm.pipeline.balance import estimate_costs
 from pipelstm.pipeline.units import flatten, loss_spec
 
-from test_pipeline import lm_model
+from pipeline_models import lm_model
 
 
 @pytest.mark.parametrize(

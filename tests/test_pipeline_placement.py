@@ -11,7 +11,7 @@ import pipelstm
 from pipelstm.pipeline.placement import cap_threads, place, thread_budgets
 from pipelstm.pipeline.units import flatten
 
-from test_pipeline import lm_model
+from pipeline_models import lm_model
 
 
 @pytest.mark.parametrize(
