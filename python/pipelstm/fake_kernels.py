@@ -14,6 +14,9 @@ from torch import Tensor
 
 from .geometry import LayerGeometry
 
+# Nothing to import: importing the module registers the kernels.
+__all__: list = []
+
 
 def _check_dim(op: str, name: str, t: Tensor, dim: int, layout: str) -> None:
     torch._check(
