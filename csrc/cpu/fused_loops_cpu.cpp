@@ -36,7 +36,10 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 // most this many floats (4H x P: H = P = 512). Row blocks measured faster
 // than split panels on a 2-core AVX2 EPYC from H=64 to 1024 at B >= 16
 // (PIPELSTM_ROW_SPLIT=0/1); the cap keeps the cores of a many-core machine
-// from each streaming large weights every step.
+// from each streaming large weights every step. The backward's loop on the
+// same machine (T=128, 2 threads, B = 16..64): rows took 0.88-1.02x the
+// time of panels at H = 128..512 but 1.03-1.25x at H = 1024, so the same
+// bounds serve it.
 constexpr int64_t kMinRowsPerBlock = 8;
 constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
 
@@ -69,9 +72,11 @@ k::RowSource rows_from(const k::RowSource& s, int64_t r0) {
 }
 
 // Blocks of batch rows that run a whole time loop each, on threads of their
-// own: a row depends only on its own row of the step before, so this needs
-// no barrier per step and no row of h crosses cores, but every thread reads
-// all the weights. Used where every thread gets a block of at least
+// own, in the forward and the backward of dense input: a row depends only
+// on its own row of the step before (the backward: of the step after, and
+// its own rows of grad_c), so this needs no barrier per step and no row of
+// h or of the gradients crosses cores, but every thread reads all the
+// weights. Used where every thread gets a block of at least
 // kMinRowsPerBlock rows and the weights (`weights` floats) are at most
 // kMaxRowSplitWeights; 1 otherwise (the panels of each step are split
 // instead). PIPELSTM_ROW_SPLIT=0 never splits rows, =1 whenever there are
@@ -265,70 +270,109 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
 
   const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.plain_panels(H), proj_panels = K.plain_panels(P);
-  const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
-  auto chunks = [&](int64_t s) {
-    return std::min<int64_t>(threads, s % phases == phases - 1 ? cell_panels : proj_panels);
+  const int64_t panel_width = 4 * K.vec;
+  // A step's row r is sequence r: it reads row r of the per-sequence buffers
+  // (grad_h_n, grad_c0) and of the next step, so rows [r0, r1) of a step
+  // touch only rows [r0, r1) of those.
+  auto rows_of = [](const float* base, int64_t r0, int64_t ld) -> const float* {
+    return base != nullptr ? base + r0 * ld : nullptr;
   };
-  run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
-    const int64_t p = T - 1 - s / phases;  // position in the forward recurrence
+  // Of step p's rows [r0, r1): how many go on to the next step (the first ones).
+  auto going_on = [&](int64_t p, int64_t r0, int64_t r1) {
+    return std::clamp<int64_t>(steps.going_on(p, reverse) - r0, 0, r1 - r0);
+  };
+  auto next_gates = [&](int64_t p, int64_t r0) {
+    const int64_t next = p + 1 < T ? LayerSteps::step_at(p + 1, T, reverse) : -1;
+    return rows_of(step_rows(dg, steps, next, 4 * H), r0, 4 * H);
+  };
+  // With w_hr, step p's total grad of h for rows [r0, r1), columns of
+  // panels [pb, pe): grad_gates_next @ w_hh (or grad_h_n for rows that end
+  // here) + grad_output.
+  auto projection = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
+    const int64_t row0 = steps.offset[LayerSteps::step_at(p, T, reverse)] + r0;
+    const int64_t on = going_on(p, r0, r1);
+    const float* add = rows_of(go, row0, ldo);
+    k::Gemm m;
+    m.rows = on;
+    m.n = P;
+    m.k = 4 * H;
+    m.a = {next_gates(p, r0), nullptr, on, 4 * H};
+    m.w = cptr(packed_hh);
+    m.add = add;
+    m.ld_add = ldo;
+    m.out = dh + row0 * P;
+    m.ldo = P;
+    K.gemm(m, pb, pe);
+    const float* last = rows_of(state, r0, P);
+    for (int64_t i = on; i < r1 - r0; ++i) {
+      for (int64_t j = pb * panel_width, je = std::min(P, pe * panel_width); j < je; ++j) {
+        dh[(row0 + i) * P + j] = (last ? last[i * P + j] : 0.0f) + (add ? add[i * ldo + j] : 0.0f);
+      }
+    }
+  };
+  // Step p's cell backward for rows [r0, r1) and panels [pb, pe) of H.
+  auto cell = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
     const int64_t t = LayerSteps::step_at(p, T, reverse);
     const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
-    const int64_t next = p + 1 < T ? LayerSteps::step_at(p + 1, T, reverse) : -1;
-    const int64_t rows = steps.batch[t], row0 = steps.offset[t];
-    // Rows that go on to the next step get their h's gradient from it.
-    const int64_t gemm_rows = steps.going_on(p, reverse);
-    const float* next_gates = step_rows(dg, steps, next, 4 * H);
-    if (projected && s % phases == 0) {
-      // grad_h = grad_gates_next @ w_hh (or grad_h_n) + grad_output
-      k::Gemm m;
-      m.rows = gemm_rows;
-      m.n = P;
-      m.k = 4 * H;
-      m.a = {next_gates, nullptr, gemm_rows, 4 * H};
-      m.w = cptr(packed_hh);
-      m.add = go ? go + row0 * ldo : nullptr;
-      m.ld_add = ldo;
-      m.out = dh + row0 * P;
-      m.ldo = P;
-      const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
-      K.gemm(m, b, e);
-      if (chunk == 0) {
-        for (int64_t i = gemm_rows; i < rows; ++i) {
-          for (int64_t j = 0; j < P; ++j) {
-            dh[(row0 + i) * P + j] = (state ? state[i * P + j] : 0.0f) + (go ? go[(row0 + i) * ldo + j] : 0.0f);
-          }
-        }
-      }
-      return;
-    }
+    const int64_t row0 = steps.offset[t] + r0;
     k::BackwardStep b;
-    b.rows = rows;
+    b.rows = r1 - r0;
     b.hidden = H;
     if (projected) {  // grad of h before the projection: grad_h @ w_hr
       b.k = P;
-      b.gemm_rows = rows;
+      b.gemm_rows = r1 - r0;
       b.a = dh + row0 * P;
       b.lda = P;
       b.w = cptr(packed_hr);
     } else {
+      // Rows that go on to the next step get their h's gradient from it.
       b.k = 4 * H;
-      b.gemm_rows = gemm_rows;
-      b.a = next_gates;
+      b.gemm_rows = going_on(p, r0, r1);
+      b.a = next_gates(p, r0);
       b.lda = 4 * H;
       b.w = cptr(packed_hh);
-      b.state = state;
+      b.state = rows_of(state, r0, P);
       b.lds = P;
-      b.grad_out = go ? go + row0 * ldo : nullptr;
+      b.grad_out = rows_of(go, row0, ldo);
       b.ldo = ldo;
     }
     b.act = a + row0 * 4 * H;
-    b.c_prev = {step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H};
+    b.c_prev = rows_from({step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H}, r0);
     b.c = c + row0 * H;
-    b.grad_c = dc;
+    b.grad_c = dc + r0 * H;
     b.grad_gates = dg + row0 * 4 * H;
-    const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
     K.backward_step(b, pb, pe);
-  });
+  };
+  // As in the forward, dense input (every step has all B rows) may run
+  // blocks of rows as whole loops, here from the last step back.
+  const int64_t blocks = steps.dense ? row_blocks(B, 4 * H * P + (projected ? P * H : 0)) : 1;
+  if (blocks > 1) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const auto [r0, r1] = chunk_range(B, blocks, blk);
+        for (int64_t p = T - 1; p >= 0; --p) {
+          if (projected) projection(p, r0, r1, 0, proj_panels);
+          cell(p, r0, r1, 0, cell_panels);
+        }
+      }
+    });
+  } else {
+    const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
+    auto chunks = [&](int64_t s) {
+      return std::min<int64_t>(threads, s % phases == phases - 1 ? cell_panels : proj_panels);
+    };
+    run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
+      const int64_t p = T - 1 - s / phases;  // position in the forward recurrence
+      const int64_t rows = steps.batch[LayerSteps::step_at(p, T, reverse)];
+      if (s % phases == phases - 1) {
+        const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
+        cell(p, 0, rows, pb, pe);
+      } else {
+        const auto [pb, pe] = chunk_range(proj_panels, n_chunks, chunk);
+        projection(p, 0, rows, pb, pe);
+      }
+    });
+  }
 
   // Rows that started from h0 at a step: grad_h0 = their grad_gates @ w_hh.
   float* dh0 = ptr(r.grad_h0);
