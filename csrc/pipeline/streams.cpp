@@ -208,11 +208,14 @@ Courier::Courier(const c10::Device& from)
 Courier::Delivery Courier::send(const Tensor& x, const c10::Device& to) {
   if (!x.defined()) return {x, Event(), false};
   if (to == from_ && !copy_all_) return {x, Stream::current(from_).record(), false};
-  Stream::current(from_).record().block(copies_);  // the copy starts after the compute
-  Tensor y = copies_.copy(x, to);
+  // The host copy thread copies into host memory only; into an accelerator
+  // the CPU copies as it does without it.
+  const Stream via = copy_all_ && !to.is_cpu() ? Stream::current(from_) : copies_;
+  Stream::current(from_).record().block(via);  // the copy starts after the compute
+  Tensor y = via.copy(x, to);
   // A synchronous copy stream (the CPU's) queued a copy into an accelerator
   // on that device's current stream.
-  Event ready = copies_.asynchronous() ? copies_.record() : Stream::current(to).record();
+  Event ready = via.asynchronous() ? via.record() : Stream::current(to).record();
   return {std::move(y), std::move(ready), true};
 }
 
