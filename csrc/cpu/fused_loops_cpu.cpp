@@ -33,10 +33,12 @@ const k::RecurrentKernels& kernels() {
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 
 // Row blocks (row_blocks): at least this many rows each, and weights of at
-// most this many floats (4H x P: H = P = 512). Row blocks measured faster
-// than split panels on a 2-core AVX2 EPYC from H=64 to 1024 at B >= 16
-// (PIPELSTM_ROW_SPLIT=0/1); the cap keeps the cores of a many-core machine
-// from each streaming large weights every step. The backward's loop on the
+// most this many floats (4H x P: H = P = 512). On a 2-core AVX2 EPYC
+// (PIPELSTM_ROW_SPLIT=0/1, whole forward, T=128, B = 16..64) rows and
+// panels were within about 5 % of each other either way at H = 128..512,
+// run-to-run noise included, and rows were 16-23 % slower in the loop at
+// H = 1024; the cap keeps the cores of a many-core machine from each
+// streaming large weights every step. The backward's loop on the
 // same machine (T=128, 2 threads, B = 16..64): rows took 0.88-1.02x the
 // time of panels at H = 128..512 but 1.03-1.25x at H = 1024, so the same
 // bounds serve it.
