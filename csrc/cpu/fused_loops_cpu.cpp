@@ -339,7 +339,8 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
       b.ldo = ldo;
     }
     b.act = a + row0 * 4 * H;
-    b.c_prev = rows_from({step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H}, r0);
+    b.c_prev =
+        rows_from({step_rows(c, steps, prev, H), c_init, steps.continuing(p, reverse), H}, r0);
     b.c = c + row0 * H;
     b.grad_c = dc + r0 * H;
     b.grad_gates = dg + row0 * 4 * H;

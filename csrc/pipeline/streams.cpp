@@ -141,7 +141,9 @@ void Event::block(const Stream& stream) const {
 
 Stream Stream::current(const c10::Device& device) {
   Stream s(device);
-  if (!device.is_cpu()) s.device_stream_ = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  if (!device.is_cpu()) {
+    s.device_stream_ = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  }
   return s;
 }
 
@@ -180,7 +182,8 @@ Tensor Stream::copy(const Tensor& x, const c10::Device& to) const {
 
 void Stream::uses(const Tensor& t) const {
   if (device_stream_.has_value() && t.defined()) {
-    c10::impl::VirtualGuardImpl(device_.type()).recordDataPtrOnStream(t.storage().data_ptr(), *device_stream_);
+    c10::impl::VirtualGuardImpl(device_.type())
+        .recordDataPtrOnStream(t.storage().data_ptr(), *device_stream_);
   }
 }
 
@@ -203,7 +206,9 @@ Tensor to_device(const Tensor& t, const c10::Device& device) {
 }
 
 Courier::Courier(const c10::Device& from)
-    : from_(from), copies_(Stream::for_copies(from)), copy_all_(from.is_cpu() && copies_.asynchronous()) {}
+    : from_(from),
+      copies_(Stream::for_copies(from)),
+      copy_all_(from.is_cpu() && copies_.asynchronous()) {}
 
 Courier::Delivery Courier::send(const Tensor& x, const c10::Device& to) {
   if (!x.defined()) return {x, Event(), false};

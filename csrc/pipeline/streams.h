@@ -59,7 +59,6 @@ class Stream {
   // PIPELSTM_HOST_COPY_STREAM, the calling thread.
   static Stream for_copies(const c10::Device& device);
 
-  const c10::Device& device() const { return device_; }
   // Whether work queued on this stream can still be running when queueing
   // returns (an accelerator, or the CPU copy thread).
   bool asynchronous() const { return device_stream_.has_value() || host_ != nullptr; }
