@@ -4,7 +4,10 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -23,12 +26,75 @@ struct Mapping {
   size_t length;
 };
 
-void unmap(void* ctx) {
-  auto* m = static_cast<Mapping*>(ctx);
-  munmap(m->base, m->length);
-  delete m;
+// Freed mappings kept for the next call, newest first, up to a byte cap
+// (PIPELSTM_BUFFER_CACHE_MB, default 1024; 0 keeps none). A kept mapping's
+// pages are already faulted in, so a layer called again (every training or
+// inference step) writes its workspace without faulting.
+class MappingCache {
+ public:
+  // A kept mapping of at least `length` bytes and less than twice that.
+  Mapping* take(size_t length) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if ((*it)->length >= length && (*it)->length < 2 * length) {
+        Mapping* m = *it;
+        kept_.erase(it);
+        bytes_ -= m->length;
+        return m;
+      }
+    }
+    return nullptr;
+  }
+
+  void give(Mapping* m) {
+    const size_t cap = cap_bytes();
+    std::deque<Mapping*> drop;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (m->length <= cap) {
+        kept_.push_front(m);
+        bytes_ += m->length;
+        m = nullptr;
+      }
+      while (bytes_ > cap) {
+        drop.push_back(kept_.back());
+        bytes_ -= kept_.back()->length;
+        kept_.pop_back();
+      }
+    }
+    if (m != nullptr) drop.push_back(m);
+    for (Mapping* d : drop) {
+      munmap(d->base, d->length);
+      delete d;
+    }
+  }
+
+ private:
+  static size_t cap_bytes() {
+    const char* env = std::getenv("PIPELSTM_BUFFER_CACHE_MB");  // read per free: cheap beside munmap
+    const long mb = env == nullptr ? 1024 : std::atol(env);
+    return mb <= 0 ? 0 : static_cast<size_t>(mb) << 20;
+  }
+
+  std::mutex mutex_;
+  std::deque<Mapping*> kept_;
+  size_t bytes_ = 0;
+};
+
+MappingCache& cache() {
+  static auto* c = new MappingCache();  // never destroyed: frees may come at exit
+  return *c;
 }
+
+void unmap(void* ctx) { cache().give(static_cast<Mapping*>(ctx)); }
 #endif
+
+void* align(void* base) {
+  return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
+                                 ~(kHugePage - 1));
+}
+
+c10::Device cpu_device() { return c10::Device(c10::DeviceType::CPU); }
 
 class HugePageAllocator final : public c10::Allocator {
  public:
@@ -36,12 +102,12 @@ class HugePageAllocator final : public c10::Allocator {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (n >= kMinBytes) {
       const size_t length = n + kHugePage;  // room to align the start
+      if (Mapping* m = cache().take(length)) return {align(m->base), m, &unmap, cpu_device()};
       void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (base != MAP_FAILED) {
-        const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
-        void* data = reinterpret_cast<void*>(start);
-        madvise(data, n, MADV_HUGEPAGE);  // a hint: without THP, plain pages
-        return {data, new Mapping{base, length}, &unmap, c10::Device(c10::DeviceType::CPU)};
+        void* data = align(base);
+        madvise(data, length - kHugePage, MADV_HUGEPAGE);  // a hint: without THP, plain pages
+        return {data, new Mapping{base, length}, &unmap, cpu_device()};
       }
     }
 #endif

@@ -8,11 +8,14 @@
 // docs/cpu.md, "Memory"). Buffers of 32 MiB and more are therefore mapped
 // 2 MiB-aligned with MADV_HUGEPAGE (512 times fewer faults): glibc maps
 // every allocation that large afresh anyway (32 MiB is its largest mmap
-// threshold). Smaller ones, and systems without it, get torch's ordinary CPU
-// allocation, which reuses freed heap memory without faulting: with a 4 MiB
-// bound, a fresh huge-page mapping per call (zeroing each 2 MiB page) made
-// the forward at H=64 B=32 T=128 twice as slow (bench grid, docs/cpu.md). The tensors are ordinary CPU
-// tensors (resizable; freed when the last reference goes).
+// threshold). Freed ones are kept for the next call of about their size,
+// up to PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated calls do not
+// fault at all. Smaller ones, and systems without it, get torch's ordinary
+// CPU allocation, which reuses freed heap memory without faulting: with a
+// 4 MiB bound, a fresh huge-page mapping per call (zeroing each 2 MiB
+// page) made the forward at H=64 B=32 T=128 twice as slow (bench grid,
+// docs/cpu.md). The tensors are ordinary CPU tensors (resizable; freed
+// when the last reference goes).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,89 @@
+"""csrc/cpu/huge_pages.cpp: large CPU buffers, and the cache of freed ones.
+
+A layer's workspace of 32 MiB or more is a huge-page mapping; a freed one is
+kept (up to PIPELSTM_BUFFER_CACHE_MB) and handed to the next call of about
+its size, so it comes back with the last call's data in it. These tests
+check that it is reused and that no result depends on what it held.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+import pipelstm  # noqa: F401  (registers torch.ops.pipelstm)
+
+# T * B rows of a [rows, 5H] workspace: 4096 x 2560 floats = 40 MiB.
+T, B, H = 64, 64, 512
+
+
+def _layer_inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, H, generator=g).reshape(T * B, H)
+    h0 = torch.randn(B, H, generator=g) * 0.1
+    c0 = torch.randn(B, H, generator=g) * 0.1
+    w_ih = torch.randn(4 * H, H, generator=g) * H ** -0.5
+    w_hh = torch.randn(4 * H, H, generator=g) * H ** -0.5
+    b = torch.randn(4 * H, generator=g) * 0.1
+    return x.reshape(T, B, H), h0, c0, w_ih, w_hh, b
+
+
+def _forward(inputs):
+    x, h0, c0, w_ih, w_hh, b = inputs
+    return torch.ops.pipelstm.lstm_layer_forward(x, h0, c0, w_ih, w_hh, b, None, None, False)
+
+
+def test_a_freed_workspace_is_reused():
+    first = _forward(_layer_inputs(0))
+    assert first[3].numel() * 4 >= 32 << 20  # the size this test is about
+    ptr = first[3].data_ptr()
+    del first
+    again = _forward(_layer_inputs(1))
+    assert again[3].data_ptr() == ptr
+
+
+def test_results_do_not_depend_on_what_a_reused_buffer_held():
+    b_inputs = _layer_inputs(2)
+    fresh = [t.clone() for t in _forward(b_inputs)]  # may or may not be a fresh mapping
+    for seed in (3, 4):  # leave other values in the kept buffers
+        _forward(_layer_inputs(seed))
+    reused = _forward(b_inputs)
+    for name, a, b in zip(("output", "h_n", "c_n", "workspace"), fresh, reused):
+        assert torch.equal(a, b), f"{name} differs after reusing a buffer"
+
+
+_RSS_SCRIPT = """
+import torch, pipelstm
+T, B, H = %d, %d, %d
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+
+args = (torch.randn(T, B, H), torch.zeros(B, H), torch.zeros(B, H), torch.randn(4 * H, H) * 0.04,
+        torch.randn(4 * H, H) * 0.04, None, None, None, False)
+r = torch.ops.pipelstm.lstm_layer_forward(*args)
+size = r[3].numel() * 4 / 2 ** 20
+before = rss_mib()
+del r
+print(size, before - rss_mib())
+""" % (T, B, H)
+
+
+def _freed_on_del(cache_mb: str):
+    """(workspace MiB, MiB the process's resident set shrank by when it was freed)."""
+    done = subprocess.run([sys.executable, "-c", _RSS_SCRIPT], capture_output=True, text=True,
+                          env=dict(os.environ, PIPELSTM_BUFFER_CACHE_MB=cache_mb), timeout=300)
+    assert done.returncode == 0, done.stderr
+    size, freed = map(float, done.stdout.split())
+    return size, freed
+
+
+def test_the_cap_bounds_what_is_kept():
+    size, freed = _freed_on_del("1024")
+    assert freed < 0.25 * size  # kept: still resident
+    for off in ("0", "-5"):  # off, and a value below zero read as off
+        size, freed = _freed_on_del(off)
+        assert freed > 0.9 * size  # given back
+    size, freed = _freed_on_del("16")  # a cap below the buffer's size
+    assert freed > 0.9 * size
