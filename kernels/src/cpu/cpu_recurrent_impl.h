@@ -51,11 +51,17 @@ inline void store_n(float* p, vf v, int n) {
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
-// gate_math.h's host_expf, lane-wise (the same limits: NaN, inf and 0).
-inline vf vexp(vf x) {
+// gate_math.h's host_expf polynomial, lane-wise, for the gates only: the
+// argument is clamped to [lo, hi] (a NaN to hi: `a < b ? a : b` picks b),
+// so the result is always finite, and the limits host_expf gives beyond
+// them (inf, 0, NaN) are left to the gates, which need fewer of them:
+// beyond the clamp, 1 - 2/(exp(hi) + 1) rounds to 1 as 1 - 2/inf does,
+// 1/(1 + exp(lo)) to 1 as 1/(1 + 0) does, and vsigmoid puts back the
+// exact 0 and both put back the NaN. The gates are bitwise those of
+// host_expf, with three blends fewer per exp.
+inline vf vexp_clamped(vf x) {
   const vf lo = splat(-87.3365478515625f), hi = splat(88.3762626647949f);
-  vf r0 = x == x ? x : splat(0.0f);  // the polynomial sees a finite argument
-  r0 = vmax(vmin(r0, hi), lo);
+  const vf r0 = vmax(vmin(x, hi), lo);
   const vf shifter = splat(12582912.0f);
   const vf t = r0 * 1.44269504088896341f + shifter;
   const vf n = t - shifter;
@@ -70,11 +76,11 @@ inline vf vexp(vf x) {
   p = p * r * r + r + 1.0f;
   vi e = __builtin_convertvector(n, vi) + 127;
   e <<= 23;
-  vf y = p * (vf)e;  // same-size vector cast: the bits, as float
-  y = x > hi ? splat(__builtin_inff()) : y;
-  y = x < lo ? splat(0.0f) : y;
-  return x == x ? y : x;
+  return p * (vf)e;  // same-size vector cast: the bits, as float
 }
+
+// A NaN in x comes out as itself (vexp_clamped alone would hide it).
+inline vf keep_nan(vf x, vf y) { return x == x ? y : x; }
 
 // gate_math.h's host_tanhf, lane-wise.
 inline vf vtanh(vf x) {
@@ -86,12 +92,18 @@ inline vf vtanh(vf x) {
   small = small * z + 1.33314422036e-1f;
   small = small * z - 3.33332819422e-1f;
   small = small * z * x + x;
-  vf large = 1.0f - 2.0f / (vexp(2.0f * a) + 1.0f);
+  vf large = 1.0f - 2.0f / (vexp_clamped(2.0f * a) + 1.0f);
   large = x < 0.0f ? -large : large;
-  return a < 0.625f ? small : large;
+  return keep_nan(x, a < 0.625f ? small : large);
 }
 
-inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+// Exactly 0 below -88.38, as with host_expf's inf: gradients through a
+// saturated gate are then exactly 0, as nn.LSTM's (an inf input gives the
+// same NaN pattern).
+inline vf vsigmoid(vf x) {
+  const vf s = 1.0f / (1.0f + vexp_clamped(-x));
+  return keep_nan(x, x < -88.3762626647949f ? splat(0.0f) : s);
+}
 
 // acc[m][q] += sum_k a[m][k] * panel[k][q*V .. q*V+V) for M rows and k in
 // [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
