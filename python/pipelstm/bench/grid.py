@@ -22,8 +22,10 @@ product, which a small machine cannot run:
 ``--full`` runs every variant and layer count over the whole grid.
 ``--budget-seconds`` skips (and lists) the rows whose estimated time is
 larger. Where the arithmetic dominates (H >= 512, B >= 32) a row also gives
-its GEMM FLOP rate as a fraction of a large ``torch.mm``'s at the same
-threads. At the end: the geometric mean and the worst ratio per (threads,
+its GEMM FLOP rate as a fraction of a large square ``torch.mm``'s at the
+same threads, the mm timed in the same rounds as the two modules (a third
+side of the interleaving), so that a machine that slows down or speeds up
+during the run moves both alike. At the end: the geometric mean and the worst ratio per (threads,
 mode), a packed row counting with the lower of its two ratios.
 """
 
@@ -131,9 +133,11 @@ def _inputs(case: Case, train: bool):
     return seq, x.requires_grad_(train), int(lengths.sum())
 
 
-def measure(case: Case, mode: str, repeats: int) -> dict:
+def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None) -> dict:
     """Times one row at the current thread count: ours, nn.LSTM on the same
-    input and, for packed input, nn.LSTM on the padded batch."""
+    input and, for packed input, nn.LSTM on the padded batch; with
+    ``mm_size``, also a square torch.mm of that size in the same rounds
+    (its rate in ``gemm``, GFLOP/s)."""
     torch.manual_seed(0)
     kw = dict(num_layers=case.layers, bidirectional=case.directions == 2, proj_size=case.proj_size)
     peer = nn.LSTM(case.H, case.H, **kw)
@@ -159,6 +163,9 @@ def measure(case: Case, mode: str, repeats: int) -> dict:
     fns = {"ours": side(ours, inp), "peer": side(peer, inp)}
     if padded is not None:
         fns["padded"] = side(peer, padded)
+    if mm_size is not None:
+        a, b = torch.randn(mm_size, mm_size), torch.randn(mm_size, mm_size)
+        fns["mm"] = lambda: torch.mm(a, b)
     times = interleaved_times(fns, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     row = dict(asdict(case), proj_size=case.proj_size, mode=mode, tokens=tokens, ours=med["ours"], peer=med["peer"],
@@ -166,6 +173,8 @@ def measure(case: Case, mode: str, repeats: int) -> dict:
                ratio_padded=med["padded"] / med["ours"] if "padded" in med else None,
                samples={k: v for k, v in times.items()})
     row["gflops"] = flops(case, tokens, mode) / med["ours"] / 1e9
+    if mm_size is not None:
+        row["gemm"] = 2 * mm_size**3 / med["mm"] / 1e9
     return row
 
 
@@ -258,15 +267,18 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         if est > budget:
             skipped.append(dict(asdict(case), threads=n_threads, mode=mode, estimate=est))
             continue
-        row = dict(threads=n_threads, **measure(case, mode, args.repeats), isa=isa, gemm=gemm[n_threads])
-        row["of_mm"] = row["gflops"] / gemm[n_threads] if case.large else None
+        mm_size = (256 if args.quick else 2048) if case.large else None
+        row = dict(threads=n_threads, gemm=gemm[n_threads], isa=isa)
+        row.update(measure(case, mode, args.repeats, mm_size))  # its own gemm where large
+        row["of_mm"] = row["gflops"] / row["gemm"] if case.large else None
         rows.append(row)
         print(row_line(COLUMNS, row), flush=True)
         gc.collect()  # the modules and their inputs, before the next row
     summary = summarize(rows) if rows else []
     print("\n" + markdown(SUMMARY_COLUMNS, summary), flush=True)
-    notes = [f"torch.mm rate ({'256' if args.quick else '2048'}^2 fp32): "
-             + ", ".join(f"{t} thread{'s' * (t > 1)} {g:.1f} GFLOP/s" for t, g in gemm.items()),
+    notes = [f"torch.mm rate ({'256' if args.quick else '2048'}^2 fp32) at the start: "
+             + ", ".join(f"{t} thread{'s' * (t > 1)} {g:.1f} GFLOP/s" for t, g in gemm.items())
+             + "; 'of mm' divides by the mm rate timed in the row's own rounds",
              "A packed row counts in the summary with the lower of its two ratios (vs nn.LSTM packed, vs padded)."]
     if skipped:
         print(f"\nskipped {len(skipped)} rows estimated over --budget-seconds {args.budget_seconds:.0f}:")
