@@ -261,7 +261,7 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
                            const Tensor& x, const Tensor& h0, const Tensor& c0,
                            const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
                            const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
-  const int64_t T = steps.steps(), N = steps.rows, H = s.hidden, P = s.out;
+  const int64_t N = steps.rows, H = s.hidden, P = s.out;
   const auto opts = x.options();
   ForwardResult r;
   r.workspace = cpu::empty_buffer({s.workspace_numel(N)}, opts);

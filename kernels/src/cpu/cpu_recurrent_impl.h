@@ -385,46 +385,59 @@ void gemm(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
 }
 
 // ---- packing ----------------------------------------------------------
+//
+// A panel is [k][W]: row kk holds, for W output columns, the weight each
+// takes from input kk. pack_gates and pack_rows gather it from W rows of
+// a row-major [n, k] weight, one float of each per panel row; done in
+// blocks of kKB inputs, the W source runs of a block and the kKB panel
+// rows it writes stay in L1 (column by column over the whole depth, the
+// panel rows were written W times each, a line per float).
+constexpr int64_t kKB = 16;
 
-void pack_gates(const float* w, int64_t hidden, int64_t k, float* out) {
-  const int64_t panels = (hidden + V - 1) / V;
-  for (int64_t p = 0; p < panels; ++p) {
-    float* panel = out + p * k * W;
+// Panel rows [0, k) of one panel from its W source rows (null: zeros).
+inline void gather_panel(const float* const (&src)[W], int64_t k, float* panel) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKB) {
+    const int64_t k1 = k - k0 < kKB ? k : k0 + kKB;
+    for (int c = 0; c < W; ++c) {
+      float* dst = panel + c;
+      if (src[c] == nullptr) {
+        for (int64_t kk = k0; kk < k1; ++kk) dst[kk * W] = 0.0f;
+      } else {
+        for (int64_t kk = k0; kk < k1; ++kk) dst[kk * W] = src[c][kk];
+      }
+    }
+  }
+}
+
+void pack_gates(const float* w, int64_t hidden, int64_t k, float* out, int64_t panel_begin,
+                int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const float* src[W];
     for (int g = 0; g < 4; ++g) {
       for (int v = 0; v < V; ++v) {
         const int64_t j = p * V + v;
-        float* dst = panel + g * V + v;
-        if (j < hidden) {
-          const float* src = w + (g * hidden + j) * k;
-          for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = src[kk];
-        } else {
-          for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = 0.0f;
-        }
+        src[g * V + v] = j < hidden ? w + (g * hidden + j) * k : nullptr;
       }
     }
+    gather_panel(src, k, out + p * k * W);
   }
 }
 
-void pack_rows(const float* w, int64_t n, int64_t k, float* out) {
-  const int64_t panels = (n + W - 1) / W;
-  for (int64_t p = 0; p < panels; ++p) {
-    float* panel = out + p * k * W;
+void pack_rows(const float* w, int64_t n, int64_t k, float* out, int64_t panel_begin,
+               int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const float* src[W];
     for (int c = 0; c < W; ++c) {
       const int64_t col = p * W + c;
-      float* dst = panel + c;
-      if (col < n) {
-        const float* src = w + col * k;
-        for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = src[kk];
-      } else {
-        for (int64_t kk = 0; kk < k; ++kk) dst[kk * W] = 0.0f;
-      }
+      src[c] = col < n ? w + col * k : nullptr;
     }
+    gather_panel(src, k, out + p * k * W);
   }
 }
 
-void pack_cols(const float* w, int64_t k, int64_t n, float* out) {
-  const int64_t panels = (n + W - 1) / W;
-  for (int64_t p = 0; p < panels; ++p) {
+void pack_cols(const float* w, int64_t k, int64_t n, float* out, int64_t panel_begin,
+               int64_t panel_end) {
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
     float* panel = out + p * k * W;
     const int64_t col = p * W;
     const int64_t width = n - col < W ? n - col : W;

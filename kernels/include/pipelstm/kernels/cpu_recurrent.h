@@ -100,13 +100,17 @@ struct RecurrentKernels {
   int64_t gate_packed_size(int64_t hidden, int64_t k) const { return gate_panels(hidden) * k * 4 * vec; }
   int64_t plain_packed_size(int64_t n, int64_t k) const { return plain_panels(n) * k * 4 * vec; }
 
+  // Each packs the panels [panel_begin, panel_end) (of gate_panels or
+  // plain_panels): disjoint ranges may be packed on different threads.
   // w [4H, k] row-major, for ForwardStep.
-  void (*pack_gates)(const float* w, int64_t hidden, int64_t k, float* out) = nullptr;
+  void (*pack_gates)(const float* w, int64_t hidden, int64_t k, float* out, int64_t panel_begin,
+                     int64_t panel_end) = nullptr;
   // B[k][n] = w[n][k] for w [n, k] row-major (x @ w^T), for Gemm.
-  void (*pack_rows)(const float* w, int64_t n, int64_t k, float* out) = nullptr;
+  void (*pack_rows)(const float* w, int64_t n, int64_t k, float* out, int64_t panel_begin,
+                    int64_t panel_end) = nullptr;
   // B[k][n] = w[k][n] for w [k, n] row-major (x @ w), for Gemm and BackwardStep.
-  void (*pack_cols)(const float* w, int64_t k, int64_t n, float* out) = nullptr;
-
+  void (*pack_cols)(const float* w, int64_t k, int64_t n, float* out, int64_t panel_begin,
+                    int64_t panel_end) = nullptr;
   // Each computes the panels [panel_begin, panel_end) for all rows.
   void (*forward_step)(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
   void (*backward_step)(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
