@@ -57,8 +57,10 @@ inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 // them (inf, 0, NaN) are left to the gates, which need fewer of them:
 // beyond the clamp, 1 - 2/(exp(hi) + 1) rounds to 1 as 1 - 2/inf does,
 // 1/(1 + exp(lo)) to 1 as 1/(1 + 0) does, and vsigmoid puts back the
-// exact 0 and both put back the NaN. The gates are bitwise those of
-// host_expf, with three blends fewer per exp.
+// exact 0 and both put back the NaN. For every input but a NaN (whose
+// payload may differ) the gates are bitwise those of host_expf, with three
+// blends fewer per exp (checked against the previous build on +-1000,
+// +-200, +-88.5 and random inputs).
 inline vf vexp_clamped(vf x) {
   const vf lo = splat(-87.3365478515625f), hi = splat(88.3762626647949f);
   const vf r0 = vmax(vmin(x, hi), lo);
