@@ -19,13 +19,13 @@ T, B, H = 64, 64, 512
 
 def _layer_inputs(seed: int):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, B, H, generator=g).reshape(T * B, H)
+    x = torch.randn(T, B, H, generator=g)
     h0 = torch.randn(B, H, generator=g) * 0.1
     c0 = torch.randn(B, H, generator=g) * 0.1
     w_ih = torch.randn(4 * H, H, generator=g) * H ** -0.5
     w_hh = torch.randn(4 * H, H, generator=g) * H ** -0.5
     b = torch.randn(4 * H, generator=g) * 0.1
-    return x.reshape(T, B, H), h0, c0, w_ih, w_hh, b
+    return x, h0, c0, w_ih, w_hh, b
 
 
 def _forward(inputs):

@@ -61,10 +61,11 @@ const float* cptr(const Tensor& t) { return t.const_data_ptr<float>(); }
 // T=32 on a 2-core AVX2 EPYC).
 template <typename Pack>
 Tensor packed(int64_t panels, int64_t k, const Tensor& like, Pack&& pack) {
-  Tensor out = empty_huge({panels * k * 4 * kernels().vec}, like.options());
+  const auto& K = kernels();
+  Tensor out = empty_huge({K.packed_size(panels, k)}, like.options());
   float* o = ptr(out);
   // About 64 KiB of panels per task: enough to be worth a thread.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / (k * 4 * kernels().vec));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / K.packed_size(1, k));
   at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { pack(o, b, e); });
   return out;
 }

@@ -25,8 +25,9 @@ larger. Where the arithmetic dominates (H >= 512, B >= 32) a row also gives
 its GEMM FLOP rate as a fraction of a large square ``torch.mm``'s at the
 same threads, the mm timed in the same rounds as the two modules (a third
 side of the interleaving), so that a machine that slows down or speeds up
-during the run moves both alike. At the end: the geometric mean and the worst ratio per (threads,
-mode), a packed row counting with the lower of its two ratios.
+during the run moves both alike. At the end: the geometric mean and the
+worst ratio per (threads, mode), a packed row counting with the lower of
+its two ratios.
 """
 
 import argparse

@@ -94,11 +94,10 @@ struct RecurrentKernels {
   const char* isa = nullptr;  // "avx512", "avx2" or "generic"
   int64_t vec = 0;            // floats per vector (V)
 
-  // Panels and packed sizes (floats).
+  // Panels, and the floats of `panels` packed panels of depth k.
   int64_t gate_panels(int64_t hidden) const { return (hidden + vec - 1) / vec; }
   int64_t plain_panels(int64_t n) const { return (n + 4 * vec - 1) / (4 * vec); }
-  int64_t gate_packed_size(int64_t hidden, int64_t k) const { return gate_panels(hidden) * k * 4 * vec; }
-  int64_t plain_packed_size(int64_t n, int64_t k) const { return plain_panels(n) * k * 4 * vec; }
+  int64_t packed_size(int64_t panels, int64_t k) const { return panels * k * 4 * vec; }
 
   // Each packs the panels [panel_begin, panel_end) (of gate_panels or
   // plain_panels): disjoint ranges may be packed on different threads.
@@ -111,6 +110,7 @@ struct RecurrentKernels {
   // B[k][n] = w[k][n] for w [k, n] row-major (x @ w), for Gemm and BackwardStep.
   void (*pack_cols)(const float* w, int64_t k, int64_t n, float* out, int64_t panel_begin,
                     int64_t panel_end) = nullptr;
+
   // Each computes the panels [panel_begin, panel_end) for all rows.
   void (*forward_step)(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
   void (*backward_step)(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
