@@ -15,6 +15,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from . import autocast  # noqa: F401  (registers the ops' autocast rules)
 from . import fake_kernels  # noqa: F401  (registers the ops' fake kernels)
 
 __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
@@ -64,7 +65,7 @@ def _in_float32_on_cpu(ref: Tensor, **tensors: Optional[Tensor]) -> bool:
     if ref.device.type not in ("cpu", "meta") or ref.dtype not in _REDUCED:
         return False
     if torch.is_autocast_enabled("cpu"):
-        return False  # the ops' CPU autocast rule (below) casts every tensor to float32
+        return False  # the ops' CPU autocast rule (autocast.py) casts every tensor to float32
     for name, t in tensors.items():
         if t is not None and t.dtype != ref.dtype:
             raise RuntimeError(f"pipelstm: expected `{name}` to have the dtype of the input ({ref.dtype}), got {t.dtype}")
@@ -297,14 +298,6 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
 
 for _name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
     torch.library.register_autograd(_name, _layer_backward, setup_context=_layer_setup_context)
-
-
-# --- autocast ------------------------------------------------------------------
-# The CPU kernels compute in float32 or float64 only: under CPU autocast the
-# forward ops take their floating inputs in float32 (more accurate than the
-# bfloat16 nn.LSTM would use, and never a dtype mismatch).
-for _name in ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward"):
-    torch.library.register_autocast(f"pipelstm::{_name}", "cpu", torch.float32)
 
 
 # --- double backward -----------------------------------------------------------

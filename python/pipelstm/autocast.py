@@ -1,0 +1,56 @@
+"""What the fused LSTM ops do under ``torch.autocast``.
+
+- CUDA: the floating inputs on the GPU (float32, not float64) are cast to
+  the dtype autocast asks for, ``torch.get_autocast_dtype("cuda")``, float16
+  or bfloat16, and the op runs in it, as ``nn.LSTMCell`` does (``lstm_cell``
+  is on autocast's lower-precision list). ``nn.LSTM``'s cuDNN path always
+  casts to float16, whatever dtype autocast asks for (ATen's
+  ``cudnn/AutocastRNN.cpp``); pipelstm follows the asked dtype, so a
+  bfloat16 run keeps bfloat16's range.
+- CPU: the CPU kernels compute in float32 or float64, so the ops take their
+  floating inputs in float32 (more accurate than the bfloat16 ``nn.LSTM``
+  would use where oneDNN has it, and never a dtype mismatch).
+
+Only the forward ops have a rule: the backward ops run in autograd's
+backward pass, outside autocast.
+"""
+
+from typing import Callable
+
+import torch
+from torch.amp.autocast_mode import _cast
+
+__all__ = ["FORWARD_OPS", "cast_and_call"]
+
+FORWARD_OPS = ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward")
+
+
+def cast_and_call(op: Callable, device_type: str, dtype: torch.dtype, args: tuple):
+    """``op(*args)`` with ``args``' eligible tensors cast to ``dtype`` and
+    autocast off for ``device_type`` inside (the op's own ATen calls then
+    run in the dtype the op was given). Eligible: floating, on
+    ``device_type``, not float64 (autocast's own rule)."""
+    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+        return op(*_cast(args, device_type, dtype))
+
+
+def _register_to_autocast_dtype(name: str, device_type: str) -> None:
+    # torch.library.register_autocast takes one fixed dtype; this rule reads
+    # the one autocast was entered with at each call.
+    op = getattr(torch.ops.pipelstm, name).default
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+
+    def rule(*args):
+        return cast_and_call(op, device_type, torch.get_autocast_dtype(device_type), args)
+
+    # The Python-dispatcher entry (torch.compile traces through it) and the
+    # C++ dispatcher's.
+    op.py_impl(getattr(torch._C.DispatchKey, key))(rule)
+    _LIB.impl(name, lambda _keyset, *args: rule(*args), key, with_keyset=True)
+
+
+_LIB = torch.library.Library("pipelstm", "IMPL")
+for _name in FORWARD_OPS:
+    torch.library.register_autocast(f"pipelstm::{_name}", "cpu", torch.float32)
+    _register_to_autocast_dtype(_name, "cuda")
