@@ -3,12 +3,14 @@
 A layer's workspace of 32 MiB or more is a huge-page mapping; a freed one is
 kept (up to PIPELSTM_BUFFER_CACHE_MB) and handed to the next call of about
 its size, so it comes back with the last call's data in it. These tests
-check that it is reused and that no result depends on what it held.
+check that it is reused and that no result depends on what it held, that
+the cap holds, and that packed weights go on huge pages from 4 MiB.
 """
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import pipelstm  # noqa: F401  (registers torch.ops.pipelstm)
@@ -87,3 +89,38 @@ def test_the_cap_bounds_what_is_kept():
         assert freed > 0.9 * size  # given back
     size, freed = _freed_on_del("16")  # a cap below the buffer's size
     assert freed > 0.9 * size
+
+
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+_HUGE_SCRIPT = """
+import torch, pipelstm
+H = %d
+
+def anon_huge_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("AnonHugePages"))
+
+# T = 2, B = 1: every buffer but the packed weights is tiny.
+args = (torch.randn(2, 1, H), torch.zeros(1, H), torch.zeros(1, H), torch.randn(4 * H, H) * 0.04,
+        torch.randn(4 * H, H) * 0.04, None, None, None, False)
+before = anon_huge_kib()
+torch.ops.pipelstm.lstm_layer_forward(*args)
+print(anon_huge_kib() - before)  # the freed packing stays mapped in the cache
+"""
+
+
+def _huge_kib_after_a_forward(H: int) -> int:
+    done = subprocess.run([sys.executable, "-c", _HUGE_SCRIPT % H], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not os.path.exists(_THP) or "[never]" in open(_THP).read()
+                    or not os.path.exists("/proc/self/smaps_rollup"),
+                    reason="transparent huge pages are off or not visible here")
+def test_packed_weights_from_4_mib_are_on_huge_pages():
+    # W_hh of H = 512 packs into 4 MiB: streamed every step, so on huge
+    # pages (fewer TLB misses); at H = 256 (1 MiB) ordinary pages.
+    assert _huge_kib_after_a_forward(512) >= 2048
+    assert _huge_kib_after_a_forward(256) == 0

@@ -62,7 +62,7 @@ const float* cptr(const Tensor& t) { return t.const_data_ptr<float>(); }
 template <typename Pack>
 Tensor packed(int64_t panels, int64_t k, const Tensor& like, Pack&& pack) {
   const auto& K = kernels();
-  Tensor out = empty_huge({K.packed_size(panels, k)}, like.options());
+  Tensor out = empty_huge({K.packed_size(panels, k)}, like.options(), HugeFrom::kStreamed);
   float* o = ptr(out);
   // About 64 KiB of panels per task: enough to be worth a thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / K.packed_size(1, k));

@@ -19,6 +19,12 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMinBytes = size_t{32} << 20;
+// Packed weights are read once per time step, all of them: beyond the
+// reach of the TLB on 4 KiB pages (2048 entries, 8 MiB, on Zen 3) every
+// step walks page tables. On huge pages the recurrent GEMM alone ran 5-7 %
+// faster at H = 768 and 1024, B = 32 (72 against 67-68 GFLOP/s, kernel
+// microbenchmark, 2-core AVX2 EPYC; docs/cpu.md, "Memory").
+constexpr size_t kStreamedMinBytes = size_t{4} << 20;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct Mapping {
@@ -98,9 +104,11 @@ c10::Device cpu_device() { return c10::Device(c10::DeviceType::CPU); }
 
 class HugePageAllocator final : public c10::Allocator {
  public:
+  explicit HugePageAllocator(size_t min_bytes) : min_bytes_(min_bytes) {}
+
   c10::DataPtr allocate(size_t n) override {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (n >= kMinBytes) {
+    if (n >= min_bytes_) {
       const size_t length = n + kHugePage;  // room to align the start
       if (Mapping* m = cache().take(length)) return {align(m->base), m, &unmap, cpu_device()};
       void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -117,18 +125,22 @@ class HugePageAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
+
+ private:
+  size_t min_bytes_;
 };
 
-HugePageAllocator& allocator() {
-  static HugePageAllocator a;
-  return a;
+HugePageAllocator& allocator(HugeFrom from) {
+  static HugePageAllocator buffers(kMinBytes);
+  static HugePageAllocator streamed(kStreamedMinBytes);
+  return from == HugeFrom::kBuffers ? buffers : streamed;
 }
 
 }  // namespace
 
-at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options) {
+at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options, HugeFrom from) {
   TORCH_INTERNAL_ASSERT(options.device().is_cpu());
-  return at::detail::empty_generic(sizes, &allocator(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+  return at::detail::empty_generic(sizes, &allocator(from), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    c10::typeMetaToScalarType(options.dtype()), std::nullopt);
 }
 

@@ -14,8 +14,10 @@
 // CPU allocation, which reuses freed heap memory without faulting: with a
 // 4 MiB bound, a fresh huge-page mapping per call (zeroing each 2 MiB
 // page) made the forward at H=64 B=32 T=128 twice as slow (bench grid,
-// docs/cpu.md). The tensors are ordinary CPU tensors (resizable; freed
-// when the last reference goes).
+// docs/cpu.md). Packed weights, read whole at every time step, go on huge
+// pages from 4 MiB (HugeFrom::kStreamed): TLB reach, not faults. The
+// tensors are ordinary CPU tensors (resizable; freed when the last
+// reference goes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,7 +25,12 @@
 namespace pipelstm {
 namespace cpu {
 
-at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options);
+// From which size a buffer goes on huge pages: kBuffers from 32 MiB (the
+// workspace, outputs, gradients), kStreamed from 4 MiB (packed weights,
+// read whole every time step).
+enum class HugeFrom { kBuffers, kStreamed };
+at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options,
+                      HugeFrom from = HugeFrom::kBuffers);
 
 // empty_huge on the CPU, at::empty elsewhere.
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
