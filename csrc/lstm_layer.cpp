@@ -15,12 +15,15 @@
 // call. The ATen step loop below serves every other device and dtype.
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "checks.h"
 #include "cpu/fused_loops_cpu.h"
 #include "cpu/huge_pages.h"
+#include "graph_replay.h"
 #include "layer_geometry.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
@@ -256,11 +259,42 @@ void aten_forward_loop(const LayerSteps& steps, const LayerGeometry& s, const Te
   }
 }
 
+// The key of a layer op's graph (graph_replay.h): the op, its steps and
+// flags, the tensors its body reads in place and the shapes of those it is
+// given afresh.
+enum class GraphOp : int64_t { kForward, kBackward };
+
+std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse,
+                               std::initializer_list<Tensor> in_place,
+                               const std::vector<Tensor>& inputs) {
+  std::vector<int64_t> key{static_cast<int64_t>(op), reverse, persistent_kernel_requested(),
+                           steps.dense};
+  key.insert(key.end(), steps.batch.begin(), steps.batch.end());
+  for (const auto& t : in_place) add_to_key(key, t, /*in_place=*/true);
+  for (const auto& t : inputs) add_to_key(key, t, /*in_place=*/false);
+  return key;
+}
+
+Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
+
+// body(inputs) from a captured graph where the device has them
+// (graph_replay.h), else run directly.
+std::vector<Tensor> run_body(const Tensor& like, GraphOp op, const LayerSteps& steps,
+                             bool reverse, std::initializer_list<Tensor> in_place,
+                             const std::vector<Tensor>& inputs, const GraphBody& body) {
+  if (has_graph_runner(like.device().type())) {
+    auto out = run_as_graph(like.device().type(), graph_key(op, steps, reverse, in_place, inputs),
+                            inputs, body);
+    if (out.has_value()) return *out;
+  }
+  return body(inputs);
+}
+
 // x: [rows, I] dense; h0 [B, P], c0 [B, H].
-ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
-                           const Tensor& x, const Tensor& h0, const Tensor& c0,
-                           const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
-                           const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
+ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
+                            const Tensor& x, const Tensor& h0, const Tensor& c0,
+                            const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
+                            const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
   const int64_t N = steps.rows, H = s.hidden, P = s.out;
   const auto opts = x.options();
   ForwardResult r;
@@ -292,6 +326,23 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
     aten_forward_loop<scalar_t>(steps, s, input_gates, h_init, c_init, w_hh, w_hr, reverse, ws, r);
   });
   return r;
+}
+
+ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
+                           const Tensor& x, const Tensor& h0, const Tensor& c0,
+                           const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
+                           const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
+  if (steps.rows == 0 || cpu::fused_loops_serve(x)) {
+    return forward_eager(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+  }
+  const auto body = [&](const std::vector<Tensor>& in) {
+    ForwardResult r = forward_eager(steps, s, in[0], in[1], in[2], w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+    return std::vector<Tensor>{r.output, r.h_n, r.c_n, r.workspace};
+  };
+  const auto out = run_body(x, GraphOp::kForward, steps, reverse,
+                            {w_ih, w_hh, or_undefined(b_ih), or_undefined(b_hh), or_undefined(w_hr)},
+                            {x, h0, c0}, body);
+  return {out[0], out[1], out[2], out[3]};
 }
 
 struct BackwardResult {
@@ -432,16 +483,51 @@ LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads
   return r;
 }
 
+BackwardResult backward_eager(const LayerSteps& steps, const LayerGeometry& s,
+                              const OptTensor& grad_output, const OptTensor& grad_h_n,
+                              const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                              const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                              const OptTensor& w_hr, const Tensor& output,
+                              const Tensor& workspace, bool reverse) {
+  LayerDataGrads d = backward_data_core(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
+                                        w_ih, w_hh, w_hr, output, workspace, reverse);
+  const LayerWeightGrads w = weight_grads_core(steps, d, x, h0, output.contiguous(), reverse);
+  return {d.grad_input, d.grad_h0, d.grad_c0, w.w_ih, w.w_hh, w.bias, w.w_hr};
+}
+
 BackwardResult backward_core(const LayerSteps& steps, const LayerGeometry& s,
                              const OptTensor& grad_output, const OptTensor& grad_h_n,
                              const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
                              const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                              const OptTensor& w_hr, const Tensor& output,
                              const Tensor& workspace, bool reverse) {
-  LayerDataGrads d = backward_data_core(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
-                                        w_ih, w_hh, w_hr, output, workspace, reverse);
-  const LayerWeightGrads w = weight_grads_core(steps, d, x, h0, output.contiguous(), reverse);
-  return {d.grad_input, d.grad_h0, d.grad_c0, w.w_ih, w.w_hh, w.bias, w.w_hr};
+  if (steps.rows == 0 || cpu::fused_loops_serve(x)) {
+    return backward_eager(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, w_hr,
+                          output, workspace, reverse);
+  }
+  // The gradients given are inputs at fixed places after the five tensors
+  // every call has; a missing one is none in the body too.
+  std::vector<Tensor> inputs{x, h0, c0, output, workspace};
+  std::array<int64_t, 3> at{-1, -1, -1};
+  const std::array<const OptTensor*, 3> grads{&grad_output, &grad_h_n, &grad_c_n};
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i]->has_value()) {
+      at[i] = static_cast<int64_t>(inputs.size());
+      inputs.push_back(**grads[i]);
+    }
+  }
+  const auto given = [&](const std::vector<Tensor>& in, size_t i) {
+    return at[i] < 0 ? OptTensor() : OptTensor(in[at[i]]);
+  };
+  const auto body = [&](const std::vector<Tensor>& in) {
+    BackwardResult r = backward_eager(steps, s, given(in, 0), given(in, 1), given(in, 2), in[0],
+                                      in[1], in[2], w_ih, w_hh, w_hr, in[3], in[4], reverse);
+    return std::vector<Tensor>{r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+                               r.grad_bias, r.grad_w_hr};
+  };
+  const auto out = run_body(x, GraphOp::kBackward, steps, reverse, {w_ih, w_hh, or_undefined(w_hr)},
+                            inputs, body);
+  return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // registrations; the few functions here describe the build.
 #include <pybind11/pybind11.h>
 
+#include "graph_replay.h"
+
 namespace pipelstm {
 bool built_with_cuda();
 namespace cpu {
@@ -19,5 +21,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa", &pipelstm::cpu::fused_loops_isa,
         "The instruction set of the fused CPU kernels in use: avx512, avx2 or generic "
         "(the widest this CPU runs, capped by PIPELSTM_CPU_ISA).");
+  m.def("_graph_counts", [] {
+    const auto c = pipelstm::graph_counts();
+    return pybind11::make_tuple(c.captures, c.replays);
+  }, "(captures, replays) of the layer ops' CUDA graphs in this process (graph_replay.h).");
   pipelstm::pipeline::init_bindings(m);
 }

@@ -1,0 +1,150 @@
+// The CUDA runner of graph_replay.h: captures a layer op's body once per key
+// and replays it. Compiled only in a CUDA build.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+
+#include "../graph_replay.h"
+
+namespace pipelstm {
+namespace {
+
+// Graphs kept at once, least recently used dropped first: each holds its
+// body's outputs and intermediates in a private memory pool.
+constexpr size_t kMaxGraphs = 16;
+
+bool graphs_requested() {
+  const char* env = std::getenv("PIPELSTM_CUDA_GRAPHS");  // read per call: cheap beside a launch
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+struct Entry {
+  std::mutex mutex;  // one call at a time uses the graph's inputs and outputs
+  bool warmed_up = false;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::vector<at::Tensor> inputs, outputs;  // the graph's own
+};
+
+class GraphCache {
+ public:
+  std::shared_ptr<Entry> get(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->first == key) {
+        entries_.splice(entries_.begin(), entries_, it);
+        return entries_.front().second;
+      }
+    }
+    entries_.emplace_front(key, std::make_shared<Entry>());
+    // A dropped entry lives on while a call still holds it.
+    if (entries_.size() > kMaxGraphs) entries_.pop_back();
+    return entries_.front().second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::list<std::pair<std::vector<int64_t>, std::shared_ptr<Entry>>> entries_;
+};
+
+GraphCache& cache() {
+  static auto* c = new GraphCache();  // never destroyed: graphs may outlive static teardown
+  return *c;
+}
+
+// Captures body(entry.inputs) into entry.graph on a side stream (capture
+// needs a stream other than the default one), ordered after and before the
+// current stream's work.
+void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& current) {
+  const auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, current.device_index());
+  at::cuda::CUDAEvent ready;
+  ready.record(current);
+  ready.block(side);
+  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  {
+    const c10::cuda::CUDAStreamGuard guard(side);
+    // Thread-local: the pipeline's stages launch work from other threads
+    // while one of them captures.
+    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      e.outputs = body(e.inputs);
+    } catch (...) {
+      try {
+        graph->capture_end();
+      } catch (...) {
+      }
+      e.outputs.clear();
+      throw;
+    }
+    graph->capture_end();
+  }
+  at::cuda::CUDAEvent done;
+  done.record(side);
+  done.block(current);
+  e.graph = std::move(graph);
+}
+
+std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_key,
+                                                const std::vector<at::Tensor>& inputs,
+                                                const GraphBody& body) {
+  if (!graphs_requested() || inputs.empty()) return std::nullopt;
+  const c10::Device device = inputs.front().device();
+  for (const auto& t : inputs) {
+    if (t.device() != device) return std::nullopt;
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  const at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream();
+  // Inside the caller's own capture (torch.cuda.graph), the step loop's
+  // launches become part of that graph: nothing to add, and a capture
+  // cannot nest.
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> key = op_key;
+  key.push_back(device.index());
+  key.push_back(static_cast<int64_t>(current.id()));
+  // The settings that pick cuBLAS's kernels at capture: a replay after the
+  // user changed one would run the old choice.
+  const auto& ctx = at::globalContext();
+  key.push_back(ctx.allowTF32CuBLAS());
+  key.push_back(static_cast<int64_t>(ctx.float32MatmulPrecision()));
+  key.push_back(static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS()));
+  key.push_back(static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS()));
+  key.push_back(ctx.deterministicAlgorithms());
+  const std::shared_ptr<Entry> entry = cache().get(key);
+  std::lock_guard<std::mutex> lock(entry->mutex);
+  if (!entry->warmed_up) {
+    entry->warmed_up = true;  // this call runs eagerly: cuBLAS and the kernels initialise outside a capture
+    return std::nullopt;
+  }
+  if (!entry->graph) {
+    entry->inputs.clear();
+    for (const auto& t : inputs) entry->inputs.push_back(t.clone());
+    capture(*entry, body, current);
+    note_graph_capture();
+  } else {
+    for (size_t i = 0; i < inputs.size(); ++i) entry->inputs[i].copy_(inputs[i]);
+  }
+  entry->graph->replay();
+  note_graph_replay();
+  std::vector<at::Tensor> out;
+  out.reserve(entry->outputs.size());
+  for (const auto& t : entry->outputs) out.push_back(t.defined() ? t.clone() : t);
+  return out;
+}
+
+const bool registered = [] {
+  register_graph_runner(c10::DeviceType::CUDA, &run_cuda);
+  return true;
+}();
+
+}  // namespace
+}  // namespace pipelstm

@@ -1,0 +1,56 @@
+#include "graph_replay.h"
+
+#include <array>
+#include <atomic>
+
+namespace pipelstm {
+namespace {
+
+std::array<GraphRunner, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>&
+runners() {
+  static std::array<GraphRunner,
+                    static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
+      r{};
+  return r;
+}
+
+std::atomic<int64_t> captures{0}, replays{0};
+
+}  // namespace
+
+GraphCounts graph_counts() { return {captures.load(), replays.load()}; }
+void note_graph_capture() { captures.fetch_add(1); }
+void note_graph_replay() { replays.fetch_add(1); }
+
+void register_graph_runner(c10::DeviceType device, GraphRunner runner) {
+  runners()[static_cast<size_t>(device)] = runner;
+}
+
+bool has_graph_runner(c10::DeviceType device) {
+  return runners()[static_cast<size_t>(device)] != nullptr;
+}
+
+std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
+                                                    const std::vector<int64_t>& key,
+                                                    const std::vector<at::Tensor>& inputs,
+                                                    const GraphBody& body) {
+  const GraphRunner runner = runners()[static_cast<size_t>(device)];
+  if (runner == nullptr) return std::nullopt;
+  return runner(key, inputs, body);
+}
+
+void add_to_key(std::vector<int64_t>& key, const at::Tensor& t, bool in_place) {
+  if (!t.defined()) {
+    key.push_back(-1);
+    return;
+  }
+  if (in_place) key.push_back(reinterpret_cast<int64_t>(t.const_data_ptr()));
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    key.push_back(t.size(d));
+    key.push_back(t.stride(d));
+  }
+}
+
+}  // namespace pipelstm

@@ -1,0 +1,67 @@
+// A layer op's time loop replayed as a captured graph, on a device that has
+// graphs (CUDA: cuda/graph_replay_cuda.cpp). The loop launches a GEMM and a
+// pointwise kernel per step, and at small sizes the host time of those
+// launches, not the arithmetic, is the op's time: a graph launches them all
+// at once.
+//
+// The op hands over its body as a function of the tensors that change from
+// call to call (`inputs`: the sequence, the states, the output gradients);
+// everything else the body reads (the weights) it reads in place, so their
+// addresses, like every shape and flag the body's launches depend on, are
+// part of the `key` the op builds. A graph is captured on the second call
+// with a key (the first one runs eagerly: it is the warm-up that
+// initialises cuBLAS outside the capture) and replayed from then on: the
+// inputs are copied into the graph's own, the graph is replayed on the
+// current stream, and its outputs are returned as copies, since the next
+// replay overwrites them. Weights updated in place (an optimizer step) are
+// read afresh by each replay; a weight replaced by another tensor has
+// another address, hence another key.
+//
+// Opt-in while it has not been run on a GPU: PIPELSTM_CUDA_GRAPHS=1.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace pipelstm {
+
+using GraphBody = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+// The runner of one device type: returns the body's outputs, run as a graph,
+// or nullopt when this call runs eagerly (warm-up, capture impossible, off).
+using GraphRunner = std::optional<std::vector<at::Tensor>> (*)(const std::vector<int64_t>& key,
+                                                                 const std::vector<at::Tensor>& inputs,
+                                                                 const GraphBody& body);
+
+// Called by a backend from a static initializer.
+void register_graph_runner(c10::DeviceType device, GraphRunner runner);
+
+// Whether `device` has a runner (a CUDA build, for CUDA).
+bool has_graph_runner(c10::DeviceType device);
+
+// The body's outputs from a graph, or nullopt: then the caller runs
+// body(inputs) itself. Every input must be on `device`.
+std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
+                                                    const std::vector<int64_t>& key,
+                                                    const std::vector<at::Tensor>& inputs,
+                                                    const GraphBody& body);
+
+// How many graphs this process captured and replayed (for tests and
+// benchmarks: pipelstm._C._graph_counts()); runners count through note_*.
+struct GraphCounts {
+  int64_t captures = 0, replays = 0;
+};
+GraphCounts graph_counts();
+void note_graph_capture();
+void note_graph_replay();
+
+// Adds a tensor's dtype, sizes and strides to a key, and its address when
+// the body reads it in place (an undefined tensor adds a marker).
+void add_to_key(std::vector<int64_t>& key, const at::Tensor& t, bool in_place);
+
+}  // namespace pipelstm

@@ -1,0 +1,181 @@
+"""The layer ops' time loop as a CUDA graph (csrc/graph_replay.h,
+csrc/cuda/graph_replay_cuda.cpp; opt-in: PIPELSTM_CUDA_GRAPHS=1).
+
+The reference is the same op run eagerly (graphs off) on the same inputs:
+a replay launches the same kernels, so the results agree to rounding (cuBLAS
+may pick another algorithm inside a capture). pipelstm._C._graph_counts()
+shows that a graph was captured and replayed, so a silent fallback to the
+eager loop fails these tests.
+"""
+
+import pytest
+import torch
+
+import pipelstm
+from pipelstm import _C
+from reference import rel_error
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda"
+OPS = torch.ops.pipelstm
+TOL = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _weights(I=16, H=32, P=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = P or H
+    w = dict(w_ih=torch.randn(4 * H, I, generator=g) * I ** -0.5, w_hh=torch.randn(4 * H, out, generator=g) * out ** -0.5,
+             b_ih=torch.randn(4 * H, generator=g) * 0.1, b_hh=torch.randn(4 * H, generator=g) * 0.1,
+             w_hr=torch.randn(P, H, generator=g) * H ** -0.5 if P else None)
+    return {k: None if v is None else v.to(DEVICE) for k, v in w.items()}
+
+
+def _inputs(T=20, B=4, I=16, H=32, P=None, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = P or H
+    return [t.to(DEVICE) for t in (torch.randn(T, B, I, generator=g), torch.randn(B, out, generator=g),
+                                   torch.randn(B, H, generator=g))]
+
+
+def _forward_backward(x, h0, c0, w, reverse):
+    """The forward op's outputs and the backward op's gradients for fixed
+    output gradients (drawn from the forward's shapes)."""
+    out, h_n, c_n, ws = OPS.lstm_layer_forward(x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], w["w_hr"],
+                                               reverse)
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    grads = [torch.randn(t.shape, device=DEVICE, generator=g) for t in (out, h_n, c_n)]
+    back = OPS.lstm_layer_backward(*grads, x, h0, c0, w["w_ih"], w["w_hh"], w["w_hr"], out, ws, reverse)
+    return [out, h_n, c_n, *[b for b in back if b is not None]]
+
+
+def _assert_close(got, expected):
+    assert len(got) == len(expected)
+    for k, (a, e) in enumerate(zip(got, expected)):
+        assert a.shape == e.shape, k
+        assert rel_error(a.double(), e.double()) <= TOL, (k, rel_error(a.double(), e.double()))
+
+
+def _eager(monkeypatch, *args):
+    monkeypatch.delenv("PIPELSTM_CUDA_GRAPHS", raising=False)
+    try:
+        return _forward_backward(*args)
+    finally:
+        monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+
+
+@pytest.mark.parametrize("P", [None, 8])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_replays_match_eager_calls_on_new_inputs(P, reverse, monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(P=P)
+    before = _C._graph_counts()
+    for seed in range(4):  # warm-up, capture and replay, then replays
+        args = (*_inputs(P=P, seed=seed), w, reverse)
+        got = _forward_backward(*args)
+        _assert_close(got, _eager(monkeypatch, *args))
+    captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
+    assert captures == 2  # the forward's and the backward's
+    assert replays == 6
+
+
+def test_weights_updated_in_place_are_seen(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights()
+    args = (*_inputs(), w, False)
+    for _ in range(2):
+        _forward_backward(*args)  # captured
+    with torch.no_grad():  # what an optimizer step does
+        for k in ("w_ih", "w_hh", "b_ih", "b_hh"):
+            w[k].mul_(0.9).add_(0.01)
+    before = _C._graph_counts()
+    got = _forward_backward(*args)
+    assert _C._graph_counts()[1] > before[1]  # replayed, not captured again
+    _assert_close(got, _eager(monkeypatch, *args))
+
+
+def test_a_replaced_weight_gets_its_own_graph(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights()
+    x, h0, c0 = _inputs()
+    for _ in range(2):
+        _forward_backward(x, h0, c0, w, False)
+    w["w_hh"] = w["w_hh"].clone() * 1.1  # another tensor: another address
+    got = _forward_backward(x, h0, c0, w, False)
+    _assert_close(got, _eager(monkeypatch, x, h0, c0, w, False))
+
+
+def test_a_changed_matmul_setting_is_not_replayed_from_the_old_capture(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(I=64, H=128)
+    args = (*_inputs(I=64, H=128), w, False)
+    for _ in range(2):
+        _forward_backward(*args)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    got = _forward_backward(*args)
+    _assert_close(got, _eager(monkeypatch, *args))  # both with TF32
+
+
+def test_calls_on_a_side_stream(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights()
+    side = torch.cuda.Stream()
+    for seed in range(3):
+        args = (*_inputs(seed=seed), w, False)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = _forward_backward(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        _assert_close(got, _eager(monkeypatch, *args))
+
+
+def test_inside_a_users_capture_the_ops_are_captured_as_before(monkeypatch):
+    # The op sees an active capture and runs its step loop into the user's
+    # graph, as without PIPELSTM_CUDA_GRAPHS.
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights()
+    x, h0, c0 = _inputs()
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            OPS.lstm_layer_forward(static_x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], None, False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = OPS.lstm_layer_forward(static_x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], None,
+                                            False)
+    new_x = _inputs(seed=5)[0]
+    static_x.copy_(new_x)
+    graph.replay()
+    expected = OPS.lstm_layer_forward(new_x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], None, False)
+    _assert_close(list(static_out[:3]), list(expected[:3]))
+
+
+def test_module_training_steps_with_graphs_match_eager(monkeypatch):
+    # pipelstm.LSTM on CUDA, a few SGD steps: the same parameters with and
+    # without graphs.
+    torch.manual_seed(0)
+    models = [pipelstm.LSTM(16, 32, num_layers=2).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randn(12, 4, 16, device=DEVICE)
+    for graphs, model in zip((False, True), models):
+        if graphs:
+            monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+        else:
+            monkeypatch.delenv("PIPELSTM_CUDA_GRAPHS", raising=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            opt.zero_grad()
+            model(x)[0].square().mean().backward()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert rel_error(b.double(), a.double()) <= 1e-5
