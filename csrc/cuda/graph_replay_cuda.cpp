@@ -30,8 +30,17 @@ bool graphs_requested() {
 struct Entry {
   std::mutex mutex;  // one call at a time uses the graph's inputs and outputs
   bool warmed_up = false;
+  c10::DeviceIndex device = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::vector<at::Tensor> inputs, outputs;  // the graph's own
+
+  // Dropped from the cache: a replay may still be running, and the graph's
+  // memory pool goes back to the allocator with it.
+  ~Entry() {
+    if (!graph) return;
+    const c10::cuda::CUDAGuard guard(device);
+    (void)cudaDeviceSynchronize();  // an error here would be a sticky one, raised by the next call
+  }
 };
 
 class GraphCache {
@@ -126,6 +135,7 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
     return std::nullopt;
   }
   if (!entry->graph) {
+    entry->device = device.index();
     entry->inputs.clear();
     for (const auto& t : inputs) entry->inputs.push_back(t.clone());
     capture(*entry, body, current);
