@@ -45,7 +45,8 @@ def render(data: Mapping, source: str) -> str:
         f"`{cmd}`",
         f"Machine: {m.get('cpu') or 'unknown CPU'}, {m.get('cores')} cores, {isa_label(m.get('isa') or {})}; "
         f"torch {v.get('torch')}, Python {v.get('python')}, pipelstm {v.get('pipelstm')}; "
-        f"commit {commit or 'unknown (not a git checkout)'}; {data['date']}.",
+        f"commit {commit or 'unknown (not a git checkout)'}; {data['date']}."
+        + (f" Device: {_device(data['device'])}." if data.get("device") else ""),
         markdown(columns_from_json(data["columns"]), data["rows"]),
     ]
     for table in data.get("tables") or []:
@@ -54,6 +55,14 @@ def render(data: Mapping, source: str) -> str:
         blocks.append(markdown(columns_from_json(table["columns"]), table["rows"]))
     blocks += list(data.get("notes") or [])
     return "\n\n".join(blocks)
+
+
+def _device(device) -> str:
+    """A GPU bench's device (bench gpu writes a dict; older files a name)."""
+    if not isinstance(device, Mapping):
+        return str(device)
+    extra = [f"{k} {device[k]}" for k in ("cuda", "cudnn") if device.get(k)]
+    return device.get("name", "unknown") + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _missing(source: str) -> str:

@@ -1,0 +1,205 @@
+"""``python -m pipelstm.bench gpu``: pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid.
+
+The grid a GPU user would ask for: B in {1, 8, 32, 128, 512}, H in {256,
+512, 1024} (I = H), T in {100, 500}, 1 and 4 layers, forward + backward of
+the output's sum (training mode, the input requiring grad), time-major. Each
+size runs in every setting:
+
+* ``fp32``: both modules fp32, TF32 off on both sides
+  (``torch.backends.cuda.matmul.allow_tf32`` and ``cudnn.allow_tf32``);
+* ``default``: both modules fp32 in torch's default settings, as a user
+  gets them (cuDNN then uses TF32; cuBLAS, hence pipelstm, does not);
+* ``bf16``, ``fp16``: both modules in that dtype (cuDNN in the same dtype;
+  a row says so where cuDNN refuses it).
+
+Both modules hold the same weights (``load_state_dict``) and are timed
+alternately in one process, each run from a synchronised start to a
+synchronised end; a row gives the medians of ``--repeats`` runs, the ratio
+cuDNN / pipelstm (> 1: pipelstm faster), and pipelstm's time over its floor
+(``bench floors``: the largest of the FLOP, memory and launch floors at this
+dtype, H100 defaults). A row whose warm-up run took longer than
+``--row-seconds`` is skipped and listed. The summary gives, per setting, the
+geometric mean and the worst ratio, and the time of 4 layers over 1 layer
+at B <= 32 (the layer wavefront: at most 2x is the aim). ``--device cpu
+--quick`` checks that the bench runs on a machine without a GPU.
+"""
+
+import argparse
+import itertools
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..lstm import LSTM
+from . import report
+from .floors import floors
+from .table import Column, header, row_line
+from .timing import interleaved_times
+
+__all__ = ["SETTINGS", "GRID", "main"]
+
+SETTINGS = ("fp32", "default", "bf16", "fp16")
+GRID = dict(B=[1, 8, 32, 128, 512], H=[256, 512, 1024], T=[100, 500], layers=[1, 4])
+QUICK_GRID = dict(B=[2], H=[16], T=[6], layers=[1, 4])
+DTYPES = {"fp32": torch.float32, "default": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# bench floors' H100 defaults: fp32 without tensor cores, bf16/fp16 dense
+# matrix work, memory bandwidth, one launch on the critical path.
+RATES = {"fp32": 50e12, "default": 50e12, "bf16": 790e12, "fp16": 790e12}
+BANDWIDTH, STEP_LATENCY = 3.0e12, 3e-6
+# Run-time switches of pipelstm's CUDA path, recorded with the results.
+SWITCHES = ("PIPELSTM_CUDA_GRAPHS", "PIPELSTM_PERSISTENT")
+
+COLUMNS = [
+    Column("setting", "setting"), Column("layers", "layers"), Column("T", "T"), Column("B", "B"),
+    Column("H", "I=H"), Column("ours", "pipelstm ms", "{:.2f}", 1e3), Column("peer", "nn.LSTM (cuDNN) ms", "{:.2f}", 1e3),
+    Column("ratio", "nn.LSTM / pipelstm", "{:.2f}x"), Column("floor", "floor ms", "{:.3f}", 1e3),
+    Column("of_floor", "pipelstm / floor", "{:.1f}x"), Column("note", "note"),
+]
+SUMMARY_COLUMNS = [
+    Column("setting", "setting"), Column("rows", "rows"), Column("geomean", "geometric mean", "{:.2f}x"),
+    Column("worst", "worst", "{:.2f}x"), Column("worst_row", "worst row"), Column("at_least_1", "rows >= 1.0x"),
+    Column("stack", "4 layers / 1 layer, B <= 32 (ours, max)", "{:.2f}x"),
+    Column("skipped", "skipped rows"),
+]
+
+
+class Settings:
+    """Applies one setting's TF32 flags for the block it guards (``default``
+    leaves torch's own), and puts the previous ones back."""
+
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+
+    def __enter__(self) -> None:
+        self.saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        if self.setting != "default":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def _step(model: nn.Module, x: torch.Tensor):
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        model(x)[0].float().sum().backward()
+    return run
+
+
+def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, device: str,
+            row_seconds: float) -> dict:
+    """One row: both sides timed alternately, or the reason it was not."""
+    dtype = DTYPES[setting]
+    row = dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None, note=None)
+    f = floors(T, B, H, H, layers, torch.finfo(dtype).bits // 8, RATES[setting], BANDWIDTH, STEP_LATENCY)
+    row["floor"] = max(f["t_flop"], f["t_mem"], f["t_lat"])
+    torch.manual_seed(0)
+    peer = nn.LSTM(H, H, num_layers=layers).to(device, dtype)
+    ours = LSTM(H, H, num_layers=layers).to(device, dtype)
+    ours.load_state_dict(peer.state_dict())
+    x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
+    sides = {"ours": _step(ours, x), "peer": _step(peer, x)}
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    with Settings(setting):
+        for name in list(sides):
+            try:
+                sync()
+                t0 = time.perf_counter()
+                sides[name]()
+                sync()
+                warm = time.perf_counter() - t0
+            except RuntimeError as e:  # cuDNN (or the CPU's oneDNN) without this dtype
+                if name == "ours":
+                    raise
+                row["note"] = f"nn.LSTM: {str(e).splitlines()[0][:120]}"
+                del sides[name]
+                continue
+            if warm > row_seconds:
+                row["note"] = f"skipped: one {name} run took {warm:.1f} s (> --row-seconds {row_seconds:g})"
+                return row
+        times = interleaved_times(sides, repeats, warmup=1, device=device)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    row.update(ours=med["ours"], peer=med.get("peer"), samples=times)
+    row["of_floor"] = med["ours"] / row["floor"]
+    if "peer" in med:
+        row["ratio"] = med["peer"] / med["ours"]
+    return row
+
+
+def summarize(rows: List[dict]) -> List[dict]:
+    out = []
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        mine = [r for r in rows if r["setting"] == setting]
+        timed = [r for r in mine if r.get("ratio") is not None]
+        worst = min(timed, key=lambda r: r["ratio"]) if timed else None
+        one = {(r["T"], r["B"], r["H"]): r["ours"] for r in mine if r["layers"] == 1 and r["ours"]}
+        stack = [r["ours"] / one[(r["T"], r["B"], r["H"])] for r in mine
+                 if r["layers"] == 4 and r["B"] <= 32 and r["ours"] and (r["T"], r["B"], r["H"]) in one]
+        out.append(dict(
+            setting=setting, rows=len(timed),
+            geomean=math.exp(statistics.fmean(math.log(r["ratio"]) for r in timed)) if timed else None,
+            worst=worst and worst["ratio"],
+            worst_row=worst and f"L={worst['layers']} T={worst['T']} B={worst['B']} H={worst['H']}",
+            at_least_1=sum(r["ratio"] >= 1.0 for r in timed), stack=max(stack) if stack else None,
+            skipped=sum(r["ours"] is None for r in mine)))
+    return out
+
+
+def device_info(device: str) -> Dict[str, object]:
+    if torch.device(device).type != "cuda":
+        return dict(name="CPU (no GPU: a check that the bench runs)")
+    return dict(name=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version(), capability=list(torch.cuda.get_device_capability()))
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m pipelstm.bench gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default), or cpu with --quick to check the bench")
+    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    for axis, values in GRID.items():
+        p.add_argument(f"--{axis}", type=int, nargs="+", default=None, help=f"default {values}")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
+    p.add_argument("--row-seconds", type=float, default=3.0,
+                   help="skip a row whose warm-up run of either side takes longer (default 3)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
+    report.add_arguments(p)
+    args = p.parse_args(argv)
+    report.check_repeats(p, args.repeats, args.quick)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda needs a GPU; none is visible here (--device cpu --quick checks the bench)")
+    if torch.device(args.device).type != "cuda" and not args.quick:
+        p.error("--device cpu is only a check that the bench runs: add --quick (the CPU has `bench grid`)")
+    grid = {axis: getattr(args, axis) or (QUICK_GRID if args.quick else GRID)[axis] for axis in GRID}
+    meta = report.metadata("gpu", argv)
+    meta["device"] = device_info(args.device)
+    meta["switches"] = {k: os.environ[k] for k in SWITCHES if k in os.environ}
+    print(f"torch {torch.__version__}, {meta['device']['name']}, forward+backward, median of {args.repeats} "
+          f"interleaved runs; switches {meta['switches'] or 'none'}", flush=True)
+    print(header(COLUMNS), flush=True)
+    rows = []
+    for setting, layers, T, B, H in itertools.product(args.settings, grid["layers"], grid["T"], grid["B"],
+                                                       grid["H"]):
+        rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
+        print(row_line(COLUMNS, rows[-1]), flush=True)
+    summary = summarize(rows)
+    print()
+    print(header(SUMMARY_COLUMNS))
+    for s in summary:
+        print(row_line(SUMMARY_COLUMNS, s))
+    notes = ["Settings: fp32 = TF32 off on both sides; default = torch's defaults (cuDNN uses TF32, cuBLAS does "
+             "not); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
+             "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
+             f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
+                          tables=[dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)])
+    return rows

@@ -1,0 +1,82 @@
+"""pipelstm/bench/gpu.py: the GPU grid bench, checked on the CPU
+(``--device cpu --quick``): every setting of every size is timed on both
+sides and written as JSON with its device and switches; a dtype nn.LSTM
+refuses, a row over its time limit and a missing GPU are each reported,
+not fatal or silent."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from pipelstm.bench import gpu
+
+
+def _run(tmp_path, *extra):
+    path = tmp_path / "gpu.json"
+    gpu.main(["--device", "cpu", "--quick", "--repeats", "2", "--json", str(path), *extra])
+    return json.loads(path.read_text())
+
+
+def test_every_setting_and_size_is_timed_on_both_sides(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    data = _run(tmp_path)
+    grid = gpu.QUICK_GRID
+    assert len(data["rows"]) == len(gpu.SETTINGS) * len(grid["layers"]) * len(grid["T"]) * len(grid["B"]) * len(
+        grid["H"])
+    for row in data["rows"]:
+        assert row["ours"] > 0 and row["peer"] > 0 and row["note"] is None
+        assert row["ratio"] == pytest.approx(row["peer"] / row["ours"])
+        assert row["of_floor"] == pytest.approx(row["ours"] / row["floor"])
+        assert len(row["samples"]["ours"]) == len(row["samples"]["peer"]) == 2
+    summary = data["tables"][0]["rows"]
+    assert [s["setting"] for s in summary] == list(gpu.SETTINGS)
+    assert all(s["stack"] > 0 and s["skipped"] == 0 for s in summary)  # 4 layers over 1 at B <= 32
+    assert data["device"]["name"].startswith("CPU")
+    assert data["switches"] == {"PIPELSTM_CUDA_GRAPHS": "1"}
+
+
+def test_the_settings_set_tf32_and_put_it_back():
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    with gpu.Settings("fp32"):
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    with gpu.Settings("default"):
+        assert torch.backends.cudnn.allow_tf32  # torch's own default, left alone
+    assert torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_dtype_nn_lstm_refuses_is_a_note_and_ours_is_still_timed(tmp_path, monkeypatch):
+    forward = nn.LSTM.forward
+
+    def refusing(self, x, hx=None):
+        if x.dtype == torch.bfloat16:
+            raise RuntimeError("no bf16 RNN in this cuDNN\nsecond line")
+        return forward(self, x, hx)
+
+    monkeypatch.setattr(nn.LSTM, "forward", refusing)
+    rows = _run(tmp_path, "--settings", "bf16", "fp32")["rows"]
+    for row in rows:
+        if row["setting"] == "bf16":
+            assert row["note"] == "nn.LSTM: no bf16 RNN in this cuDNN"
+            assert row["ours"] > 0 and row["peer"] is None and row["ratio"] is None
+        else:
+            assert row["note"] is None and row["ratio"] > 0
+
+
+def test_a_row_over_its_time_limit_is_skipped_and_counted(tmp_path):
+    data = _run(tmp_path, "--row-seconds", "0", "--settings", "fp32")
+    assert all(r["ours"] is None and r["note"].startswith("skipped: one ours run took") for r in data["rows"])
+    assert data["tables"][0]["rows"][0]["skipped"] == len(data["rows"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu_and_cpu_without_quick_are_refused(capsys):
+    for argv in (["--quick"], ["--device", "cpu"]):
+        with pytest.raises(SystemExit) as e:
+            gpu.main(argv)
+        assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device cuda needs a GPU" in err and "add --quick" in err
