@@ -172,6 +172,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (split over the replicas)")
     ap.add_argument("--eval-batches", type=int, default=None, help="validate on at most this many batches")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where each stage computes (default: a GPU per process where there are enough, NCCL; "
+                         "else the CPU, gloo); cuda with fewer GPUs than processes shares them over gloo")
     ap.add_argument("--log-interval", type=int, default=20)
     ap.add_argument("--save-model", default=None, metavar="PATH",
                     help="write the final unsplit state_dict here (rank 0)")
@@ -222,7 +225,8 @@ def main(argv=None) -> dict:
     if "RANK" not in os.environ:  # a plain `python train_lm.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-    mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout)
+    mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,
+                           device=None if args.device == "auto" else args.device)
     log = mesh.rank == 0
     corpus = Corpus(args.data)
     if args.batch_size < mesh.dp:

@@ -58,13 +58,27 @@ std::string RemoteLink::describe(Traffic traffic, const Transfer& t, bool sendin
   return os.str();
 }
 
+// gloo's point-to-point operations take the tensor's address as host
+// memory: a GPU tensor goes through a host copy (two processes sharing one
+// GPU, where NCCL refuses a second rank on the same device). A group with no
+// backend for the device is staged too.
+bool RemoteLink::through_host(c10::DeviceType device) const {
+  if (device == c10::DeviceType::CPU) return false;
+  try {
+    return group_->getBackend(device)->getBackendName() == "gloo";
+  } catch (const std::exception&) {
+    return true;
+  }
+}
+
 std::shared_ptr<Transfer> RemoteLink::post_recv(Traffic traffic, int64_t m, int64_t k,
                                                 int64_t chunks, at::IntArrayRef sizes,
                                                 const at::TensorOptions& like) {
   auto t = std::make_shared<Transfer>();
   t->m = m;
   t->k = k;
-  t->buffer = at::empty(sizes, like);
+  t->device = like.device();
+  t->buffer = at::empty(sizes, through_host(t->device.type()) ? like.device(at::kCPU) : like);
   std::vector<at::Tensor> tensors{t->buffer};
   t->work = group_->recv(tensors, spec_.peer, tag_of(traffic, m, k, chunks));
   std::lock_guard<std::mutex> lock(mu_);
@@ -81,7 +95,7 @@ at::Tensor RemoteLink::wait_recv(Transfer& t, Traffic traffic) {
   }
   if (!ok) throw std::runtime_error(describe(traffic, t, false, std::runtime_error("cancelled")));
   t.done = true;
-  return t.buffer;
+  return t.buffer.device() == t.device ? t.buffer : t.buffer.to(t.device);
 }
 
 void RemoteLink::send(Traffic traffic, int64_t m, int64_t k, int64_t chunks,
@@ -89,7 +103,8 @@ void RemoteLink::send(Traffic traffic, int64_t m, int64_t k, int64_t chunks,
   auto t = std::make_shared<Transfer>();
   t->m = m;
   t->k = k;
-  t->buffer = value.contiguous();
+  // The host copy waits for the value on its stream before the send is posted.
+  t->buffer = through_host(value.device().type()) ? value.to(at::kCPU).contiguous() : value.contiguous();
   std::vector<at::Tensor> tensors{t->buffer};
   t->work = group_->send(tensors, spec_.peer, tag_of(traffic, m, k, chunks));
   std::lock_guard<std::mutex> lock(mu_);

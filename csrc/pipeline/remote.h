@@ -1,8 +1,8 @@
 // Links from a pipeline's first and last local stage to the stages in other
 // processes: torch.distributed point-to-point operations on a c10d process
-// group (gloo on the CPU, NCCL on GPUs), posted ahead and waited on with a
-// timeout, so that a dead or stopped peer ends in an error naming it instead
-// of a hang.
+// group (gloo on the CPU, NCCL on GPUs; GPU tensors over gloo through a
+// host copy), posted ahead and waited on with a timeout, so that a dead or
+// stopped peer ends in an error naming it instead of a hang.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,7 +30,8 @@ enum class Traffic { Activations = 0, Gradients = 1 };
 // One posted receive or send.
 struct Transfer {
   c10::intrusive_ptr<c10d::Work> work;
-  at::Tensor buffer;
+  at::Tensor buffer;  // on the host where the link stages through it
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // where a received value goes
   int64_t m = 0, k = 0;
   bool done = false;
 };
@@ -55,6 +56,8 @@ class RemoteLink {
  private:
   std::string describe(Traffic traffic, const Transfer& t, bool sending,
                        const std::exception& e) const;
+  // Whether tensors on `device` go through a host copy (a gloo group).
+  bool through_host(c10::DeviceType device) const;
 
   RemoteSpec spec_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

@@ -68,15 +68,44 @@ def _env_int(name: str, default: Optional[int] = None) -> int:
     return int(value)
 
 
+def _pick(device: Optional[str], backend: Optional[str], local_rank: int, local_world: int):
+    """(backend, device) from what was asked and what this machine has."""
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"pipelstm.distributed.init_mesh: device must be 'cpu', 'cuda' or None, got {device!r}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"pipelstm.distributed.init_mesh: backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and gpus == 0:
+        raise ValueError("pipelstm.distributed.init_mesh: device='cuda', but no GPU is visible here")
+    if backend == "nccl" and gpus < local_world:
+        raise ValueError(f"pipelstm.distributed.init_mesh: backend='nccl' needs a GPU per process: {local_world} "
+                         f"processes on this machine, {gpus} GPU(s) (NCCL refuses two ranks on one device); use "
+                         "backend='gloo', which shares a GPU through host copies")
+    if device is None:
+        device = "cuda" if gpus and (backend == "nccl" or (backend is None and gpus >= local_world)) else "cpu"
+    if backend is None:
+        backend = "nccl" if device == "cuda" and gpus >= local_world else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("pipelstm.distributed.init_mesh: backend='nccl' carries GPU tensors only; use "
+                         "device='cuda' or backend='gloo'")
+    return backend, (torch.device("cuda", local_rank % gpus) if device == "cuda" else torch.device("cpu"))
+
+
 def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] = None,
-              timeout: float = 1800.0) -> Mesh:
+              device: Optional[str] = None, timeout: float = 1800.0) -> Mesh:
     """Initialises ``torch.distributed`` from torchrun's environment (unless
     already initialised) and builds the dp x pp layout.
 
     Args:
         pp: pipeline stages (processes per pipeline).
         dp: data-parallel replicas; default ``world_size // pp``.
-        backend: default NCCL where CUDA is available, gloo otherwise.
+        backend: ``"nccl"`` or ``"gloo"``; default NCCL where each process
+            on this machine has a GPU of its own, gloo otherwise.
+        device: ``"cuda"`` or ``"cpu"``, where this process's stage
+            computes; default the GPU of its local rank where the backend is
+            NCCL, else the CPU. ``device="cuda"`` with fewer GPUs than
+            processes on a machine shares them (local rank modulo GPUs) over
+            gloo, whose point-to-point transfers then go through host copies.
         timeout: seconds any collective or point-to-point operation may wait
             before the run fails (instead of hanging on a dead or stopped peer).
 
@@ -100,13 +129,9 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
     if timeout <= 0:
         raise ValueError(f"pipelstm.distributed.init_mesh: timeout must be positive, got {timeout}")
     local_rank = _env_int("LOCAL_RANK", 0)
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    backend, device = _pick(device, backend, local_rank, _env_int("LOCAL_WORLD_SIZE", 1))
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     td = datetime.timedelta(seconds=timeout)
     if not dist.is_initialized():
         # After `torchrun --max-restarts` restarts the workers, the store can
