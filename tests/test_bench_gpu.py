@@ -72,6 +72,13 @@ def test_a_row_over_its_time_limit_is_skipped_and_counted(tmp_path):
     assert data["tables"][0]["rows"][0]["skipped"] == len(data["rows"])
 
 
+def test_rows_past_the_budget_are_listed_as_not_run(tmp_path):
+    data = _run(tmp_path, "--budget-seconds", "0", "--settings", "fp32", "bf16")
+    first, *rest = data["rows"]
+    assert first["ours"] > 0  # the clock starts with the first row
+    assert rest and all(r["ours"] is None and r["note"] == "not run: past --budget-seconds 0" for r in rest)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cuda_without_a_gpu_and_cpu_without_quick_are_refused(capsys):
     for argv in (["--quick"], ["--device", "cpu"]):

@@ -148,7 +148,7 @@ def summarize(rows: List[dict]) -> List[dict]:
             worst=worst and worst["ratio"],
             worst_row=worst and f"L={worst['layers']} T={worst['T']} B={worst['B']} H={worst['H']}",
             at_least_1=sum(r["ratio"] >= 1.0 for r in timed), stack=max(stack) if stack else None,
-            skipped=sum(r["ours"] is None for r in mine)))
+            skipped=sum(r["ours"] is None for r in mine)))  # over --row-seconds or --budget-seconds
     return out
 
 
@@ -170,6 +170,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
     p.add_argument("--row-seconds", type=float, default=3.0,
                    help="skip a row whose warm-up run of either side takes longer (default 3)")
+    p.add_argument("--budget-seconds", type=float, default=None,
+                   help="start no row after this many seconds (the first always runs); the rest are listed as not run "
+                        "(default: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
     report.add_arguments(p)
     args = p.parse_args(argv)
@@ -186,9 +189,14 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
           f"interleaved runs; switches {meta['switches'] or 'none'}", flush=True)
     print(header(COLUMNS), flush=True)
     rows = []
+    start = time.perf_counter()
     for setting, layers, T, B, H in itertools.product(args.settings, grid["layers"], grid["T"], grid["B"],
                                                        grid["H"]):
-        rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
+        if rows and args.budget_seconds is not None and time.perf_counter() - start > args.budget_seconds:
+            rows.append(dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None,
+                             note=f"not run: past --budget-seconds {args.budget_seconds:g}"))
+        else:
+            rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
         print(row_line(COLUMNS, rows[-1]), flush=True)
     summary = summarize(rows)
     print()
