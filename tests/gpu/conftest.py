@@ -27,3 +27,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """Every GPU test computes float32 as float32 (TF32 off for cuBLAS and
+    cuDNN), and leaves the settings as it found them."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

@@ -30,14 +30,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
 def _weighted(outputs, seed=0):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     return sum((o.float() * torch.randn(o.shape, device=DEVICE, generator=g)).sum() for o in outputs)

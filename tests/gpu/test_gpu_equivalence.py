@@ -36,15 +36,6 @@ TOL = {
 DTYPES = pytest.mark.parametrize("dtype", list(TOL), ids=["fp32", "fp16", "bf16"])
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
 def _rounded(t, dtype):
     return t.to(dtype).float()
 

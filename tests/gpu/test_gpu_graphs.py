@@ -21,14 +21,6 @@ OPS = torch.ops.pipelstm
 TOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def _weights(I=16, H=32, P=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = P or H
