@@ -84,7 +84,8 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported; at least 5)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (against cuDNN there; TF32 off)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda (against cuDNN there; TF32 off; the GPU grid is `bench gpu`)")
     report.add_arguments(p)
     args = p.parse_args(argv)
     report.check_repeats(p, args.repeats, args.quick)
