@@ -30,6 +30,7 @@ bool graphs_requested() {
 struct Entry {
   std::mutex mutex;  // one call at a time uses the graph's inputs and outputs
   bool warmed_up = false;
+  bool uncapturable = false;  // its capture failed once: always eager
   c10::DeviceIndex device = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::vector<at::Tensor> inputs, outputs;  // the graph's own
@@ -130,7 +131,7 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
   key.push_back(ctx.deterministicAlgorithms());
   const std::shared_ptr<Entry> entry = cache().get(key);
   std::lock_guard<std::mutex> lock(entry->mutex);
-  if (!entry->warmed_up) {
+  if (!entry->warmed_up || entry->uncapturable) {
     entry->warmed_up = true;  // this call runs eagerly: cuBLAS and the kernels initialise outside a capture
     return std::nullopt;
   }
@@ -138,7 +139,18 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
     entry->device = device.index();
     entry->inputs.clear();
     for (const auto& t : inputs) entry->inputs.push_back(t.clone());
-    capture(*entry, body, current);
+    try {
+      capture(*entry, body, current);
+    } catch (const std::exception& e) {
+      // Something in the body cannot be captured (say, a launch kind this
+      // driver does not record): this key runs its step loop from now on.
+      (void)cudaGetLastError();  // a capture error is not sticky: clear it
+      entry->uncapturable = true;
+      entry->inputs.clear();
+      TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph; it runs eagerly (",
+                 e.what(), ")");
+      return std::nullopt;
+    }
     note_graph_capture();
   } else {
     for (size_t i = 0; i < inputs.size(); ++i) entry->inputs[i].copy_(inputs[i]);
