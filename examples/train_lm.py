@@ -225,8 +225,11 @@ def main(argv=None) -> dict:
     if "RANK" not in os.environ:  # a plain `python train_lm.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-    mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,
-                           device=None if args.device == "auto" else args.device)
+    try:
+        mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,
+                               device=None if args.device == "auto" else args.device)
+    except ValueError as e:  # a layout or device this launch cannot have: the reason, not a traceback
+        raise SystemExit(f"train_lm.py: {e}") from None
     log = mesh.rank == 0
     corpus = Corpus(args.data)
     if args.batch_size < mesh.dp:

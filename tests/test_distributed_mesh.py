@@ -2,9 +2,13 @@
 for the GPUs a machine has (the GPU counts are simulated: the rule is
 checked here on any machine; tests/gpu/test_gpu_stack.py runs it on one)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from distributed_utils import ROOT, TRAIN_LM, env
 from pipelstm.distributed import mesh
 
 
@@ -45,3 +49,12 @@ def test_impossible_requests_say_why(gpus, count, device, backend, message):
     gpus(count)
     with pytest.raises(ValueError, match=message):
         mesh._pick(device, backend, local_rank=0, local_world=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_the_example_asked_for_a_gpu_it_does_not_have_says_why_without_a_traceback():
+    result = subprocess.run([sys.executable, str(TRAIN_LM), "--device", "cuda", "--max-steps", "1"],
+                            capture_output=True, text=True, timeout=120, env=env(), cwd=ROOT)
+    assert result.returncode == 1
+    assert "train_lm.py: pipelstm.distributed.init_mesh: device='cuda', but no GPU is visible here" in result.stderr
+    assert "Traceback" not in result.stderr
