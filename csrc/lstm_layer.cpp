@@ -22,6 +22,7 @@
 
 #include "checks.h"
 #include "cpu/fused_loops_cpu.h"
+#include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
 #include "graph_replay.h"
 #include "layer_geometry.h"
@@ -315,7 +316,7 @@ ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
     // The input's pre-activations straight into the workspace, where the
     // fused steps add the bias and turn them into the activated gates (no
     // pass of addmm copying the bias over the whole buffer first).
-    at::mm_out(ws.gates, x, w_ih.t());
+    cpu::layer_mm_out(ws.gates, x, w_ih.t());
     cpu::fused_forward_loop(steps, s, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates,
                             ws.cells, ws.raw_h, r.output, r.h_n, r.c_n);
     return r;
@@ -358,12 +359,12 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
   if (steps.dense) {
     const int64_t first = LayerSteps::step_at(0, T, reverse);
     Tensor grad = cpu::empty_buffer({grad_gates.size(1), h0.size(1)}, h0.options());
-    at::mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0);
+    cpu::layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0);
     if (T > 1) {
       const int64_t rest = (T - 1) * B;
       const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
       const Tensor h = reverse ? output.narrow(0, B, rest) : output.narrow(0, 0, rest);
-      grad.addmm_(dg.t(), h);
+      cpu::layer_mm_out(grad, dg.t(), h, /*accumulate=*/true);
     }
     return grad;
   }
@@ -398,7 +399,7 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& 
                                  c_init, w_hh, w_hr, ws.gates, ws.cells);
     LayerDataGrads r;
     r.grad_input = cpu::empty_buffer({N, s.input}, opts);
-    at::mm_out(r.grad_input, f.grad_gates, w_ih);
+    cpu::layer_mm_out(r.grad_input, f.grad_gates, w_ih);
     r.grad_h0 = f.grad_h0;
     r.grad_c0 = f.grad_c0;
     r.grad_gates = f.grad_gates;
@@ -476,7 +477,7 @@ LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads
                                    bool reverse) {
   LayerWeightGrads r;
   r.w_ih = cpu::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
-  at::mm_out(r.w_ih, d.grad_gates.t(), x);
+  cpu::layer_mm_out(r.w_ih, d.grad_gates.t(), x);
   r.w_hh = recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse);
   r.bias = d.grad_gates.sum(0);
   r.w_hr = d.grad_h.defined() ? at::mm(d.grad_h.t(), d.raw_h) : at::empty({0}, x.options());

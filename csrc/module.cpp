@@ -8,6 +8,7 @@ namespace pipelstm {
 bool built_with_cuda();
 namespace cpu {
 const char* fused_loops_isa();
+const char* gemm_backend();
 }
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
@@ -21,6 +22,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa", &pipelstm::cpu::fused_loops_isa,
         "The instruction set of the fused CPU kernels in use: avx512, avx2 or generic "
         "(the widest this CPU runs, capped by PIPELSTM_CPU_ISA).");
+  m.def("cpu_gemm", &pipelstm::cpu::gemm_backend,
+        "What runs a layer's whole-batch CPU float32 GEMMs of 128 rows and more: own (the "
+        "fused kernels' packed-panel GEMM) or aten (at::mm); PIPELSTM_CPU_GEMM picks "
+        "(cpu/gemm_cpu.h).");
   m.def("_graph_counts", [] {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);

@@ -62,11 +62,16 @@ def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setattr(pipelstm._C, "cpu_isa", lambda: "avx2", raising=False)
+    monkeypatch.setattr(pipelstm._C, "cpu_gemm", lambda: "aten", raising=False)
     info = report.isa()
     assert info["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and info["pipelstm"] == "avx2"
-    assert report.isa_label(info) == f"ATen {info['aten']}, pipelstm avx2 (ONEDNN_MAX_CPU_ISA=AVX2)"
+    assert info["gemm"] == "aten"
+    assert report.isa_label(info) == f"ATen {info['aten']}, pipelstm avx2 (GEMMs: aten) (ONEDNN_MAX_CPU_ISA=AVX2)"
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", "own")  # recorded with the ISA caps
+    assert report.isa()["env"]["PIPELSTM_CPU_GEMM"] == "own"
     monkeypatch.delattr(pipelstm._C, "cpu_isa", raising=False)
-    assert report.isa()["pipelstm"] is None  # a build without cpu_isa()
+    monkeypatch.delattr(pipelstm._C, "cpu_gemm", raising=False)
+    assert report.isa()["pipelstm"] is None and report.isa()["gemm"] is None  # a build without them
 
 
 def test_git_commit_and_dirty(tmp_path):

@@ -11,7 +11,7 @@
 
 #include "huge_pages.h"
 #include "phase_team.h"
-#include "pipelstm/kernels/cpu_recurrent.h"
+#include "step_kernels.h"
 
 namespace pipelstm {
 namespace cpu {
@@ -20,12 +20,7 @@ namespace k = pipelstm::kernels::cpu;
 
 namespace {
 
-const k::RecurrentKernels& kernels() {
-  std::string error;
-  const k::RecurrentKernels* kernels = k::recurrent_kernels(&error);
-  TORCH_CHECK(kernels != nullptr, "pipelstm: ", error);
-  return *kernels;
-}
+const k::RecurrentKernels& kernels() { return step_kernels(); }
 
 // Below this many multiply-adds per thread and step a step runs on one
 // thread: a chosen bound (a few microseconds of work against a barrier of
@@ -53,22 +48,6 @@ int team_size(int64_t macs_per_step, int64_t panels) {
 
 float* ptr(const Tensor& t) { return t.data_ptr<float>(); }
 const float* cptr(const Tensor& t) { return t.const_data_ptr<float>(); }
-
-// A fresh buffer of `panels` panels of depth k, filled by one of the
-// kernels' packers, pack(out, panel_begin, panel_end), on the intra-op
-// threads: packing is a copy bound by memory, and at small T x B one
-// thread packing w_hh took a fifth of a forward at 2 threads (H=512 B=1
-// T=32 on a 2-core AVX2 EPYC).
-template <typename Pack>
-Tensor packed(int64_t panels, int64_t k, const Tensor& like, Pack&& pack) {
-  const auto& K = kernels();
-  Tensor out = empty_huge({K.packed_size(panels, k)}, like.options(), HugeFrom::kStreamed);
-  float* o = ptr(out);
-  // About 64 KiB of panels per task: enough to be worth a thread.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / K.packed_size(1, k));
-  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { pack(o, b, e); });
-  return out;
-}
 
 // Where step t's rows start in a [N, width] buffer (or null before the first step).
 const float* step_rows(const float* base, const LayerSteps& steps, int64_t t, int64_t width) {
@@ -128,13 +107,13 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   const int64_t T = steps.steps(), H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
   const Tensor w = w_hh.contiguous();
-  const Tensor packed_hh = packed(K.gate_panels(H), P, w, [&](float* out, int64_t b, int64_t e) {
+  const Tensor packed_hh = packed_panels(K.gate_panels(H), P, w, [&](float* out, int64_t b, int64_t e) {
     K.pack_gates(cptr(w), H, P, out, b, e);
   });
   Tensor packed_hr;
   if (projected) {
     const Tensor wr = w_hr->contiguous();
-    packed_hr = packed(K.plain_panels(P), H, wr, [&](float* out, int64_t b, int64_t e) {
+    packed_hr = packed_panels(K.plain_panels(P), H, wr, [&](float* out, int64_t b, int64_t e) {
       K.pack_rows(cptr(wr), P, H, out, b, e);
     });
   }
@@ -258,13 +237,13 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   }
   const Tensor grad_h_last = grad_h_n.has_value() ? grad_h_n->contiguous() : Tensor();
   const Tensor w = w_hh.contiguous();
-  const Tensor packed_hh = packed(K.plain_panels(P), 4 * H, w, [&](float* out, int64_t b, int64_t e) {
+  const Tensor packed_hh = packed_panels(K.plain_panels(P), 4 * H, w, [&](float* out, int64_t b, int64_t e) {
     K.pack_cols(cptr(w), 4 * H, P, out, b, e);
   });
   Tensor packed_hr;
   if (projected) {
     const Tensor wr = w_hr->contiguous();
-    packed_hr = packed(K.plain_panels(H), P, wr, [&](float* out, int64_t b, int64_t e) {
+    packed_hr = packed_panels(K.plain_panels(H), P, wr, [&](float* out, int64_t b, int64_t e) {
       K.pack_cols(cptr(wr), P, H, out, b, e);
     });
   }

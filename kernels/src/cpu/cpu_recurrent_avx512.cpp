@@ -2,4 +2,13 @@
 #define PIPELSTM_ISA avx512
 #define PIPELSTM_VEC 16
 #define PIPELSTM_MR 5
+// Panel slices of depth 128 (32 KiB) and chunks of 40 rows (docs/cpu.md,
+// "Blocking"). On a 2-core AMD Zen 5 (48 KiB L1d), `PIPELSTM_CPU_GEMM=own
+// python -m pipelstm.bench grid --H 512 1024 --B 32 64 --T 32 --layers 1
+// --variants dense --threads 1 --modes fwdbwd` gave 0.56-0.68x nn.LSTM with
+// 16 KiB and 96 rows (the AVX2 build's), 0.80-0.91x with these (2026-11-24);
+// 64 KiB slices or 20-row chunks changed nothing beyond noise in a quicker
+// interleaved check.
+#define PIPELSTM_KC_BYTES (32 * 1024)
+#define PIPELSTM_RC_ROWS 40
 #include "cpu_recurrent_impl.h"

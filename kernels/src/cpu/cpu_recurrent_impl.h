@@ -166,7 +166,10 @@ inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, 
 #define PIPELSTM_KC_BYTES (16 * 1024)
 #endif
 constexpr int64_t KC = PIPELSTM_KC_BYTES / (W * sizeof(float));
-constexpr int64_t RC = (96 / MR) * MR;  // rows per chunk
+#ifndef PIPELSTM_RC_ROWS
+#define PIPELSTM_RC_ROWS 96
+#endif
+constexpr int64_t RC = (PIPELSTM_RC_ROWS / MR) * MR;  // rows per chunk
 
 // Rows of the next block when `left` rows remain: MR, except that a
 // remainder just over MR is halved (4 = 2 + 2 rather than 3 + 1 on AVX2): a

@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 # Environment variables that cap or pick the instruction set of oneDNN, MKL,
-# ATen's own kernels and pipelstm's kernels.
-ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA")
+# ATen's own kernels and pipelstm's kernels (and what runs its GEMMs).
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA",
+           "PIPELSTM_CPU_GEMM")
 MIN_REPEATS = 5
 
 
@@ -62,13 +63,13 @@ def cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
-def _pipelstm_isa() -> Optional[str]:
-    """``pipelstm._C.cpu_isa()``, where this build has it."""
+def _pipelstm_isa(name: str = "cpu_isa") -> Optional[str]:
+    """``pipelstm._C.<name>()`` (``cpu_isa``, ``cpu_gemm``), where this build has it."""
     try:
         from .. import _C
     except ImportError:
         return None
-    fn = getattr(_C, "cpu_isa", None)
+    fn = getattr(_C, name, None)
     if fn is None:
         return None
     try:
@@ -79,9 +80,11 @@ def _pipelstm_isa() -> Optional[str]:
 
 def isa() -> Dict[str, object]:
     """The instruction set actually used: ATen's CPU capability, pipelstm's
-    (``_C.cpu_isa()``, None where the build lacks it) and the ISA-capping
+    (``_C.cpu_isa()``, None where the build lacks it), what runs its
+    whole-batch GEMMs (``_C.cpu_gemm()``: own or aten) and the ISA-capping
     environment variables that are set."""
     return dict(aten=torch.backends.cpu.get_cpu_capability(), pipelstm=_pipelstm_isa(),
+                gemm=_pipelstm_isa("cpu_gemm"),
                 env={k: os.environ[k] for k in ISA_ENV if k in os.environ})
 
 
@@ -91,6 +94,8 @@ def isa_label(info: Optional[Mapping] = None) -> str:
     text = f"ATen {info.get('aten')}"
     if info.get("pipelstm") is not None:
         text += f", pipelstm {info['pipelstm']}"
+    if info.get("gemm") is not None:
+        text += f" (GEMMs: {info['gemm']})"
     env = info.get("env") or {}
     if env:
         text += " (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")"

@@ -1,0 +1,31 @@
+// The whole-batch GEMMs of a layer (the input projection of all steps, the
+// input gradient, the weight gradients) on the fused kernels' packed-panel
+// GEMM where that is faster than ATen's BLAS.
+//
+// torch's CPU builds call MKL's sgemm for at::mm, and MKL takes its AVX-512
+// code only on Intel CPUs: on an AMD Zen 5 (AVX-512) at::mm ran at
+// 97-108 GFLOP/s on one thread, its AVX2 rate, while the kernels' avx512
+// build ran the recurrent GEMM at 167-193 GFLOP/s (docs/cpu.md, "GEMM
+// backend"). PIPELSTM_CPU_GEMM picks: `aten` (at::mm always), `own` (the
+// kernels always), `auto` or unset (the kernels where their ISA is avx512,
+// the CPU is not Intel's and a has at least 128 rows, else at::mm).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace pipelstm {
+namespace cpu {
+
+// out = a @ b, or out += a @ b with `accumulate`. out [M, N] with unit
+// column stride; a [M, K] and b [K, N] with any strides. Tensors that are
+// not CPU float32 go to at::mm_out / addmm_.
+void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                  bool accumulate = false);
+
+// What layer_mm_out runs on CPU float32 now for 128 rows and more: "own"
+// or "aten". Raises if
+// PIPELSTM_CPU_GEMM is not one of aten, own, auto.
+const char* gemm_backend();
+
+}  // namespace cpu
+}  // namespace pipelstm

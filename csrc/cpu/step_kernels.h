@@ -1,0 +1,44 @@
+// The fused CPU kernels of this CPU's ISA (kernels/.../cpu_recurrent.h),
+// and their weight packing, shared by the time loops (fused_loops_cpu.cpp)
+// and the whole-batch GEMMs (gemm_cpu.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+
+#include "huge_pages.h"
+#include "pipelstm/kernels/cpu_recurrent.h"
+
+namespace pipelstm {
+namespace cpu {
+
+// Raises if PIPELSTM_CPU_ISA names no known ISA.
+inline const kernels::cpu::RecurrentKernels& step_kernels() {
+  std::string error;
+  const kernels::cpu::RecurrentKernels* k = kernels::cpu::recurrent_kernels(&error);
+  TORCH_CHECK(k != nullptr, "pipelstm: ", error);
+  return *k;
+}
+
+// A fresh buffer of `panels` panels of depth k, filled by one of the
+// kernels' packers, pack(out, panel_begin, panel_end), on the intra-op
+// threads: packing is a copy bound by memory, and at small T x B one
+// thread packing w_hh took a fifth of a forward at 2 threads (H=512 B=1
+// T=32 on a 2-core AVX2 EPYC).
+template <typename Pack>
+at::Tensor packed_panels(int64_t panels, int64_t k, const at::Tensor& like, Pack&& pack) {
+  const auto& K = step_kernels();
+  at::Tensor out = empty_huge({K.packed_size(panels, k)}, like.options(), HugeFrom::kStreamed);
+  float* o = out.data_ptr<float>();
+  // About 64 KiB of panels per task: enough to be worth a thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / K.packed_size(1, k));
+  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { pack(o, b, e); });
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace pipelstm

@@ -1,0 +1,102 @@
+"""The layers' whole-batch CPU GEMMs (csrc/cpu/gemm_cpu.cpp): the input
+projection, the input gradient and the weight gradients run on the fused
+kernels' packed-panel GEMM or on at::mm, as PIPELSTM_CPU_GEMM picks (read at
+each call). Both give the float64 results within float32 rounding, on one
+and two threads, dense and packed, with and without a projection; panel
+and row-block remainders are in the sizes (4H = 80 is no multiple of a
+panel, I = 70 of a depth slice)."""
+
+import pytest
+import torch
+
+import pipelstm
+from reference import layer, num_threads, packed_layer, rel_error
+from test_cpu_fused_loops import GRADS, _args, _float64, _reference_grads, _weights
+
+forward = torch.ops.pipelstm.lstm_layer_forward
+packed_forward = torch.ops.pipelstm.lstm_packed_layer_forward
+backward = torch.ops.pipelstm.lstm_layer_backward
+packed_backward = torch.ops.pipelstm.lstm_packed_layer_backward
+
+
+def _intel() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+
+
+@pytest.mark.parametrize("gemm", ["own", "aten"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("P", [0, 5])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_dense_layer_matches_float64(gemm, threads, P, reverse, monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+    T, B, I, H = 9, 16, 70, 20  # 144 rows: over the 128 from which auto may pick own
+    w = _weights(I, H, P, seed=4)
+    x = torch.randn(T, B, I)
+    h0, c0 = torch.randn(B, P or H), torch.randn(B, H)
+    seeds = [torch.randn(T, B, P or H), torch.randn(B, P or H), torch.randn(B, H)]
+    with num_threads(threads):
+        out, h_n, c_n, ws = forward(x, h0, c0, *_args(w), reverse)
+        got = backward(*seeds, x, h0, c0, w["w_ih"], w["w_hh"], w["w_hr"], out, ws, reverse)
+    w64 = _float64(w)
+    x64, h064, c064 = (v.double().requires_grad_() for v in (x, h0, c0))
+    run = lambda: layer(x64, h064, c064, **w64, reverse=reverse)  # noqa: E731
+    for y, want in zip((out, h_n, c_n), run()):
+        assert rel_error(y.double(), want.detach()) < 1e-5
+    ref = _reference_grads(run, [x64, h064, c064], w64, seeds)
+    for name, g, want in zip(GRADS, got, ref):
+        assert g.numel() == 0 if want is None else rel_error(g.double(), want) < 1e-5, name
+
+
+@pytest.mark.parametrize("gemm", ["own", "aten"])
+@pytest.mark.parametrize("P", [0, 5])
+def test_packed_layer_matches_float64(gemm, P, monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+    I, H = 70, 20
+    sizes = [40, 40, 33, 30, 17, 9, 3, 1]  # 173 rows
+    w = _weights(I, H, P, seed=5)
+    data = torch.randn(sum(sizes), I)
+    batch_sizes = torch.tensor(sizes)
+    h0, c0 = torch.randn(sizes[0], P or H), torch.randn(sizes[0], H)
+    seeds = [torch.randn(sum(sizes), P or H), torch.randn(sizes[0], P or H), torch.randn(sizes[0], H)]
+    out, h_n, c_n, ws = packed_forward(data, batch_sizes, h0, c0, *_args(w), False)
+    got = packed_backward(*seeds, data, batch_sizes, h0, c0, w["w_ih"], w["w_hh"], w["w_hr"], out, ws, False)
+    w64 = _float64(w)
+    d64, h064, c064 = (v.double().requires_grad_() for v in (data, h0, c0))
+    run = lambda: packed_layer(d64, sizes, h064, c064, **w64, reverse=False)  # noqa: E731
+    ref = _reference_grads(run, [d64, h064, c064], w64, seeds)
+    for name, g, want in zip(GRADS, got, ref):
+        assert g.numel() == 0 if want is None else rel_error(g.double(), want) < 1e-5, name
+
+
+def test_module_training_step_agrees_across_backends(monkeypatch):
+    # A 2-layer bidirectional module, forward and backward, both ways.
+    torch.manual_seed(0)
+    m = pipelstm.LSTM(48, 40, num_layers=2, bidirectional=True)
+    x = torch.randn(20, 12, 48)
+    results = {}
+    for gemm in ("aten", "own"):
+        monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+        m.zero_grad()
+        out, _ = m(x)
+        out.square().sum().backward()
+        results[gemm] = [out.detach()] + [p.grad.clone() for p in m.parameters()]
+    for a, b in zip(results["aten"], results["own"]):
+        assert rel_error(b.double(), a.double()) < 1e-5
+
+
+def test_auto_picks_own_only_for_avx512_off_intel(monkeypatch):
+    monkeypatch.delenv("PIPELSTM_CPU_GEMM", raising=False)
+    want = "own" if pipelstm._C.cpu_isa() == "avx512" and not _intel() else "aten"
+    assert pipelstm._C.cpu_gemm() == want
+    for gemm in ("own", "aten"):
+        monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+        assert pipelstm._C.cpu_gemm() == gemm
+
+
+def test_an_unknown_backend_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", "mkl")
+    with pytest.raises(RuntimeError, match="PIPELSTM_CPU_GEMM=mkl is not one of aten, own, auto"):
+        pipelstm._C.cpu_gemm()
+    with pytest.raises(RuntimeError, match="PIPELSTM_CPU_GEMM=mkl"):
+        pipelstm.LSTM(8, 8)(torch.randn(20, 8, 8))
