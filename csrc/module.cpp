@@ -1,6 +1,7 @@
 // The Python extension module pipelstm._C. Importing it loads the op
 // registrations; the few functions here describe the build.
 #include <pybind11/pybind11.h>
+#include <torch/python.h>
 
 #include "graph_replay.h"
 
@@ -9,6 +10,7 @@ bool built_with_cuda();
 namespace cpu {
 const char* fused_loops_isa();
 const char* gemm_backend();
+void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 }
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
@@ -26,6 +28,10 @@ PYBIND11_MODULE(_C, m) {
         "What runs a layer's whole-batch CPU float32 GEMMs of 128 rows and more: own (the "
         "fused kernels' packed-panel GEMM) or aten (at::mm); PIPELSTM_CPU_GEMM picks "
         "(cpu/gemm_cpu.h).");
+  m.def("_layer_mm_out", &pipelstm::cpu::layer_mm_out, pybind11::arg("out"), pybind11::arg("a"),
+        pybind11::arg("b"), pybind11::arg("accumulate") = false,
+        "out = a @ b (out += a @ b with accumulate) as a layer runs its whole-batch GEMMs "
+        "(cpu/gemm_cpu.h), for tests and measurements.");
   m.def("_graph_counts", [] {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);
