@@ -100,3 +100,40 @@ def test_an_unknown_backend_is_a_clear_error(monkeypatch):
         pipelstm._C.cpu_gemm()
     with pytest.raises(RuntimeError, match="PIPELSTM_CPU_GEMM=mkl"):
         pipelstm.LSTM(8, 8)(torch.randn(20, 8, 8))
+
+
+def _operand(rows, cols, layout, g):
+    """A [rows, cols] float32 matrix as a row-major tensor, a transposed view
+    of a row-major one, or a view with a row stride over its width."""
+    if layout == "rows":
+        return torch.randn(rows, cols, generator=g)
+    if layout == "transposed":
+        return torch.randn(cols, rows, generator=g).t()
+    return torch.randn(rows, cols + 3, generator=g)[:, :cols]
+
+
+@pytest.mark.parametrize("gemm", ["own", "aten"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("a_layout", ["rows", "transposed", "padded"])
+@pytest.mark.parametrize("b_layout", ["rows", "transposed", "padded"])
+@pytest.mark.parametrize("M,K,N", [(300, 8192, 40), (150, 70, 200), (3, 5, 7)])
+def test_layer_mm_out_matches_float64(gemm, threads, a_layout, b_layout, M, K, N, monkeypatch):
+    # K = 8192: blocks of 128 rows (4 MiB of a each); N = 40: one panel, so
+    # two threads split the rows; N = 200: several panels and a remainder.
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+    g = torch.Generator().manual_seed(M + K + N)
+    a, b = _operand(M, K, a_layout, g), _operand(K, N, b_layout, g)
+    start = torch.randn(M, N, generator=g)
+    want = a.double() @ b.double()
+    with num_threads(threads):
+        out = torch.full((M, N), float("nan"))
+        pipelstm._C._layer_mm_out(out, a, b)
+        assert rel_error(out.double(), want) < 1e-5
+        out = start.clone()
+        pipelstm._C._layer_mm_out(out, a, b, accumulate=True)
+        assert rel_error(out.double(), start.double() + want) < 1e-5
+
+
+def test_layer_mm_out_rejects_mismatched_shapes():
+    with pytest.raises(RuntimeError, match="layer_mm_out: shapes"):
+        pipelstm._C._layer_mm_out(torch.empty(3, 4), torch.empty(3, 5), torch.empty(6, 4))

@@ -107,20 +107,20 @@ inline vf vsigmoid(vf x) {
   return keep_nan(x, x < -88.3762626647949f ? splat(0.0f) : s);
 }
 
-// acc[m][q] += sum_k a[m][k] * panel[k][q*V .. q*V+V) for M rows and k in
-// [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
+// acc[m][q] += sum_k a[m][k * step] * panel[k][q*V .. q*V+V) for M rows and
+// k in [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
 // forward, where more values are alive, GCC kept an accumulator on the
 // stack (seen in perf annotate: a load and a store in the inner loop).
 template <int M>
 __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const float* __restrict__ panel,
-                                    int64_t depth, vf (&acc_io)[MR][4]) {
+                                    int64_t depth, int64_t step, vf (&acc_io)[MR][4]) {
   const float* a[M];
   vf acc[M][4];
   for (int m = 0; m < M; ++m) {
     a[m] = a_rows[m];
     for (int q = 0; q < 4; ++q) acc[m][q] = acc_io[m][q];
   }
-  for (int64_t kk = 0; kk < depth; ++kk) {
+  for (int64_t kk = 0, off = 0; kk < depth; ++kk, off += step) {
     const float* w = panel + kk * W;
     const vf w0 = *reinterpret_cast<const vf*>(w);
     const vf w1 = *reinterpret_cast<const vf*>(w + V);
@@ -128,7 +128,7 @@ __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const floa
     const vf w3 = *reinterpret_cast<const vf*>(w + 3 * V);
 #pragma GCC unroll 16
     for (int m = 0; m < M; ++m) {
-      const float s = a[m][kk];
+      const float s = a[m][off];
       acc[m][0] += w0 * s;
       acc[m][1] += w1 * s;
       acc[m][2] += w2 * s;
@@ -140,11 +140,11 @@ __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const floa
 }
 
 inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, int64_t depth,
-                     vf (&acc)[MR][4]) {
+                     int64_t step, vf (&acc)[MR][4]) {
   switch (rows) {
 #define PIPELSTM_TILE_CASE(n) \
   case n:                     \
-    if constexpr (n <= MR) tile<n>(a, panel, depth, acc); \
+    if constexpr (n <= MR) tile<n>(a, panel, depth, step, acc); \
     break;
     PIPELSTM_TILE_CASE(1)
     PIPELSTM_TILE_CASE(2)
@@ -180,10 +180,11 @@ inline int block_rows(int64_t left) {
 }
 
 // For rows [row_begin, row_end): acc = a @ panel over the whole depth k, then
-// body(row0, rows, acc) for each block of up to MR rows.
+// body(row0, rows, acc) for each block of up to MR rows. Row r's element kk
+// is row(r)[kk * step].
 template <typename RowFn, typename Body>
 inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* panel, int64_t k,
-                           RowFn row, Body&& body) {
+                           int64_t step, RowFn row, Body&& body) {
   vf acc[MR][4];
   const float* a[MR] = {};
   if (k <= KC) {
@@ -193,7 +194,7 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
         a[m] = row(r + m);
         for (int q = 0; q < 4; ++q) acc[m][q] = vf{};
       }
-      tile_any(rows, a, panel, k, acc);
+      tile_any(rows, a, panel, k, step, acc);
       body(r, rows, acc);
     }
     return;
@@ -207,10 +208,10 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
         rows = block_rows(r1 - r);
         vf (*part)[4] = partial + (r - r0);
         for (int m = 0; m < rows; ++m) {
-          a[m] = row(r + m) + k0;
+          a[m] = row(r + m) + k0 * step;
           for (int q = 0; q < 4; ++q) acc[m][q] = k0 == 0 ? vf{} : part[m][q];
         }
-        tile_any(rows, a, panel + k0 * W, depth, acc);
+        tile_any(rows, a, panel + k0 * W, depth, step, acc);
         if (k0 + depth == k) {
           body(r, rows, acc);
         } else {
@@ -283,7 +284,7 @@ void forward_step(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) 
     const int64_t j = p * V;
     const int n = static_cast<int>(s.hidden - j < V ? s.hidden - j : V);
     const float* panel = s.w + p * s.k * W;
-    for_row_blocks(0, s.rows, panel, s.k, [&](int64_t r) { return s.h_prev.row(r); },
+    for_row_blocks(0, s.rows, panel, s.k, 1, [&](int64_t r) { return s.h_prev.row(r); },
                    [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
                      for (int m = 0; m < rows; ++m) {
                        if (n == V) forward_cell<true>(s, r0 + m, j, n, acc[m]);
@@ -343,7 +344,7 @@ void backward_step(const BackwardStep& s, int64_t panel_begin, int64_t panel_end
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const int64_t j = p * W;
     const float* panel = s.w + p * s.k * W;
-    for_row_blocks(0, s.gemm_rows, panel, s.k, [&](int64_t r) { return s.a + r * s.lda; },
+    for_row_blocks(0, s.gemm_rows, panel, s.k, 1, [&](int64_t r) { return s.a + r * s.lda; },
                    [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
                      for (int m = 0; m < rows; ++m) backward_cells(s, r0 + m, j, acc[m]);
                    });
@@ -374,7 +375,7 @@ void gemm(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const int64_t j = p * W;
     const float* panel = s.w + p * s.k * W;
-    for_row_blocks(0, s.rows, panel, s.k, [&](int64_t r) { return s.a.row(r); },
+    for_row_blocks(0, s.rows, panel, s.k, s.a.step, [&](int64_t r) { return s.a.row(r); },
                    [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
                      for (int m = 0; m < rows; ++m) {
                        for (int q = 0; q < 4; ++q) {

@@ -33,12 +33,15 @@ namespace cpu {
 
 // Rows [0, split) at first + r*ld, rows [split, ...) at rest + r*ld: a step
 // whose rows continue from the previous step (first) or start from the
-// initial state (rest) alike.
+// initial state (rest) alike. A row's element kk is at row(r)[kk * step]:
+// step 1 but for Gemm's a, where a transposed matrix is read in place
+// (ld 1, step its row stride) instead of being copied.
 struct RowSource {
   const float* first = nullptr;
   const float* rest = nullptr;
   int64_t split = 0;
   int64_t ld = 0;
+  int64_t step = 1;
 
   const float* row(int64_t r) const { return (r < split ? first : rest) + r * ld; }
 };
