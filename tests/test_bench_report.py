@@ -58,7 +58,7 @@ def test_json_has_every_field(tmp_path):
 
 
 def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
-    for k in report.ISA_ENV:
+    for k in report.ISA_ENV + report.MEMORY_ENV:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setattr(pipelstm._C, "cpu_isa", lambda: "avx2", raising=False)
@@ -69,6 +69,8 @@ def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
     assert report.isa_label(info) == f"ATen {info['aten']}, pipelstm avx2 (GEMMs: aten) (ONEDNN_MAX_CPU_ISA=AVX2)"
     monkeypatch.setenv("PIPELSTM_CPU_GEMM", "own")  # recorded with the ISA caps
     assert report.isa()["env"]["PIPELSTM_CPU_GEMM"] == "own"
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")  # changes what the memory columns show
+    assert report.isa()["env"]["MALLOC_ARENA_MAX"] == "1"
     monkeypatch.delattr(pipelstm._C, "cpu_isa", raising=False)
     monkeypatch.delattr(pipelstm._C, "cpu_gemm", raising=False)
     assert report.isa()["pipelstm"] is None and report.isa()["gemm"] is None  # a build without them

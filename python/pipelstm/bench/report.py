@@ -48,6 +48,10 @@ __all__ = [
 # ATen's own kernels and pipelstm's kernels (and what runs its GEMMs).
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA",
            "PIPELSTM_CPU_GEMM")
+# glibc's cap on malloc's per-thread arenas: it changes the resident-set
+# figures of `bench distributed` (docs/benchmarks.md), so it is recorded
+# beside the ISA caps.
+MEMORY_ENV = ("MALLOC_ARENA_MAX",)
 MIN_REPEATS = 5
 
 
@@ -81,11 +85,11 @@ def _pipelstm_isa(name: str = "cpu_isa") -> Optional[str]:
 def isa() -> Dict[str, object]:
     """The instruction set actually used: ATen's CPU capability, pipelstm's
     (``_C.cpu_isa()``, None where the build lacks it), what runs its
-    whole-batch GEMMs (``_C.cpu_gemm()``: own or aten) and the ISA-capping
-    environment variables that are set."""
+    whole-batch GEMMs (``_C.cpu_gemm()``: own or aten) and the environment
+    variables of ISA_ENV and MEMORY_ENV that are set."""
     return dict(aten=torch.backends.cpu.get_cpu_capability(), pipelstm=_pipelstm_isa(),
                 gemm=_pipelstm_isa("cpu_gemm"),
-                env={k: os.environ[k] for k in ISA_ENV if k in os.environ})
+                env={k: os.environ[k] for k in ISA_ENV + MEMORY_ENV if k in os.environ})
 
 
 def isa_label(info: Optional[Mapping] = None) -> str:
