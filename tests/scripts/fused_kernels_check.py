@@ -6,7 +6,8 @@ relative error over outputs, final states and every gradient.
 Shapes: hidden sizes that are not a multiple of any vector width (panel
 tails), batches that are not a multiple of any register tile (row tails),
 more than one row chunk (96+ rows), depths past the K-blocking threshold
-(4H > 512, P > 512), packed sequences, projections, both directions, given
+(4H > 512, P > 512) and panels past the size up to which they are not
+sliced at all (4H = 4160: 1.04 MiB on avx512), packed sequences, projections, both directions, given
 (h0, c0) and 1 or 2 threads.
 
 Then non-finite values: NaN, +-inf and huge values placed in the input and
@@ -38,6 +39,7 @@ CASES = [
     (3, 5, 16, 150, 1, True, 0, False, True, 1),
     (3, 4, 600, 530, 1, False, 0, False, True, 2),
     (3, 3, 40, 600, 1, False, 520, False, True, 1),
+    (2, 101, 8, 1040, 1, False, 0, False, True, 1),
 ]
 
 

@@ -11,4 +11,11 @@
 // interleaved check.
 #define PIPELSTM_KC_BYTES (32 * 1024)
 #define PIPELSTM_RC_ROWS 40
+// Panels of up to 1 MiB (the Zen 5's L2 per core) are not sliced. The step
+// kernels alone (a C++ loop over T steps, 1 thread, medians of 5 alternated
+// runs, 2026-11-25), sliced at 32 KiB -> unsliced, GFLOP/s: forward H=256
+// B=32 193 -> 199, H=512 B=8 198 -> 218, H=1024 B=32 198 -> 217; backward
+// (depth 4H) H=256 B=32 186 -> 207, H=512 B=32 206 -> 230, H=1024 190 ->
+// 190; the input projection's GEMM 4096x256 @ 256x1024 173 -> 184.
+#define PIPELSTM_UNSLICED_BYTES (1024 * 1024)
 #include "cpu_recurrent_impl.h"

@@ -184,7 +184,13 @@ inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, 
 // Depth of one pass over a panel: its slice (KC x 4V floats, 16 KiB) stays in
 // L1 while every row block of a row chunk runs over it; the accumulators of
 // the chunk wait in a buffer between slices. Unblocked, a deep panel (the
-// backward's 4H at large H) streams from L2 or L3 once per row block.
+// backward's 4H at large H) streams from L3 once per row block. A panel of
+// at most UNSLICED bytes is not sliced where a's rows are contiguous: it
+// stays in L2, and a tile reading it from there runs faster than tiles that
+// keep partial sums in a buffer between slices (docs/cpu.md, "Blocking").
+// A strided a (grad_gates.t() of a weight gradient) is always sliced: a
+// slice's lines of a, each shared by the rows of a chunk, then stay in L1
+// (unsliced, the weight gradients made a layer's fwd+bwd 6-10 % slower).
 #ifndef PIPELSTM_KC_BYTES
 #define PIPELSTM_KC_BYTES (16 * 1024)
 #endif
@@ -193,6 +199,10 @@ constexpr int64_t KC = PIPELSTM_KC_BYTES / (W * sizeof(float));
 #define PIPELSTM_RC_ROWS 96
 #endif
 constexpr int64_t RC = (PIPELSTM_RC_ROWS / MR) * MR;  // rows per chunk
+#ifndef PIPELSTM_UNSLICED_BYTES
+#define PIPELSTM_UNSLICED_BYTES (256 * 1024)
+#endif
+constexpr int64_t UNSLICED = PIPELSTM_UNSLICED_BYTES;
 
 // Rows of the next block when `left` rows remain: MR, except that a
 // remainder just over MR is halved (4 = 2 + 2 rather than 3 + 1 on AVX2): a
@@ -210,7 +220,7 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
                            int64_t step, RowFn row, Body&& body) {
   vf acc[MR][4];
   const float* a[MR] = {};
-  if (k <= KC) {
+  if (k <= KC || (step == 1 && k * W * static_cast<int64_t>(sizeof(float)) <= UNSLICED)) {
     for (int64_t r = row_begin, rows = 0; r < row_end; r += rows) {
       rows = block_rows(row_end - r);
       for (int m = 0; m < rows; ++m) {
