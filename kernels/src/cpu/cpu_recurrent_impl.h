@@ -134,14 +134,16 @@ inline vf vsigmoid(vf x) {
 // k in [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
 // forward, where more values are alive, GCC kept an accumulator on the
 // stack (seen in perf annotate: a load and a store in the inner loop).
-template <int M>
+// kZero: the accumulators start from zero, not from acc_io (a whole depth
+// in one pass: no loads of acc_io, and the caller need not clear it).
+template <int M, bool kZero>
 __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const float* __restrict__ panel,
                                     int64_t depth, int64_t step, vf (&acc_io)[MR][4]) {
   const float* a[M];
   vf acc[M][4];
   for (int m = 0; m < M; ++m) {
     a[m] = a_rows[m];
-    for (int q = 0; q < 4; ++q) acc[m][q] = acc_io[m][q];
+    for (int q = 0; q < 4; ++q) acc[m][q] = kZero ? vf{} : acc_io[m][q];
   }
   for (int64_t kk = 0, off = 0; kk < depth; ++kk, off += step) {
     const float* w = panel + kk * W;
@@ -162,12 +164,13 @@ __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const floa
     for (int q = 0; q < 4; ++q) acc_io[m][q] = acc[m][q];
 }
 
+template <bool kZero>
 inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, int64_t depth,
                      int64_t step, vf (&acc)[MR][4]) {
   switch (rows) {
 #define PIPELSTM_TILE_CASE(n) \
   case n:                     \
-    if constexpr (n <= MR) tile<n>(a, panel, depth, step, acc); \
+    if constexpr (n <= MR) tile<n, kZero>(a, panel, depth, step, acc); \
     break;
     PIPELSTM_TILE_CASE(1)
     PIPELSTM_TILE_CASE(2)
@@ -223,11 +226,8 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
   if (k <= KC || (step == 1 && k * W * static_cast<int64_t>(sizeof(float)) <= UNSLICED)) {
     for (int64_t r = row_begin, rows = 0; r < row_end; r += rows) {
       rows = block_rows(row_end - r);
-      for (int m = 0; m < rows; ++m) {
-        a[m] = row(r + m);
-        for (int q = 0; q < 4; ++q) acc[m][q] = vf{};
-      }
-      tile_any(rows, a, panel, k, step, acc);
+      for (int m = 0; m < rows; ++m) a[m] = row(r + m);
+      tile_any<true>(rows, a, panel, k, step, acc);
       body(r, rows, acc);
     }
     return;
@@ -242,9 +242,13 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
         vf (*part)[4] = partial + (r - r0);
         for (int m = 0; m < rows; ++m) {
           a[m] = row(r + m) + k0 * step;
-          for (int q = 0; q < 4; ++q) acc[m][q] = k0 == 0 ? vf{} : part[m][q];
+          for (int q = 0; q < 4 && k0 > 0; ++q) acc[m][q] = part[m][q];
         }
-        tile_any(rows, a, panel + k0 * W, depth, step, acc);
+        if (k0 == 0) {
+          tile_any<true>(rows, a, panel, depth, step, acc);
+        } else {
+          tile_any<false>(rows, a, panel + k0 * W, depth, step, acc);
+        }
         if (k0 + depth == k) {
           body(r, rows, acc);
         } else {
