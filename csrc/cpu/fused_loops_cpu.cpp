@@ -37,8 +37,17 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 // same machine (T=128, 2 threads, B = 16..64): rows took 0.88-1.02x the
 // time of panels at H = 128..512 but 1.03-1.25x at H = 1024, so the same
 // bounds serve it.
+//
+// The forward's own, lower cap (4H x P: H = P = 128): on a 2-core Zen 5
+// with AVX-512 (whole forward, 2 threads, panels' time over rows', medians
+// of 5 alternated processes, 2026-11-25) panels were faster at
+// H = 256..1024, B = 32..64 (0.95-0.98x the time of rows), within 2 % of
+// rows at H = 64..128 and at B = 16; its backward kept rows ahead at
+// H <= 256 (rows 0.96-0.97x the time of panels) and panels at H >= 512
+// (0.96-0.98x), close enough to keep the one bound.
 constexpr int64_t kMinRowsPerBlock = 8;
 constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
+constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;
 
 int team_size(int64_t macs_per_step, int64_t panels) {
   if (at::in_parallel_region()) return 1;
@@ -67,17 +76,17 @@ k::RowSource rows_from(const k::RowSource& s, int64_t r0) {
 // h or of the gradients crosses cores, but every thread reads all the
 // weights. Used where every thread gets a block of at least
 // kMinRowsPerBlock rows and the weights (`weights` floats) are at most
-// kMaxRowSplitWeights; 1 otherwise (the panels of each step are split
+// max_weights; 1 otherwise (the panels of each step are split
 // instead). PIPELSTM_ROW_SPLIT=0 never splits rows, =1 whenever there are
 // rows for two blocks (for measuring).
-int64_t row_blocks(int64_t batch, int64_t weights) {
+int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
   const char* env = std::getenv("PIPELSTM_ROW_SPLIT");  // read per call: cheap beside a loop
   const int forced = env == nullptr ? -1 : std::atoi(env);
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   const int64_t blocks = std::min<int64_t>(threads, batch / kMinRowsPerBlock);
   if (forced == 0 || blocks < 2) return 1;
   if (forced == 1) return blocks;
-  return blocks == threads && weights <= kMaxRowSplitWeights ? blocks : 1;
+  return blocks == threads && weights <= max_weights ? blocks : 1;
 }
 
 bool all_zero(const Tensor& t) {
@@ -165,7 +174,9 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   // Packed sequences end at different steps: equal blocks of rows would not
   // stay balanced, so they split panels.
   const int64_t blocks =
-      steps.dense ? row_blocks(steps.max_batch, 4 * H * P + (projected ? P * H : 0)) : 1;
+      steps.dense ? row_blocks(steps.max_batch, 4 * H * P + (projected ? P * H : 0),
+                               kMaxRowSplitWeightsForward)
+                  : 1;
   if (blocks > 1) {
     // Each block of batch rows runs the whole loop on its own thread.
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -335,7 +346,8 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   };
   // As in the forward, dense input (every step has all B rows) may run
   // blocks of rows as whole loops, here from the last step back.
-  const int64_t blocks = steps.dense ? row_blocks(B, 4 * H * P + (projected ? P * H : 0)) : 1;
+  const int64_t blocks =
+      steps.dense ? row_blocks(B, 4 * H * P + (projected ? P * H : 0), kMaxRowSplitWeights) : 1;
   if (blocks > 1) {
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) {
