@@ -313,14 +313,11 @@ ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
   }
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   if (cpu::fused_loops_serve(x)) {
-    // The input's pre-activations straight into the workspace, with the
-    // bias where the kernels' GEMM runs (added in its store), else the fused
-    // steps add it (no pass of addmm copying the bias over the whole buffer
-    // first); the steps turn them into the activated gates.
-    const Tensor b = bias.defined() ? bias.contiguous() : bias;
-    const bool bias_added = cpu::layer_mm_bias_out(ws.gates, x, w_ih.t(), b);
-    cpu::fused_forward_loop(steps, s, reverse, h_init, c_init, w_hh, w_hr,
-                            bias_added ? Tensor() : b, ws.gates,
+    // The input's pre-activations straight into the workspace, where the
+    // fused steps add the bias and turn them into the activated gates (no
+    // pass of addmm copying the bias over the whole buffer first).
+    cpu::layer_mm_out(ws.gates, x, w_ih.t());
+    cpu::fused_forward_loop(steps, s, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates,
                             ws.cells, ws.raw_h, r.output, r.h_n, r.c_n);
     return r;
   }

@@ -63,13 +63,8 @@ const char* gemm_backend() {
   return own_by_cpu() ? "own" : "aten";
 }
 
-namespace {
-
-// layer_mm_out and layer_mm_bias_out: out (+)= a @ b, plus `bias` (a
-// contiguous [N], or undefined) in the kernels' store where they run the
-// GEMM. Returns whether the bias was added.
-bool mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate,
-            const at::Tensor& bias) {
+void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                  bool accumulate) {
   TORCH_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2 && a.size(0) == out.size(0) &&
                   b.size(1) == out.size(1) && a.size(1) == b.size(0),
               "pipelstm: layer_mm_out: shapes ", out.sizes(), " = ", a.sizes(), " @ ", b.sizes());
@@ -81,10 +76,10 @@ bool mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
     } else {
       at::mm_out(const_cast<at::Tensor&>(out), a, b);
     }
-    return false;
+    return;
   }
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  if (M == 0 || N == 0) return true;
+  if (M == 0 || N == 0) return;
   const auto& Kr = step_kernels();
   // a's rows are read in place with unit stride or, for a transposed view
   // (a weight gradient's grad_gates.t()), with its row stride: ATen's copy of
@@ -115,13 +110,9 @@ bool mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
   m.a = {nullptr, rows.const_data_ptr<float>(), 0, lda, step};
   m.w = packed.const_data_ptr<float>();
   float* o = const_cast<at::Tensor&>(out).data_ptr<float>();
-  const bool add_bias = bias.defined() && !accumulate;
   if (accumulate) {
     m.add = o;  // each element read, then written, by the same thread
     m.ld_add = out.stride(0);
-  } else if (add_bias) {
-    m.add = bias.const_data_ptr<float>();  // the same row for every row
-    m.ld_add = 0;
   }
   m.out = o;
   m.ldo = out.stride(0);
@@ -137,7 +128,7 @@ bool mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
     part.rows = r1 - r0;
     part.a.rest = a0 + r0 * lda;
     part.out = o + r0 * m.ldo;
-    if (accumulate) part.add = o + r0 * m.ld_add;  // a bias row stays as it is
+    if (accumulate) part.add = o + r0 * m.ld_add;
     Kr.gemm(part, pb, pe);
   };
   // Fewer panels than threads (a weight gradient of a small layer: 64
@@ -152,27 +143,11 @@ bool mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
         }
       }
     });
-    return add_bias;
+    return;
   }
   for (int64_t r0 = 0; r0 < M; r0 += block) {
     at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) { run(r0, std::min(M, r0 + block), pb, pe); });
   }
-  return add_bias;
-}
-
-}  // namespace
-
-void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                  bool accumulate) {
-  mm_out(out, a, b, accumulate, at::Tensor());
-}
-
-bool layer_mm_bias_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                       const at::Tensor& bias) {
-  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == b.size(1) &&
-                                  bias.is_contiguous() && bias.scalar_type() == b.scalar_type()),
-              "pipelstm: layer_mm_bias_out: bias ", bias.sizes(), " for ", b.size(1), " columns");
-  return mm_out(out, a, b, false, bias);
 }
 
 }  // namespace cpu

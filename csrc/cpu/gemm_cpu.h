@@ -22,13 +22,6 @@ namespace cpu {
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate = false);
 
-// out = a @ b + bias (bias a contiguous [N], added to every row) where the
-// kernels run the GEMM: the bias goes in with their store. Where at::mm runs
-// it, out = a @ b and false is returned: the caller adds the bias (addmm
-// would first copy it into every row of out, a pass over all of it).
-bool layer_mm_bias_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                       const at::Tensor& bias);
-
 // What layer_mm_out runs on CPU float32 now for 128 rows and more: "own"
 // or "aten". Raises if
 // PIPELSTM_CPU_GEMM is not one of aten, own, auto.
