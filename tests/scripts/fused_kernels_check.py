@@ -7,8 +7,8 @@ Shapes: hidden sizes that are not a multiple of any vector width (panel
 tails), batches that are not a multiple of any register tile (row tails),
 more than one row chunk (96+ rows), depths past the K-blocking threshold
 (4H > 512, P > 512) and panels past the size up to which they are not
-sliced at all (4H = 4160: 1.04 MiB on avx512), packed sequences, projections, both directions, given
-(h0, c0) and 1 or 2 threads.
+sliced at all (4H = 4160: 1.04 MiB on avx512), packed sequences,
+projections, both directions, given (h0, c0) and 1 or 2 threads.
 
 Then non-finite values: NaN, +-inf and huge values placed in the input and
 the initial state, and saturated gates (w_hh scaled by 1e30). Every output

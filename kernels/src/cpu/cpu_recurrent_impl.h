@@ -24,7 +24,7 @@ constexpr int W = 4 * V;  // floats per packed row of a panel
 
 typedef float vf __attribute__((vector_size(V * sizeof(float))));
 typedef float vf_unaligned __attribute__((vector_size(V * sizeof(float)), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(V * sizeof(float))));
+typedef uint32_t vu __attribute__((vector_size(V * sizeof(float))));  // a vf's bits
 
 inline vf splat(float s) {
   vf v;
@@ -47,9 +47,6 @@ inline void store_n(float* p, vf v, int n) {
   if constexpr (kFull) return store(p, v);
   std::memcpy(p, &v, sizeof(float) * n);
 }
-
-inline vf vmin(vf a, vf b) { return a < b ? a : b; }
-inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
 // The argument of exp clamped to [lo, hi], a NaN kept: x86's min and max
 // return their second operand where either is NaN, so x goes second (and
@@ -99,7 +96,6 @@ inline vf exp_parts(vf x, float hi, vf& scale) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  typedef uint32_t vu __attribute__((vector_size(V * sizeof(float))));
   scale = (vf)((vu)t << 23);  // the bits, as float; a NaN's give 0, and q is NaN
   return p * r * r + r;
 }
@@ -240,13 +236,12 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
       for (int64_t r = r0, rows = 0; r < r1; r += rows) {
         rows = block_rows(r1 - r);
         vf (*part)[4] = partial + (r - r0);
-        for (int m = 0; m < rows; ++m) {
-          a[m] = row(r + m) + k0 * step;
-          for (int q = 0; q < 4 && k0 > 0; ++q) acc[m][q] = part[m][q];
-        }
+        for (int m = 0; m < rows; ++m) a[m] = row(r + m) + k0 * step;
         if (k0 == 0) {
           tile_any<true>(rows, a, panel, depth, step, acc);
         } else {
+          for (int m = 0; m < rows; ++m)
+            for (int q = 0; q < 4; ++q) acc[m][q] = part[m][q];
           tile_any<false>(rows, a, panel + k0 * W, depth, step, acc);
         }
         if (k0 + depth == k) {
