@@ -25,9 +25,14 @@ bool intel_cpu() {
 }
 
 // Below this many rows packing b (one pass over it) costs more than the
-// faster kernel saves: on the Zen 5, the input projection of H=1024 at
-// T x B = 32 rows ran 12 % faster on at::mm, at 128 rows 11 % slower.
-constexpr int64_t kMinOwnRows = 128;
+// faster kernel saves. On the Zen 5 (own / auto at 128 rows, a layer at
+// B = 1, medians of 5 alternated processes, 2026-11-25): since the packing
+// transposes blocks in registers, the forward at T x B = 4..64 rows ran
+// 1.05-1.39x as fast on the kernels (H = 128..1024; H = 64 within 2 %),
+// fwd+bwd 1.00-1.21x; at one row (T = B = 1, H = 512) 0.85x (fwd), 0.95x
+// (fwd+bwd): a single row is a matrix-vector product that reads b once.
+// With the old scalar packing the bound was 128 rows.
+constexpr int64_t kMinOwnRows = 4;
 
 // The largest block of a's rows that one pass over all panels reads.
 constexpr int64_t kBlockBytes = int64_t{4} << 20;

@@ -8,7 +8,7 @@
 // build ran the recurrent GEMM at 167-193 GFLOP/s (docs/cpu.md, "GEMM
 // backend"). PIPELSTM_CPU_GEMM picks: `aten` (at::mm always), `own` (the
 // kernels always), `auto` or unset (the kernels where their ISA is avx512,
-// the CPU is not Intel's and a has at least 128 rows, else at::mm).
+// the CPU is not Intel's and a has at least 4 rows, else at::mm).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,7 +22,7 @@ namespace cpu {
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate = false);
 
-// What layer_mm_out runs on CPU float32 now for 128 rows and more: "own"
+// What layer_mm_out runs on CPU float32 now for 4 rows and more: "own"
 // or "aten". Raises if
 // PIPELSTM_CPU_GEMM is not one of aten, own, auto.
 const char* gemm_backend();
