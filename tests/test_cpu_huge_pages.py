@@ -1,6 +1,6 @@
 """csrc/cpu/huge_pages.cpp: large CPU buffers, and the cache of freed ones.
 
-A layer's workspace of 32 MiB or more is a huge-page mapping; a freed one is
+A layer's workspace of 1 MiB or more is a huge-page mapping; a freed one is
 kept (up to PIPELSTM_BUFFER_CACHE_MB) and handed to the next call of about
 its size, so it comes back with the last call's data in it. These tests
 check that it is reused and that no result depends on what it held, that

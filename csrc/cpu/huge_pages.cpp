@@ -18,7 +18,7 @@ namespace cpu {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kMinBytes = size_t{32} << 20;
+constexpr size_t kMinBytes = size_t{1} << 20;  // huge_pages.h says why
 // Packed weights are read once per time step, all of them: beyond the
 // reach of the TLB on 4 KiB pages (2048 entries, 8 MiB, on Zen 3) every
 // step walks page tables. On huge pages the recurrent GEMM alone ran 5-7 %

@@ -5,17 +5,21 @@
 // 4 KiB on first touch. On virtual machines those faults are slow (on the
 // development VM a GEMM writing a fresh buffer of tens of MiB was visibly
 // slower than one writing a reused buffer, and not on huge pages; see
-// docs/cpu.md, "Memory"). Buffers of 32 MiB and more are therefore mapped
-// 2 MiB-aligned with MADV_HUGEPAGE (512 times fewer faults): glibc maps
-// every allocation that large afresh anyway (32 MiB is its largest mmap
-// threshold). Freed ones are kept for the next call of about their size,
-// up to PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated calls do not
-// fault at all. Smaller ones, and systems without it, get torch's ordinary
-// CPU allocation, which reuses freed heap memory without faulting: with a
-// 4 MiB bound, a fresh huge-page mapping per call (zeroing each 2 MiB
-// page) made the forward at H=64 B=32 T=128 twice as slow (bench grid,
-// docs/cpu.md). Packed weights, read whole at every time step, go on huge
-// pages from 4 MiB (HugeFrom::kStreamed): TLB reach, not faults. The
+// docs/cpu.md, "Memory"). Buffers of 1 MiB and more are therefore mapped
+// 2 MiB-aligned with MADV_HUGEPAGE (512 times fewer faults), and freed ones
+// are kept for the next call of about their size, up to
+// PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated calls do not fault
+// at all. glibc's heap, which served buffers below 32 MiB before, does not
+// reliably keep them: with nn.LSTM's calls between ours (a bench, or any
+// model with other layers), glibc trimmed or mapped afresh and one
+// forward in three at H=256 B=32 T=128 (2 threads, 20 MiB of workspace)
+// took 17-20 ms instead of 11 (faults). Without the cache a fresh
+// huge-page mapping per call (zeroing each 2 MiB page) made the forward at
+// H=64 B=32 T=128 twice as slow with a 4 MiB bound (bench grid,
+// docs/cpu.md). Smaller buffers, and systems without MADV_HUGEPAGE, get
+// torch's ordinary CPU allocation. Packed weights, read whole at every
+// time step, go on huge pages from 4 MiB (HugeFrom::kStreamed): TLB
+// reach, not faults. The
 // tensors are ordinary CPU tensors (resizable; freed when the last
 // reference goes).
 #pragma once
@@ -25,7 +29,7 @@
 namespace pipelstm {
 namespace cpu {
 
-// From which size a buffer goes on huge pages: kBuffers from 32 MiB (the
+// From which size a buffer goes on huge pages: kBuffers from 1 MiB (the
 // workspace, outputs, gradients), kStreamed from 4 MiB (packed weights,
 // read whole every time step).
 enum class HugeFrom { kBuffers, kStreamed };
