@@ -134,6 +134,24 @@ def test_layer_mm_out_matches_float64(gemm, threads, a_layout, b_layout, M, K, N
         assert rel_error(out.double(), start.double() + want) < 1e-5
 
 
+@pytest.mark.parametrize("gemm", ["own", "aten"])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("M,N", [(150, 200), (5, 7)])
+def test_layer_mm_out_over_an_empty_depth(gemm, transposed, M, N, monkeypatch):
+    # K = 0, as in the weight gradients of a batch of no sequences: out is
+    # zeros, or stays as it was when accumulating.
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
+    a = torch.empty(0, M).t() if transposed else torch.empty(M, 0)
+    b = torch.empty(0, N)
+    out = torch.full((M, N), float("nan"))
+    pipelstm._C._layer_mm_out(out, a, b)
+    assert torch.equal(out, torch.zeros(M, N))
+    start = torch.randn(M, N)
+    out = start.clone()
+    pipelstm._C._layer_mm_out(out, a, b, accumulate=True)
+    assert torch.equal(out, start)
+
+
 def test_layer_mm_out_rejects_mismatched_shapes():
     with pytest.raises(RuntimeError, match="layer_mm_out: shapes"):
         pipelstm._C._layer_mm_out(torch.empty(3, 4), torch.empty(3, 5), torch.empty(6, 4))

@@ -85,6 +85,10 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   }
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum (a batch of no sequences): nothing to pack
+    if (!accumulate) const_cast<at::Tensor&>(out).zero_();
+    return;
+  }
   const auto& Kr = step_kernels();
   // a's rows are read in place with unit stride or, for a transposed view
   // (a weight gradient's grad_gates.t()), with its row stride: ATen's copy of

@@ -35,7 +35,8 @@ at::Tensor packed_panels(int64_t panels, int64_t k, const at::Tensor& like, Pack
   at::Tensor out = empty_huge({K.packed_size(panels, k)}, like.options(), HugeFrom::kStreamed);
   float* o = out.data_ptr<float>();
   // About 64 KiB of panels per task: enough to be worth a thread.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / K.packed_size(1, k));
+  const int64_t panel_floats = std::max<int64_t>(1, K.packed_size(1, k));  // k may be 0
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / panel_floats);
   at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { pack(o, b, e); });
   return out;
 }
