@@ -30,7 +30,7 @@ def _intel() -> bool:
 @pytest.mark.parametrize("reverse", [False, True])
 def test_dense_layer_matches_float64(gemm, threads, P, reverse, monkeypatch):
     monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)
-    T, B, I, H = 9, 16, 70, 20  # 144 rows: over the 128 from which auto may pick own
+    T, B, I, H = 9, 16, 70, 20  # 144 rows: over the 4 from which auto may pick own
     w = _weights(I, H, P, seed=4)
     x = torch.randn(T, B, I)
     h0, c0 = torch.randn(B, P or H), torch.randn(B, H)
