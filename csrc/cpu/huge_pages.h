@@ -19,9 +19,8 @@
 // docs/cpu.md). Smaller buffers, and systems without MADV_HUGEPAGE, get
 // torch's ordinary CPU allocation. Packed weights, read whole at every
 // time step, go on huge pages from 4 MiB (HugeFrom::kStreamed): TLB
-// reach, not faults. The
-// tensors are ordinary CPU tensors (resizable; freed when the last
-// reference goes).
+// reach, not faults. The tensors are ordinary CPU tensors (resizable;
+// freed when the last reference goes).
 #pragma once
 
 #include <ATen/core/Tensor.h>

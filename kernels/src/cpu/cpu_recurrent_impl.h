@@ -51,33 +51,24 @@ inline void store_n(float* p, vf v, int n) {
   std::memcpy(p, &v, sizeof(float) * n);
 }
 
-// a < b ? a : b and a > b ? a : b, lane-wise: x86's min and max exactly,
-// the second operand where either is NaN. Written as the comparison, GCC
-// makes a compare and a blend of it (two instructions, and on AVX-512 a
-// mask register between them); the intrinsic is one. With it a vector cell
-// took 60 cycles instead of 70 on a Zen 5 (avx512, operands in L1).
-inline vf vmin(vf a, vf b) {
+// vmin = a < b ? a : b and vmax = a > b ? a : b, lane-wise: x86's min and
+// max exactly, the second operand where either is NaN. Written as the
+// comparison, GCC makes a compare and a blend of it (two instructions, and
+// on AVX-512 a mask register between them); the intrinsic is one. With it
+// a vector cell took 60 cycles instead of 70 on a Zen 5 (avx512, in L1).
 #if defined(__AVX512F__) && PIPELSTM_VEC == 16
-  return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+inline vf vmin(vf a, vf b) { return (vf)_mm512_min_ps((__m512)a, (__m512)b); }
+inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
 #elif defined(__AVX__) && PIPELSTM_VEC == 8
-  return (vf)_mm256_min_ps((__m256)a, (__m256)b);
+inline vf vmin(vf a, vf b) { return (vf)_mm256_min_ps((__m256)a, (__m256)b); }
+inline vf vmax(vf a, vf b) { return (vf)_mm256_max_ps((__m256)a, (__m256)b); }
 #elif defined(__SSE__) && PIPELSTM_VEC == 4
-  return (vf)_mm_min_ps((__m128)a, (__m128)b);
+inline vf vmin(vf a, vf b) { return (vf)_mm_min_ps((__m128)a, (__m128)b); }
+inline vf vmax(vf a, vf b) { return (vf)_mm_max_ps((__m128)a, (__m128)b); }
 #else
-  return a < b ? a : b;
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 #endif
-}
-inline vf vmax(vf a, vf b) {
-#if defined(__AVX512F__) && PIPELSTM_VEC == 16
-  return (vf)_mm512_max_ps((__m512)a, (__m512)b);
-#elif defined(__AVX__) && PIPELSTM_VEC == 8
-  return (vf)_mm256_max_ps((__m256)a, (__m256)b);
-#elif defined(__SSE__) && PIPELSTM_VEC == 4
-  return (vf)_mm_max_ps((__m128)a, (__m128)b);
-#else
-  return a > b ? a : b;
-#endif
-}
 
 // The argument of exp clamped to [lo, hi], a NaN kept: min and max return
 // their second operand where either is NaN, so x goes second (and comes out
