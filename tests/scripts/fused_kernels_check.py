@@ -15,10 +15,12 @@ the initial state, and saturated gates (w_hh scaled by 1e30). Every output
 and gradient must be NaN / inf exactly where nn.LSTM's (float64) is, and
 the saturated case's input gradient as nn.LSTM's.
 
-And the activations themselves, element by element (activation_error).
+And the activations themselves, element by element (activation_error),
+and the kernels' GEMM on page-strided transposed a's (gemm_error).
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -154,13 +156,40 @@ def activation_error(H: int = 37, B: int = 4096) -> float:
     return err
 
 
+def gemm_error() -> float:
+    """The kernels' GEMM (PIPELSTM_CPU_GEMM=own) on a's that are transposed
+    views whose row stride is a multiple of 4 KiB (a weight gradient's
+    grad_gates.t() at H = 256: the avx2 build copies their slices first),
+    against float64: the largest relative error over 1 and 2 threads,
+    out = a @ b and out += a @ b. Depth 300 = 128 + 128 + 44 (slices),
+    1000-1024 rows (chunks and a tail), 200 columns (panels and a tail)."""
+    os.environ["PIPELSTM_CPU_GEMM"] = "own"  # read on each call
+    g = torch.Generator().manual_seed(3)
+    err = 0.0
+    for M, stride in ((1024, 1024), (1000, 2048), (5, 1024)):
+        a = torch.randn(300, stride, generator=g)[:, :M].t()
+        b = torch.randn(300, 200, generator=g)
+        start = torch.randn(M, 200, generator=g)
+        want = a.double() @ b.double()
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for accumulate in (False, True):
+                out = start.clone() if accumulate else torch.full((M, 200), float("nan"))
+                pipelstm._C._layer_mm_out(out, a, b, accumulate=accumulate)
+                ref = want + start.double() if accumulate else want
+                err = max(err, ((out.double() - ref).abs().max() / ref.abs().max()).item())
+    del os.environ["PIPELSTM_CPU_GEMM"]
+    return err
+
+
 def main() -> None:
     torch.manual_seed(0)
     results = [dict(case=list(c), rel_error=run_case(*c)) for c in CASES]
     non_finite = [m for H in (1, 19, 40) for m in non_finite_mismatches(H)]
     json.dump(dict(isa=pipelstm._C.cpu_isa(), results=results, non_finite_mismatches=non_finite,
                    saturated_rel_error=saturated_gradient_error(),
-                   activation_rel_error=activation_error()), sys.stdout)
+                   activation_rel_error=activation_error(), gemm_rel_error=gemm_error()),
+              sys.stdout)
     print()
 
 

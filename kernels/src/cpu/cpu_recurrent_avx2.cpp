@@ -7,4 +7,7 @@
 // kernels at H=512-1024 from 95-103 to 108-114 GFLOP/s and the backward's at
 // H=256-512 from 103-111 to 112-119 (sliced at 16 KiB -> unsliced, C++ loop,
 // 1 thread, 2026-11-25); not yet measured on a Zen 3.
+// Weight gradients at H = 256, 512, 1024 read grad_gates.t() through a
+// packed copy (gemm_strided in cpu_recurrent_impl.h).
+#define PIPELSTM_PACK_STRIDED_A 1
 #include "cpu_recurrent_impl.h"

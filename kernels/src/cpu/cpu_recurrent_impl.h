@@ -9,6 +9,7 @@
 // The math is gate_math.h's polynomial exp, lane-wise, in the same order of
 // operations; tanh is built on the same exp differently (vtanh).
 #include <cstring>
+#include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -221,6 +222,9 @@ constexpr int64_t RC = (PIPELSTM_RC_ROWS / MR) * MR;  // rows per chunk
 #define PIPELSTM_UNSLICED_BYTES (256 * 1024)
 #endif
 constexpr int64_t UNSLICED = PIPELSTM_UNSLICED_BYTES;
+#ifndef PIPELSTM_PACK_STRIDED_A
+#define PIPELSTM_PACK_STRIDED_A 0  // see gemm_strided
+#endif
 
 // Rows of the next block when `left` rows remain: MR, except that a
 // remainder just over MR is halved (4 = 2 + 2 rather than 3 + 1 on AVX2): a
@@ -422,21 +426,97 @@ inline void gemm_store(const Gemm& s, int64_t r, int64_t j, int n, vf v) {
   store_n<kFull>(s.out + r * s.ldo + j, v, n);
 }
 
+// Rows [r0, r0 + rows) of output panel p from the tile's accumulators.
+inline void gemm_store_tile(const Gemm& s, int64_t p, int64_t r0, int rows,
+                            const vf (&acc)[MR][4]) {
+  const int64_t j = p * W;
+  for (int m = 0; m < rows; ++m) {
+    for (int q = 0; q < 4; ++q) {
+      const int64_t jq = j + q * V;
+      if (jq >= s.n) break;
+      const int n = static_cast<int>(s.n - jq < V ? s.n - jq : V);
+      if (n == V) gemm_store<true>(s, r0 + m, jq, n, acc[m][q]);
+      else gemm_store<false>(s, r0 + m, jq, n, acc[m][q]);
+    }
+  }
+}
+
+// A whose rows are the columns of a row-major matrix (grad_gates.t() of a
+// weight gradient: row r's element kk at rest[r + kk * step]), with a row
+// stride of a multiple of 4 KiB (4H floats at H = 256, 512, 1024): read in
+// place, each step of a tile takes MR floats from a line of another page.
+// With PIPELSTM_PACK_STRIDED_A, each slice of a row chunk (KC x RC floats)
+// is first copied to a dense buffer, once for all the panels this call
+// runs, whose partial sums wait in a buffer between slices. On a Zen 5,
+// 1 thread, grad_gates.t() @ x over T x B = 256..4096 rows, GFLOP/s in
+// place -> packed: avx2 build H = 256..1024 76-83 -> 107-115 (H = 64, 128
+// and 384, not packed, run at 101-116); avx512 build H = 256 160-165 ->
+// 165-169, H = 512 193 -> 189, H = 1024 206-209 -> 199-200, so it packs
+// in the avx2 build only (PIPELSTM_PACK_STRIDED_A in its .cpp).
+void gemm_strided(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
+  static thread_local std::vector<float> slice;
+  static thread_local std::vector<vf> partial;
+  constexpr int64_t LDS = (RC + V - 1) / V * V;  // the slice's row stride
+  slice.resize(static_cast<size_t>(KC * LDS));
+  partial.resize(static_cast<size_t>((panel_end - panel_begin) * RC * 4));
+  for (int64_t r0 = 0; r0 < s.rows; r0 += RC) {
+    const int64_t nr = s.rows - r0 < RC ? s.rows - r0 : RC;
+    for (int64_t k0 = 0; k0 < s.k; k0 += KC) {
+      const int64_t depth = s.k - k0 < KC ? s.k - k0 : KC;
+      const float* src = s.a.rest + r0 + k0 * s.a.step;
+      // The slice after this one (deeper in this chunk, else the first of
+      // the next chunk), asked for now: its lines come in while this one's
+      // tiles run.
+      const int64_t next_r0 = k0 + KC < s.k ? r0 : r0 + RC, next_k0 = k0 + KC < s.k ? k0 + KC : 0;
+      const int64_t next_rows = next_r0 >= s.rows ? 0 : s.rows - next_r0 < RC ? s.rows - next_r0 : RC;
+      const int64_t next_depth = s.k - next_k0 < KC ? s.k - next_k0 : KC;
+      const float* next = s.a.rest + next_r0 + next_k0 * s.a.step;
+      for (int64_t kk = 0; kk < depth; ++kk) {
+        if (kk < next_depth && next_rows > 0) prefetch_lines(next + kk * s.a.step, next_rows);
+        float* dst = slice.data() + kk * LDS;
+        const float* row = src + kk * s.a.step;
+        int64_t i = 0;
+        for (; i + V <= nr; i += V) store(dst + i, load(row + i));
+        const int tail = static_cast<int>(nr - i);
+        if (tail > 0) store_n<false>(dst + i, load_n<false>(row + i, tail), tail);
+      }
+      const bool last = k0 + depth == s.k;
+      for (int64_t p = panel_begin; p < panel_end; ++p) {
+        const float* panel = s.w + (p * s.k + k0) * W;
+        vf* part = partial.data() + (p - panel_begin) * RC * 4;
+        vf acc[MR][4];
+        const float* a[MR] = {};
+        for (int64_t r = 0, rows = 0; r < nr; r += rows) {
+          rows = block_rows(nr - r);
+          for (int m = 0; m < rows; ++m) a[m] = slice.data() + r + m;
+          if (k0 == 0) {
+            tile_any<true>(static_cast<int>(rows), a, panel, depth, LDS, acc);
+          } else {
+            for (int m = 0; m < rows; ++m)
+              for (int q = 0; q < 4; ++q) acc[m][q] = part[(r + m) * 4 + q];
+            tile_any<false>(static_cast<int>(rows), a, panel, depth, LDS, acc);
+          }
+          if (last) {
+            gemm_store_tile(s, p, r0 + r, static_cast<int>(rows), acc);
+          } else {
+            for (int m = 0; m < rows; ++m)
+              for (int q = 0; q < 4; ++q) part[(r + m) * 4 + q] = acc[m][q];
+          }
+        }
+      }
+    }
+  }
+}
+
 void gemm(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
+  const bool page_strided = s.a.step != 1 && s.a.ld == 1 && s.a.split == 0 &&
+                            s.a.step * static_cast<int64_t>(sizeof(float)) % 4096 == 0;
+  if (PIPELSTM_PACK_STRIDED_A && page_strided) return gemm_strided(s, panel_begin, panel_end);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
-    const int64_t j = p * W;
     const float* panel = s.w + p * s.k * W;
     for_row_blocks(0, s.rows, panel, s.k, s.a.step, [&](int64_t r) { return s.a.row(r); },
                    [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
-                     for (int m = 0; m < rows; ++m) {
-                       for (int q = 0; q < 4; ++q) {
-                         const int64_t jq = j + q * V;
-                         if (jq >= s.n) break;
-                         const int n = static_cast<int>(s.n - jq < V ? s.n - jq : V);
-                         if (n == V) gemm_store<true>(s, r0 + m, jq, n, acc[m][q]);
-                         else gemm_store<false>(s, r0 + m, jq, n, acc[m][q]);
-                       }
-                     }
+                     gemm_store_tile(s, p, r0, rows, acc);
                    });
   }
 }
