@@ -19,12 +19,6 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMinBytes = size_t{1} << 20;  // huge_pages.h says why
-// Packed weights are read once per time step, all of them: beyond the
-// reach of the TLB on 4 KiB pages (2048 entries, 8 MiB, on Zen 3) every
-// step walks page tables. On huge pages the recurrent GEMM alone ran 5-7 %
-// faster at H = 768 and 1024, B = 32 (72 against 67-68 GFLOP/s, kernel
-// microbenchmark, 2-core AVX2 EPYC; docs/cpu.md, "Memory").
-constexpr size_t kStreamedMinBytes = size_t{4} << 20;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct Mapping {
@@ -130,17 +124,16 @@ class HugePageAllocator final : public c10::Allocator {
   size_t min_bytes_;
 };
 
-HugePageAllocator& allocator(HugeFrom from) {
+HugePageAllocator& allocator() {
   static HugePageAllocator buffers(kMinBytes);
-  static HugePageAllocator streamed(kStreamedMinBytes);
-  return from == HugeFrom::kBuffers ? buffers : streamed;
+  return buffers;
 }
 
 }  // namespace
 
-at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options, HugeFrom from) {
+at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options) {
   TORCH_INTERNAL_ASSERT(options.device().is_cpu());
-  return at::detail::empty_generic(sizes, &allocator(from), c10::DispatchKeySet(c10::DispatchKey::CPU),
+  return at::detail::empty_generic(sizes, &allocator(), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    c10::typeMetaToScalarType(options.dtype()), std::nullopt);
 }
 

@@ -17,10 +17,11 @@
 // huge-page mapping per call (zeroing each 2 MiB page) made the forward at
 // H=64 B=32 T=128 twice as slow with a 4 MiB bound (bench grid,
 // docs/cpu.md). Smaller buffers, and systems without MADV_HUGEPAGE, get
-// torch's ordinary CPU allocation. Packed weights, read whole at every
-// time step, go on huge pages from 4 MiB (HugeFrom::kStreamed): TLB
-// reach, not faults. The tensors are ordinary CPU tensors (resizable;
-// freed when the last reference goes).
+// torch's ordinary CPU allocation. Packed weights (the recurrent weights,
+// read whole at every time step, and the panels of a layer's GEMMs) go the
+// same way: on huge pages they stay within the TLB's reach, and through
+// the cache they do not fault either (docs/cpu.md, "Memory"). The tensors
+// are ordinary CPU tensors (resizable; freed when the last reference goes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,12 +29,8 @@
 namespace pipelstm {
 namespace cpu {
 
-// From which size a buffer goes on huge pages: kBuffers from 1 MiB (the
-// workspace, outputs, gradients), kStreamed from 4 MiB (packed weights,
-// read whole every time step).
-enum class HugeFrom { kBuffers, kStreamed };
-at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options,
-                      HugeFrom from = HugeFrom::kBuffers);
+// An uninitialised CPU tensor: from 1 MiB on huge pages, through the cache.
+at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // empty_huge on the CPU, at::empty elsewhere.
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);

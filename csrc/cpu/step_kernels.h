@@ -32,7 +32,7 @@ inline const kernels::cpu::RecurrentKernels& step_kernels() {
 template <typename Pack>
 at::Tensor packed_panels(int64_t panels, int64_t k, const at::Tensor& like, Pack&& pack) {
   const auto& K = step_kernels();
-  at::Tensor out = empty_huge({K.packed_size(panels, k)}, like.options(), HugeFrom::kStreamed);
+  at::Tensor out = empty_huge({K.packed_size(panels, k)}, like.options());
   float* o = out.data_ptr<float>();
   // About 64 KiB of panels per task: enough to be worth a thread.
   const int64_t panel_floats = std::max<int64_t>(1, K.packed_size(1, k));  // k may be 0
