@@ -85,9 +85,9 @@ def test_module_training_step_agrees_across_backends(monkeypatch):
         assert rel_error(b.double(), a.double()) < 1e-5
 
 
-def test_auto_picks_own_only_for_avx512_off_intel(monkeypatch):
+def test_auto_picks_own_only_for_vector_builds_off_intel(monkeypatch):
     monkeypatch.delenv("PIPELSTM_CPU_GEMM", raising=False)
-    want = "own" if pipelstm._C.cpu_isa() == "avx512" and not _intel() else "aten"
+    want = "own" if pipelstm._C.cpu_isa() in ("avx512", "avx2") and not _intel() else "aten"
     assert pipelstm._C.cpu_gemm() == want
     for gemm in ("own", "aten"):
         monkeypatch.setenv("PIPELSTM_CPU_GEMM", gemm)

@@ -5,10 +5,11 @@
 // torch's CPU builds call MKL's sgemm for at::mm, and MKL takes its AVX-512
 // code only on Intel CPUs: on an AMD Zen 5 (AVX-512) at::mm ran at
 // 97-108 GFLOP/s on one thread, its AVX2 rate, while the kernels' avx512
-// build ran the recurrent GEMM at 167-193 GFLOP/s (docs/cpu.md, "GEMM
+// build ran the recurrent GEMM at 167-193 GFLOP/s, and capped to AVX2 the
+// kernels' avx2 build still ran 1.1-1.2x as fast as MKL (docs/cpu.md, "GEMM
 // backend"). PIPELSTM_CPU_GEMM picks: `aten` (at::mm always), `own` (the
-// kernels always), `auto` or unset (the kernels where their ISA is avx512,
-// the CPU is not Intel's and a has at least 4 rows, else at::mm).
+// kernels always), `auto` or unset (the kernels where their ISA is avx512
+// or avx2, the CPU is not Intel's and a has at least 4 rows, else at::mm).
 #pragma once
 
 #include <ATen/core/Tensor.h>
