@@ -378,7 +378,9 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
     if (rows > cont) dst.narrow(0, cont, rows - cont).copy_(h0.narrow(0, cont, rows - cont));
     prev = t;
   }
-  return at::mm(grad_gates.t(), h_prev);
+  Tensor grad = cpu::empty_buffer({grad_gates.size(1), h_prev.size(1)}, h_prev.options());
+  cpu::layer_mm_out(grad, grad_gates.t(), h_prev);
+  return grad;
 }
 
 // The data part of backward: the time loop and the input gradient.
