@@ -6,8 +6,10 @@
 // development VM a GEMM writing a fresh buffer of tens of MiB was visibly
 // slower than one writing a reused buffer, and not on huge pages; see
 // docs/cpu.md, "Memory"). Buffers of 1 MiB and more are therefore mapped
-// 2 MiB-aligned with MADV_HUGEPAGE (512 times fewer faults), and freed ones
-// are kept for the next call of about their size, up to
+// 2 MiB-aligned with MADV_HUGEPAGE (512 times fewer faults for each whole
+// 2 MiB; with THP in madvise mode, a buffer under 2 MiB gets none, only
+// the cache below), and freed ones are kept for the next call of about
+// their size, up to
 // PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated calls do not fault
 // at all. glibc's heap, which served buffers below 32 MiB before, does not
 // reliably keep them: with nn.LSTM's calls between ours (a bench, or any
