@@ -154,10 +154,12 @@ print(rss_kib() - before)
 
 def test_packed_weights_of_1_mib_are_kept_for_the_next_call():
     # W_hh of H = 256 packs into 1 MiB. Packed afresh on every call, it goes
-    # through the cache: freed, it stays resident (with the cache off, or
-    # from glibc's heap, 1 MiB went back to the system and the next call
-    # faulted it in again: a layer's GEMMs packing w_ih made a fwd+bwd at
-    # H = 256 B = 1 T = 32, 2 threads, 1.27x as slow).
+    # through the cache: freed, it stays resident with the cache on and goes
+    # back with it off. (From glibc's heap, as before, the freed panels went
+    # back to the system on some calls and the next call faulted them in
+    # again: a layer's GEMMs packing w_ih made a fwd+bwd at H = 256, B = 1,
+    # T = 32, 2 threads, 1.27x as slow. Packing onto glibc's heap fails the
+    # second assertion here: 4100 KiB stayed.)
     def resident_kib(cache_mb: str) -> int:
         done = subprocess.run([sys.executable, "-c", _KEPT_SCRIPT, cache_mb], capture_output=True,
                               text=True, timeout=300)
