@@ -455,7 +455,7 @@ inline void gemm_store_tile(const Gemm& s, int64_t p, int64_t r0, int rows,
 // in the avx2 build only (PIPELSTM_PACK_STRIDED_A in its .cpp).
 void gemm_strided(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
   static thread_local std::vector<float> slice;
-  static thread_local std::vector<vf> partial;
+  static thread_local std::vector<vf> partial;  // [panel][RC][4]
   constexpr int64_t LDS = (RC + V - 1) / V * V;  // the slice's row stride
   slice.resize(static_cast<size_t>(KC * LDS));
   partial.resize(static_cast<size_t>((panel_end - panel_begin) * RC * 4));
@@ -483,7 +483,7 @@ void gemm_strided(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
       const bool last = k0 + depth == s.k;
       for (int64_t p = panel_begin; p < panel_end; ++p) {
         const float* panel = s.w + (p * s.k + k0) * W;
-        vf* part = partial.data() + (p - panel_begin) * RC * 4;
+        vf (*part)[4] = reinterpret_cast<vf (*)[4]>(partial.data()) + (p - panel_begin) * RC;
         vf acc[MR][4];
         const float* a[MR] = {};
         for (int64_t r = 0, rows = 0; r < nr; r += rows) {
@@ -493,14 +493,14 @@ void gemm_strided(const Gemm& s, int64_t panel_begin, int64_t panel_end) {
             tile_any<true>(static_cast<int>(rows), a, panel, depth, LDS, acc);
           } else {
             for (int m = 0; m < rows; ++m)
-              for (int q = 0; q < 4; ++q) acc[m][q] = part[(r + m) * 4 + q];
+              for (int q = 0; q < 4; ++q) acc[m][q] = part[r + m][q];
             tile_any<false>(static_cast<int>(rows), a, panel, depth, LDS, acc);
           }
           if (last) {
             gemm_store_tile(s, p, r0 + r, static_cast<int>(rows), acc);
           } else {
             for (int m = 0; m < rows; ++m)
-              for (int q = 0; q < 4; ++q) part[(r + m) * 4 + q] = acc[m][q];
+              for (int q = 0; q < 4; ++q) part[r + m][q] = acc[m][q];
           }
         }
       }
