@@ -2,6 +2,7 @@
 LSTM(devices=) and PipelineParallel's stage hold it."""
 
 import copy
+import gc
 import io
 import os
 import pickle
@@ -63,6 +64,28 @@ def test_run_equals_the_pipeline_and_without_grad_keeps_nothing():
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert {e["stage"] for e in core.trace()} == {0, 1}
+
+
+def _live_pass_nodes() -> int:
+    gc.collect()
+    return sum(type(o).__name__ == "_PipelineFunctionBackward" for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("backward", [True, False], ids=["forward+backward", "forward only"])
+def test_a_pass_is_freed_with_its_outputs(backward):
+    # The autograd node of a pass holds the engine's run; a run that kept its
+    # outputs was reachable from them, a cycle through C++ that no garbage
+    # collection frees: one pass (and, without backward, all it saved) per step.
+    core = make_core(lm_model())
+    x = torch.randint(0, 37, (7, 4))
+    before = _live_pass_nodes()
+    for _ in range(3):
+        out, h_n, c_n = core.run(x, [None] * 3, [None] * 3, training=True)
+        assert core.saved_activation_bytes > 0
+        if backward:
+            out.sum().backward()
+        del out, h_n, c_n
+    assert _live_pass_nodes() == before
 
 
 def test_a_loss_unit_ends_the_last_stage():

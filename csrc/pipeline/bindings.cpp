@@ -81,9 +81,13 @@ void init_bindings(py::module_& parent) {
       .def_readonly("end_ns", &TraceEvent::end_ns);
 
   py::class_<Run, std::shared_ptr<Run>>(m, "Run")
-      .def_property_readonly("output", &Run::output)
-      .def_property_readonly("h_n", &Run::h_n)
-      .def_property_readonly("c_n", &Run::c_n)
+      .def(
+          "take_outputs",
+          [](Run& run) {
+            RunOutputs o = run.take_outputs();
+            return py::make_tuple(o.output, o.h_n, o.c_n);
+          },
+          "-> (output, h_n per layer, c_n per layer), once: the run keeps no reference to them")
       .def_property_readonly("saved_bytes", &Run::saved_bytes)
       .def(
           "backward",

@@ -41,8 +41,9 @@ struct RunState {
   int64_t saved_bytes = 0;
   std::vector<OptTensor> h0_given, c0_given;  // to shape the gradients
   std::vector<Tensor> h0_parts, c0_parts;     // [layer * M + m]
-  Tensor output;
-  std::vector<Tensor> h_n, c_n;
+  Tensor output;                 // until Run::take_outputs
+  std::vector<Tensor> h_n, c_n;  // per LSTM layer, until Run::take_outputs
+  bool outputs_taken = false;
   // With a next process: the shape and options of each item's output (the
   // gradients that come back have them).
   std::vector<std::vector<int64_t>> out_sizes;
@@ -507,9 +508,12 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   return std::make_shared<Run>(st);
 }
 
-Tensor Run::output() const { return state_->output; }
-std::vector<Tensor> Run::h_n() const { return state_->h_n; }
-std::vector<Tensor> Run::c_n() const { return state_->c_n; }
+RunOutputs Run::take_outputs() {
+  RunState& st = *state_;
+  TORCH_CHECK(!st.outputs_taken, "pipelstm.Pipeline: the outputs of a pass are handed over once");
+  st.outputs_taken = true;
+  return RunOutputs{std::move(st.output), std::move(st.h_n), std::move(st.c_n)};
+}
 int64_t Run::saved_bytes() const { return state_->saved_bytes; }
 
 BackwardResult Run::backward(const OptTensor& grad_output, const std::vector<OptTensor>& grad_h_n,

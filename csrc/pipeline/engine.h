@@ -30,13 +30,20 @@ struct BackwardResult {
   std::vector<std::vector<OptTensor>> grad_params;  // per unit, as UnitParams
 };
 
+struct RunOutputs {
+  Tensor output;
+  std::vector<Tensor> h_n, c_n;
+};
+
 // A pipelined forward pass that can be differentiated once.
 class Run {
  public:
   explicit Run(std::shared_ptr<RunState> state) : state_(std::move(state)) {}
-  Tensor output() const;
-  std::vector<Tensor> h_n() const;
-  std::vector<Tensor> c_n() const;
+  // The output and the final states per LSTM layer, handed over once (a
+  // second call raises): the run keeps no reference to them, because the
+  // autograd node that holds the run is reachable from them, and a run
+  // holding them back would make a cycle that is never freed.
+  RunOutputs take_outputs();
   // Bytes of the tensors this pass keeps for backward (distinct storages),
   // measured when forward finished.
   int64_t saved_bytes() const;

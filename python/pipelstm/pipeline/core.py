@@ -199,7 +199,8 @@ class PipelineCore:
             x, list(h0), list(c0), _unflatten(flat, unit_counts), self.chunks, self.micro_batches, training, False,
             _engine.Checkpoint.never, target,
         )
-        return run.output, list(run.h_n), list(run.c_n)
+        output, h_n, c_n = run.take_outputs()
+        return output, list(h_n), list(c_n)
 
     # --- what ran, what was planned ---------------------------------------------------
 
@@ -292,7 +293,10 @@ class _PipelineFunction(torch.autograd.Function):
         ctx.input_device, ctx.input_float = input.device, input.is_floating_point()
         ctx.state_devices = [None if t is None else t.device for t in tensors[: 2 * L]]
         ctx.set_materialize_grads(False)
-        return (run.output, *run.h_n, *run.c_n)
+        # Taken, not read: a run that kept its outputs would be reachable
+        # from them through this node, a cycle never freed (one per step).
+        output, h_n, c_n = run.take_outputs()
+        return (output, *h_n, *c_n)
 
     @staticmethod
     def backward(ctx, grad_output, *grad_states):
