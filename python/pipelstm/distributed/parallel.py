@@ -194,7 +194,10 @@ class PipelineParallel(nn.Module):
             loss.backward()
             value = loss.detach()
         else:
-            out.backward(torch.empty_like(out))
+            # The placeholder's sum, not out.backward(gradient): torch checks an
+            # explicit gradient with torch.fx's symbolic shapes, whose first
+            # use imports sympy (35 MiB resident in every such stage's process).
+            out.sum().backward()
             value = None
         return self._share_loss(value)
 
