@@ -3,14 +3,13 @@
 #include <pybind11/pybind11.h>
 #include <torch/python.h>
 
+#include "cpu/gemm_cpu.h"
 #include "graph_replay.h"
 
 namespace pipelstm {
 bool built_with_cuda();
 namespace cpu {
 const char* fused_loops_isa();
-const char* gemm_backend();
-void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 }
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
@@ -25,13 +24,16 @@ PYBIND11_MODULE(_C, m) {
         "The instruction set of the fused CPU kernels in use: avx512, avx2 or generic "
         "(the widest this CPU runs, capped by PIPELSTM_CPU_ISA).");
   m.def("cpu_gemm", &pipelstm::cpu::gemm_backend,
-        "What runs a layer's whole-batch CPU float32 GEMMs of 128 rows and more: own (the "
+        "What runs a layer's whole-batch CPU float32 GEMMs of 4 rows and more: own (the "
         "fused kernels' packed-panel GEMM) or aten (at::mm); PIPELSTM_CPU_GEMM picks "
         "(cpu/gemm_cpu.h).");
   m.def("_layer_mm_out", &pipelstm::cpu::layer_mm_out, pybind11::arg("out"), pybind11::arg("a"),
         pybind11::arg("b"), pybind11::arg("accumulate") = false,
         "out = a @ b (out += a @ b with accumulate) as a layer runs its whole-batch GEMMs "
         "(cpu/gemm_cpu.h), for tests and measurements.");
+  m.def("_linear", &pipelstm::cpu::linear, pybind11::arg("x"), pybind11::arg("weight"),
+        pybind11::arg("bias") = pybind11::none(),
+        "x @ weight.t() + bias as the pipeline's Linear units run it (cpu/gemm_cpu.h), for tests.");
   m.def("_graph_counts", [] {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);

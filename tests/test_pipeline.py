@@ -5,12 +5,16 @@ Exactness (docs/pipeline.md), with one thread on both sides:
 * bitwise: outputs and final states equal those of the same model's modules
   run on the same pieces as the pipeline (``run_reference_pieces``: the batch
   split into M micro-batches, time into K chunks, states carried from chunk
-  to chunk). The same ops on the same shapes, so this holds on any machine.
+  to chunk; each ``nn.Linear`` as the pipeline's Linear unit computes it,
+  ``pipelstm._C._linear``). The same ops on the same shapes, so this holds
+  on any machine.
 * within 1e-6 relative (max-abs) error against the unsplit model
   (``run_reference``), for outputs, states and all gradients: a GEMM over
   fewer rows (T/K*B or B/M instead of T*B or B) may pick another kernel and
   round differently, and parameter gradients are sums over pieces in another
-  order. Bitwise against the unsplit model only for K = M = 1.
+  order. With K = M = 1 the one piece is the unsplit model, its
+  ``nn.Linear`` run as the Linear units run it (the kernels' GEMM where
+  PIPELSTM_CPU_GEMM picks it, where nn.Linear runs MKL's): bitwise there.
 * with dropout on (training), in float64: within 1e-12 of the unsplit model
   with every dropout replaced by the mask the pass drew (read from the
   pipeline with tests/pipeline_masks.py), for outputs, states and gradients.
@@ -65,7 +69,9 @@ def run_reference_pieces(model: nn.Sequential, x, hx, K, M):
 
     Like the pipeline, it works time-major: a batch_first input is transposed
     once, only the (batch_first) LSTMs see their pieces batch-major, and the
-    output is transposed back. (A stacked LSTM without dropout, or in eval,
+    output is transposed back. An ``nn.Linear`` runs as the pipeline's
+    Linear unit runs it (``pipelstm._C._linear``: the GEMM of
+    PIPELSTM_CPU_GEMM's choice). (A stacked LSTM without dropout, or in eval,
     equals its layers run one after another, which is what the pipeline's
     single-layer units do.) Returns ``output, (h_n, c_n)``: the chunks'
     outputs concatenated along time, the micro-batches' along the batch, and
@@ -88,7 +94,9 @@ def run_reference_pieces(model: nn.Sequential, x, hx, K, M):
         chunks = []
         for piece in x_m.tensor_split(K, dim=0):
             for i, child in enumerate(model):
-                if i not in states:
+                if isinstance(child, nn.Linear):
+                    piece = pipelstm._C._linear(piece, child.weight, child.bias)
+                elif i not in states:
                     piece = child(piece)
                 elif child.batch_first:
                     piece, states[i] = child(piece.transpose(0, 1), states[i])
@@ -112,8 +120,8 @@ def compare(model_fn, x, hx, balance, K, M, check_input_grad, same_kernels=True)
     """The Pipeline (threads=1) against the unsplit model (one thread): within
     TOL for outputs, states and all gradients. With ``same_kernels``
     (pipelstm.LSTM models, not nn.LSTM) outputs and states are also bitwise
-    those of the model run on the pipeline's pieces, and for K = M = 1
-    bitwise those of the unsplit model."""
+    those of the model run on the pipeline's pieces (for K = M = 1, one
+    piece: the unsplit model, its Linear layers run as the units run them)."""
     torch.manual_seed(1)
     base = model_fn()
     ref, pieces, piped = (copy.deepcopy(base).eval() for _ in range(3))  # dropout off
@@ -137,9 +145,6 @@ def compare(model_fn, x, hx, balance, K, M, check_input_grad, same_kernels=True)
             out_s, (h_s, c_s) = run_reference_pieces(pieces, x, hx, K, M)
         assert torch.equal(out_p, out_s)
         assert torch.equal(h_p, h_s) and torch.equal(c_p, c_s)
-        if K == 1 and M == 1:  # one piece: the unsplit model itself
-            assert torch.equal(out_p, out_r)
-            assert torch.equal(h_p, h_r) and torch.equal(c_p, c_r)
     for a, b in ((out_p, out_r), (h_p, h_r), (c_p, c_r)):
         assert rel_error(a, b) <= TOL
 

@@ -77,6 +77,21 @@ const char* gemm_backend() {
   return own_by_cpu() ? "own" : "aten";
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  if (!cpu_float(x) || !cpu_float(w) || (bias.has_value() && !cpu_float(*bias))) {
+    return at::linear(x, w, bias);
+  }
+  TORCH_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), "pipelstm: linear: ",
+              x.sizes(), " @ ", w.sizes(), ".t()");
+  const at::Tensor x2 = x.reshape({-1, w.size(1)});
+  at::Tensor out = at::empty({x2.size(0), w.size(0)}, x.options());
+  if (bias.has_value()) out.copy_(bias->expand_as(out));  // then accumulated into
+  layer_mm_out(out, x2, w.t(), /*accumulate=*/bias.has_value());
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  return out.view(sizes);
+}
+
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate) {
   TORCH_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2 && a.size(0) == out.size(0) &&

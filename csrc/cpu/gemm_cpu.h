@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace pipelstm {
 namespace cpu {
 
@@ -22,6 +24,10 @@ namespace cpu {
 // not CPU float32 go to at::mm_out / addmm_.
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate = false);
+
+// x [..., K] @ w.t() + bias as [..., N] (w [N, K]): a Linear's forward on
+// layer_mm_out for CPU float32, at::linear for anything else.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
 
 // What layer_mm_out runs on CPU float32 now for 4 rows and more: "own"
 // or "aten". Raises if

@@ -1,23 +1,41 @@
 // A Linear as a unit; its weight gradient summed piece by piece in a fixed
 // order (no copy of the output gradients, which for a decoder are as large
-// as its logits).
+// as its logits). On the CPU in float32 its three GEMMs go through
+// cpu::layer_mm_out, the LSTM layers' GEMM dispatch (the fused kernels'
+// GEMM where PIPELSTM_CPU_GEMM picks it): a 10k-way decoder is most of a
+// language model's arithmetic, and at::linear's MKL runs its AVX2 code on
+// AMD CPUs (docs/cpu.md, "GEMM backend").
 #include <ATen/ATen.h>
 
+#include "../../cpu/gemm_cpu.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
 namespace {
 
+bool cpu_float(const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
+
+// g [..., N] @ w [N, K], as [..., K].
+Tensor linear_grad_input_cpu(const Tensor& g, const Tensor& w) {
+  const Tensor g2 = g.reshape({-1, w.size(0)});
+  Tensor out = at::empty({g2.size(0), w.size(1)}, g.options());
+  cpu::layer_mm_out(out, g2, w);
+  std::vector<int64_t> sizes = g.sizes().vec();
+  sizes.back() = w.size(1);
+  return out.view(sizes);
+}
+
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
                Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
   if (keep) saved = {x};
-  return at::linear(x, need(p[0], u, "weight"), p[1]);
+  return cpu::linear(x, need(p[0], u, "weight"), p[1]);
 }
 
 Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
                      const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece& piece) {
   if (!g.defined()) return Tensor();
   piece = {saved[0], g};
+  if (cpu_float(g) && cpu_float(*p[0])) return linear_grad_input_cpu(g, *p[0]);
   return at::matmul(g, *p[0]);
 }
 
@@ -28,11 +46,9 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
     for (const auto& piece : row) {
       if (piece.empty()) continue;
       const Tensor x2 = piece[0].reshape({-1, w.size(1)}), g2 = piece[1].reshape({-1, w.size(0)});
-      if (acc[0].defined()) {
-        acc[0].addmm_(g2.t(), x2);
-      } else {
-        acc[0] = at::mm(g2.t(), x2);
-      }
+      const bool first = !acc[0].defined();
+      if (first) acc[0] = at::empty({w.size(0), w.size(1)}, g2.options());
+      cpu::layer_mm_out(acc[0], g2.t(), x2, /*accumulate=*/!first);  // at::mm off the CPU
       if (p[1].has_value()) accumulate(acc, 1, g2.sum(0));
     }
   }
