@@ -134,6 +134,28 @@ def test_layer_mm_out_matches_float64(gemm, threads, a_layout, b_layout, M, K, N
         assert rel_error(out.double(), start.double() + want) < 1e-5
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,K", [(1030, 2048), (21, 37)])
+def test_layer_mm_out_on_a_transposed_a_a_page_apart(threads, M, K, monkeypatch):
+    # A weight gradient's grad_gates.t() at H >= 256: rows a page or more
+    # apart in memory, made dense block by block first where the build has a
+    # transpose (gemm_cpu.cpp). 1030 x 2048: blocks of 512 rows and a tail
+    # of 6, rows not a multiple of the vector width; 21 x 37: edges only.
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", "own")
+    g = torch.Generator().manual_seed(M)
+    a = torch.randn(K, 1030, generator=g)[:, :M].t()
+    assert a.stride(1) * 4 >= 4096
+    b, start = torch.randn(K, 200, generator=g), torch.randn(M, 200, generator=g)
+    want = a.double() @ b.double()
+    with num_threads(threads):
+        out = torch.full((M, 200), float("nan"))
+        pipelstm._C._layer_mm_out(out, a, b)
+        assert rel_error(out.double(), want) < 1e-5
+        out = start.clone()
+        pipelstm._C._layer_mm_out(out, a, b, accumulate=True)
+        assert rel_error(out.double(), start.double() + want) < 1e-5
+
+
 @pytest.mark.parametrize("gemm", ["own", "aten"])
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("M,N", [(150, 200), (5, 7)])

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "huge_pages.h"
 #include "step_kernels.h"
 
 namespace pipelstm {
@@ -176,6 +177,37 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
         }
       }
     });
+    return;
+  }
+  // A transposed a whose row stride is a page or more (grad_gates.t() at
+  // H >= 256) read in place takes each tile's MR floats per step from a
+  // line of another page, with no hardware prefetch across pages: each row
+  // block is first made dense (Kr.transpose, V x V blocks in registers) and
+  // then run like a plain a. grad_gates.t() @ x, Zen 5, avx512 build,
+  // 1 thread, GFLOP/s (4H x TB @ TB x H): H = 1024, TB = 2048 199 -> 233,
+  // TB = 8192 175 -> 196; H = 512, TB = 2048 193 -> 229. A layer's fwd+bwd
+  // (medians of 5 alternated processes): H = 256..1024, 1 and 2 threads
+  // 1.03-1.11x as fast; at H = 64 and 128 (strides of 1-2 KiB, not made
+  // dense) it was 0.81-0.95x. The avx2 build has no Kr.transpose: there
+  // the kernel packs such slices itself (gemm_strided), 0.95-1.0x this way.
+  if (transposed && Kr.transpose != nullptr && step * static_cast<int64_t>(sizeof(float)) >= 4096) {
+    at::Tensor dense = empty_huge({std::min(M, block), K}, rows.options());
+    float* d = dense.data_ptr<float>();
+    for (int64_t r0 = 0; r0 < M; r0 += block) {
+      const int64_t nr = std::min(M, r0 + block) - r0, V = Kr.vec;
+      at::parallel_for(0, (nr + V - 1) / V, 1, [&](int64_t b0, int64_t b1) {
+        const int64_t i0 = b0 * V, i1 = std::min(nr, b1 * V);
+        Kr.transpose(a0 + r0 + i0, step, i1 - i0, K, d + i0 * K, K);
+      });
+      at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) {
+        kernels::cpu::Gemm part = m;
+        part.rows = nr;
+        part.a = {nullptr, d, 0, K, 1};
+        part.out = o + r0 * m.ldo;
+        if (accumulate) part.add = o + r0 * m.ld_add;
+        Kr.gemm(part, pb, pe);
+      });
+    }
     return;
   }
   for (int64_t r0 = 0; r0 < M; r0 += block) {

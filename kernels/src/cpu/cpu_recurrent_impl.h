@@ -610,6 +610,24 @@ void pack_cols(const float* w, int64_t k, int64_t n, float* out, int64_t panel_b
   }
 }
 
+// V x V blocks transposed in registers (one vector load per source row,
+// one store per destination row), the edges a float at a time.
+void transpose_rows(const float* src, int64_t lds, int64_t n, int64_t m, float* dst, int64_t ldd) {
+  const int64_t n_whole = n - n % V, m_whole = m - m % V;
+  for (int64_t i0 = 0; i0 < n_whole; i0 += V) {
+    for (int64_t j0 = 0; j0 < m_whole; j0 += V) {
+      vf r[V];
+      for (int v = 0; v < V; ++v) r[v] = load(src + (j0 + v) * lds + i0);
+      transpose<V / 2>(r);
+      for (int v = 0; v < V; ++v) store(dst + (i0 + v) * ldd + j0, r[v]);
+    }
+    for (int64_t i = i0; i < i0 + V; ++i)
+      for (int64_t j = m_whole; j < m; ++j) dst[i * ldd + j] = src[j * lds + i];
+  }
+  for (int64_t i = n_whole; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) dst[i * ldd + j] = src[j * lds + i];
+}
+
 }  // namespace
 
 const RecurrentKernels& kernels() {
@@ -627,6 +645,9 @@ const RecurrentKernels& kernels() {
     r.forward_step = &forward_step;
     r.backward_step = &backward_step;
     r.gemm = &gemm;
+    // Where the kernel packs page-strided slices itself (gemm_strided), the
+    // caller gets no transpose and leaves a in place.
+    r.transpose = PIPELSTM_PACK_STRIDED_A ? nullptr : &transpose_rows;
     return r;
   }();
   return k;

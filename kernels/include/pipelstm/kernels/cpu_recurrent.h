@@ -114,6 +114,12 @@ struct RecurrentKernels {
   void (*pack_cols)(const float* w, int64_t k, int64_t n, float* out, int64_t panel_begin,
                     int64_t panel_end) = nullptr;
 
+  // dst[i * ldd + j] = src[j * lds + i] for i < n, j < m: the rows of a
+  // transposed operand (grad_gates.t()) made dense, for Gemm. Null in
+  // builds whose gemm packs such operands itself.
+  void (*transpose)(const float* src, int64_t lds, int64_t n, int64_t m, float* dst,
+                    int64_t ldd) = nullptr;
+
   // Each computes the panels [panel_begin, panel_end) for all rows.
   void (*forward_step)(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
   void (*backward_step)(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
