@@ -157,10 +157,13 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, K * 4));
   const int64_t panels = Kr.plain_panels(N);
   const float* a0 = rows.const_data_ptr<float>();
-  auto run = [&](int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
+  // Rows [r0, r1) over panels [pb, pe), a's rows from `rows_of_a` (in
+  // place unless given).
+  auto run = [&](int64_t r0, int64_t r1, int64_t pb, int64_t pe, const float* rows_of_a = nullptr) {
     kernels::cpu::Gemm part = m;
     part.rows = r1 - r0;
     part.a.rest = a0 + r0 * lda;
+    if (rows_of_a != nullptr) part.a = {nullptr, rows_of_a, 0, K, 1};
     part.out = o + r0 * m.ldo;
     if (accumulate) part.add = o + r0 * m.ld_add;
     Kr.gemm(part, pb, pe);
@@ -190,28 +193,20 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   // 1.03-1.11x as fast; at H = 64 and 128 (strides of 1-2 KiB, not made
   // dense) it was 0.81-0.95x. The avx2 build has no Kr.transpose: there
   // the kernel packs such slices itself (gemm_strided), 0.95-1.0x this way.
-  if (transposed && Kr.transpose != nullptr && step * static_cast<int64_t>(sizeof(float)) >= 4096) {
-    at::Tensor dense = empty_huge({std::min(M, block), K}, rows.options());
-    float* d = dense.data_ptr<float>();
-    for (int64_t r0 = 0; r0 < M; r0 += block) {
-      const int64_t nr = std::min(M, r0 + block) - r0, V = Kr.vec;
-      at::parallel_for(0, (nr + V - 1) / V, 1, [&](int64_t b0, int64_t b1) {
-        const int64_t i0 = b0 * V, i1 = std::min(nr, b1 * V);
+  const bool make_dense =
+      transposed && Kr.transpose != nullptr && step * static_cast<int64_t>(sizeof(float)) >= 4096;
+  at::Tensor dense = make_dense ? empty_huge({std::min(M, block), K}, rows.options()) : at::Tensor();
+  float* d = make_dense ? dense.data_ptr<float>() : nullptr;
+  for (int64_t r0 = 0; r0 < M; r0 += block) {
+    const int64_t r1 = std::min(M, r0 + block);
+    if (make_dense) {
+      const int64_t V = Kr.vec;
+      at::parallel_for(0, (r1 - r0 + V - 1) / V, 1, [&](int64_t b0, int64_t b1) {
+        const int64_t i0 = b0 * V, i1 = std::min(r1 - r0, b1 * V);
         Kr.transpose(a0 + r0 + i0, step, i1 - i0, K, d + i0 * K, K);
       });
-      at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) {
-        kernels::cpu::Gemm part = m;
-        part.rows = nr;
-        part.a = {nullptr, d, 0, K, 1};
-        part.out = o + r0 * m.ldo;
-        if (accumulate) part.add = o + r0 * m.ld_add;
-        Kr.gemm(part, pb, pe);
-      });
     }
-    return;
-  }
-  for (int64_t r0 = 0; r0 < M; r0 += block) {
-    at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) { run(r0, std::min(M, r0 + block), pb, pe); });
+    at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) { run(r0, r1, pb, pe, d); });
   }
 }
 

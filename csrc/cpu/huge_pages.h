@@ -10,9 +10,10 @@
 // 2 MiB; with THP in madvise mode, a buffer under 2 MiB gets none, only
 // the cache below), and freed ones are kept for the next call of about
 // their size, up to PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated
-// calls do not fault at all. glibc's heap, which served buffers below 32 MiB before, does not
-// reliably keep them: with nn.LSTM's calls between ours (a bench, or any
-// model with other layers), glibc trimmed or mapped afresh and one
+// calls do not fault at all. glibc's heap, which served buffers below
+// 32 MiB before, does not reliably keep them: with nn.LSTM's calls
+// between ours (a bench, or any model with other layers), glibc trimmed
+// or mapped afresh and one
 // forward in three at H=256 B=32 T=128 (2 threads, 20 MiB of workspace)
 // took 17-20 ms instead of 11 (faults). Without the cache a fresh
 // huge-page mapping per call (zeroing each 2 MiB page) made the forward at

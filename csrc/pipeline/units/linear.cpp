@@ -13,18 +13,6 @@
 namespace pipelstm::pipeline {
 namespace {
 
-bool cpu_float(const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
-
-// g [..., N] @ w [N, K], as [..., K].
-Tensor linear_grad_input_cpu(const Tensor& g, const Tensor& w) {
-  const Tensor g2 = g.reshape({-1, w.size(0)});
-  Tensor out = at::empty({g2.size(0), w.size(1)}, g.options());
-  cpu::layer_mm_out(out, g2, w);
-  std::vector<int64_t> sizes = g.sizes().vec();
-  sizes.back() = w.size(1);
-  return out.view(sizes);
-}
-
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
                Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
   if (keep) saved = {x};
@@ -35,8 +23,7 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
                      const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece& piece) {
   if (!g.defined()) return Tensor();
   piece = {saved[0], g};
-  if (cpu_float(g) && cpu_float(*p[0])) return linear_grad_input_cpu(g, *p[0]);
-  return at::matmul(g, *p[0]);
+  return cpu::linear(g, p[0]->t(), std::nullopt);  // g @ W
 }
 
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
