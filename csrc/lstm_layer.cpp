@@ -12,7 +12,8 @@
 //
 // On the CPU in float32 the time loops are cpu/fused_loops_cpu.cpp's: each
 // step one fused kernel (GEMM and cell together) on weights packed once per
-// call. The ATen step loop below serves every other device and dtype.
+// call, for small layers with the step's input projection in it too. The
+// ATen step loop below serves every other device and dtype.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -313,12 +314,16 @@ ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
   }
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   if (cpu::fused_loops_serve(x)) {
-    // The input's pre-activations straight into the workspace, where the
+    // Where the weights are small and the steps have rows enough, each fused
+    // step projects its own input. Otherwise the input's pre-activations go
+    // straight into the workspace, where the
     // fused steps add the bias and turn them into the activated gates (no
     // pass of addmm copying the bias over the whole buffer first).
-    cpu::layer_mm_out(ws.gates, x, w_ih.t());
-    cpu::fused_forward_loop(steps, s, reverse, h_init, c_init, w_hh, w_hr, bias, ws.gates,
-                            ws.cells, ws.raw_h, r.output, r.h_n, r.c_n);
+    const bool in_steps = cpu::input_projection_in_steps(s, steps);
+    if (!in_steps) cpu::layer_mm_out(ws.gates, x, w_ih.t());
+    cpu::fused_forward_loop(steps, s, reverse, in_steps ? x : Tensor(), w_ih, h_init, c_init,
+                            w_hh, w_hr, bias, ws.gates, ws.cells, ws.raw_h, r.output, r.h_n,
+                            r.c_n);
     return r;
   }
   const Tensor input_gates = bias.defined() ? at::addmm(bias, x, w_ih.t()) : at::mm(x, w_ih.t());

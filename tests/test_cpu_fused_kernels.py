@@ -21,8 +21,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "fused_kernels_check.py"
 ISAS = ["generic", "avx2", "avx512"]
 
 
-def run_with(isa: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PIPELSTM_CPU_ISA=isa)
+def run_with(isa: str, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PIPELSTM_CPU_ISA=isa, **env_vars)
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -32,11 +32,14 @@ def isa_under_cap(isa: str) -> str:
     return done.stdout.strip()
 
 
+# The forward's input projection as one GEMM over all steps ("0") and
+# inside each step ("1"), whichever the sizes would pick.
+@pytest.mark.parametrize("in_steps", ["0", "1"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_each_isa_matches_float64_nn_lstm(isa):
+def test_each_isa_matches_float64_nn_lstm(isa, in_steps):
     if isa_under_cap(isa) != isa:
         pytest.skip(f"this CPU does not run the {isa} build")
-    done = run_with(isa, str(SCRIPT))
+    done = run_with(isa, str(SCRIPT), PIPELSTM_INPUT_IN_STEPS=in_steps)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["isa"] == isa

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "gemm_cpu.h"
 #include "huge_pages.h"
 #include "phase_team.h"
 #include "step_kernels.h"
@@ -48,6 +49,25 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 constexpr int64_t kMinRowsPerBlock = 8;
 constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
 constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;
+
+// The input projection inside the steps (input_projection_in_steps): a
+// step runs its tiles over I + P rows of depth, starting from the bias, and
+// its cells read no pre-activations from memory. A separate GEMM over all
+// steps stores them first (its short-depth tiles ran at about 90 % of the
+// recurrent tiles' rate at H = 64) and each cell loads them back, but it
+// reads w_ih once, where the steps read it at every step, and its tiles are
+// full where a step has fewer rows than a tile. So: at least
+// kMinInStepRows rows a step, and w_ih and w_hh of at most
+// kMaxInStepWeightsL2 floats together (4H x (I + P), 1 MiB: a core's L2 on
+// a Zen 5), or of at most kMaxInStepWeights (8 MiB, H = I = P = 512) from
+// kMinInStepRowsBeyondL2 rows, where a step does enough arithmetic per
+// weight to read them from L3. The avx2 build keeps the GEMM: on the same
+// CPU capped to AVX2 the steps gained 1-4 % at H = 64 but lost up to 7 %
+// at H = 128 with 4-8 rows a step (its tiles have 3 rows, not 6).
+constexpr int64_t kMinInStepRows = 4;
+constexpr int64_t kMinInStepRowsBeyondL2 = 32;
+constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
+constexpr int64_t kMaxInStepWeights = int64_t{1} << 21;
 
 int team_size(int64_t macs_per_step, int64_t panels) {
   if (at::in_parallel_region()) return 1;
@@ -107,8 +127,28 @@ bool fused_loops_serve(const Tensor& x) {
 
 const char* fused_loops_isa() { return kernels().isa; }
 
+bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps) {
+  const char* env = std::getenv("PIPELSTM_INPUT_IN_STEPS");  // read per call: cheap beside a loop
+  if (env != nullptr && *env != '\0') return std::atoi(env) != 0;
+  // Measured against the GEMM in the avx512 build only, where it is the
+  // kernels' own (not on an Intel CPU, whose MKL keeps the GEMMs).
+  if (std::strcmp(kernels().isa, "avx512") != 0 || std::strcmp(gemm_backend(), "own") != 0) {
+    return false;
+  }
+  const int64_t T = steps.steps();
+  if (T == 0) return false;
+  const int64_t rows = steps.rows / T;  // per step, on average (packed input)
+  const int64_t weights = 4 * geometry.hidden * (geometry.input + geometry.out);
+  if (rows < kMinInStepRows) return false;
+  // Work for two threads a step (team_size), as the GEMM would have. Not
+  // the thread count itself: results stay bitwise the same on any number
+  // of threads.
+  if (rows * weights < 2 * kMinMacsPerThread) return false;
+  return weights <= (rows >= kMinInStepRowsBeyondL2 ? kMaxInStepWeights : kMaxInStepWeightsL2);
+}
+
 void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
-                        const Tensor& h0, const Tensor& c0,
+                        const Tensor& x, const Tensor& w_ih, const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n) {
@@ -124,6 +164,17 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     const Tensor wr = w_hr->contiguous();
     packed_hr = packed_panels(K.plain_panels(P), H, wr, [&](float* out, int64_t b, int64_t e) {
       K.pack_rows(cptr(wr), P, H, out, b, e);
+    });
+  }
+  // With the input projection in the steps, w_ih packed like w_hh.
+  const bool in_step = x.defined();
+  const int64_t I = geometry.input;
+  const Tensor xs = in_step ? x.contiguous() : Tensor();
+  const Tensor wi = in_step ? w_ih.contiguous() : Tensor();
+  Tensor packed_ih;
+  if (in_step) {
+    packed_ih = packed_panels(K.gate_panels(H), I, wi, [&](float* out, int64_t b, int64_t e) {
+      K.pack_gates(cptr(wi), H, I, out, b, e);
     });
   }
   float* g = ptr(gates);
@@ -151,6 +202,13 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     f.k = zero_h0 && cont == 0 ? 0 : P;
     f.h_prev = rows_from({step_rows(out, steps, prev, P), h_init, cont, P}, r0);
     f.w = cptr(packed_hh);
+    if (in_step) {
+      f.input_in_step = true;
+      f.x = cptr(xs) + row0 * I;
+      f.ldx = I;
+      f.kx = I;
+      f.w_x = cptr(packed_ih);
+    }
     f.gates = g + row0 * 4 * H;
     f.bias = b.defined() ? cptr(b) : nullptr;
     f.c_prev = rows_from({step_rows(c, steps, prev, H), c_init, cont, H}, r0);
@@ -191,7 +249,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
       }
     });
   } else {
-    const int threads = team_size(steps.max_batch * 4 * H * P, cell_panels);
+    const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
     auto chunks = [&](int64_t s) {
       return std::min<int64_t>(threads, s % phases == 0 ? cell_panels : proj_panels);
     };

@@ -25,13 +25,23 @@ bool fused_loops_serve(const Tensor& x);
 // The name of the kernels' ISA on this CPU ("avx512", "avx2", "generic").
 const char* fused_loops_isa();
 
-// Forward of all steps. In: gates [N, 4H] holds each row's input
-// pre-activations, bias (optional [4H], both biases summed) is added to
-// them. Out: gates the activated gates, cells
-// [N, H], raw_h [N, H] (with w_hr only: h before the projection), output
-// [N, P], h_n [B, P] and c_n [B, H]. h0/c0 contiguous [B, P]/[B, H].
+// Whether the forward of a layer of this geometry over these steps computes
+// the input projection inside the steps (x and w_ih to fused_forward_loop)
+// rather than as one GEMM over all steps beforehand: where the weights are
+// small enough to be read at every step and the steps have rows enough
+// (fused_loops_cpu.cpp). PIPELSTM_INPUT_IN_STEPS=0 never does, =1 always
+// (for measuring).
+bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps);
+
+// Forward of all steps. In: with x [N, I] and w_ih [4H, I] defined (where
+// input_projection_in_steps), each step computes its rows' input
+// pre-activations itself; otherwise gates [N, 4H] holds them. bias
+// (optional [4H], both biases summed) is added to them. Out: gates the
+// activated gates, cells [N, H], raw_h [N, H] (with w_hr only: h before
+// the projection), output [N, P], h_n [B, P] and c_n [B, H]. h0/c0
+// contiguous [B, P]/[B, H].
 void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
-                        const Tensor& h0, const Tensor& c0,
+                        const Tensor& x, const Tensor& w_ih, const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
                         Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n);

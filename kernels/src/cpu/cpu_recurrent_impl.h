@@ -9,6 +9,7 @@
 // The math is gate_math.h's polynomial exp, lane-wise, in the same order of
 // operations; tanh is built on the same exp differently (vtanh).
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -147,20 +148,13 @@ inline vf vsigmoid(vf x) {
 }
 
 // acc[m][q] += sum_k a[m][k * step] * panel[k][q*V .. q*V+V) for M rows and
-// k in [0, depth): the register tile, FMA-bound. Not inlined: inlined into the
-// forward, where more values are alive, GCC kept an accumulator on the
-// stack (seen in perf annotate: a load and a store in the inner loop).
-// kZero: the accumulators start from zero, not from acc_io (a whole depth
-// in one pass: no loads of acc_io, and the caller need not clear it).
-template <int M, bool kZero>
-__attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const float* __restrict__ panel,
-                                    int64_t depth, int64_t step, vf (&acc_io)[MR][4]) {
+// k in [0, depth): the register tile's loop, FMA-bound.
+template <int M>
+[[gnu::always_inline]] inline void accumulate(vf (&acc)[M][4], const float* const (&a_rows)[MR],
+                                              const float* __restrict__ panel, int64_t depth,
+                                              int64_t step) {
   const float* a[M];
-  vf acc[M][4];
-  for (int m = 0; m < M; ++m) {
-    a[m] = a_rows[m];
-    for (int q = 0; q < 4; ++q) acc[m][q] = kZero ? vf{} : acc_io[m][q];
-  }
+  for (int m = 0; m < M; ++m) a[m] = a_rows[m];
   for (int64_t kk = 0, off = 0; kk < depth; ++kk, off += step) {
     const float* w = panel + kk * W;
     const vf w0 = *reinterpret_cast<const vf*>(w);
@@ -176,28 +170,67 @@ __attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const floa
       acc[m][3] += w3 * s;
     }
   }
+}
+
+// The register tile over M rows: acc_io = a @ panel (kZero) or acc_io +=
+// a @ panel. Not inlined: inlined into the forward, where more values are
+// alive, GCC kept an accumulator on the stack (seen in perf annotate: a
+// load and a store in the inner loop). kZero: the accumulators start from
+// zero, not from acc_io (a whole depth in one pass: no loads of acc_io, and
+// the caller need not clear it).
+template <int M, bool kZero>
+__attribute__((noinline)) void tile(const float* const (&a_rows)[MR], const float* panel,
+                                    int64_t depth, int64_t step, vf (&acc_io)[MR][4]) {
+  vf acc[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int q = 0; q < 4; ++q) acc[m][q] = kZero ? vf{} : acc_io[m][q];
+  accumulate<M>(acc, a_rows, panel, depth, step);
   for (int m = 0; m < M; ++m)
     for (int q = 0; q < 4; ++q) acc_io[m][q] = acc[m][q];
+}
+
+// The forward's tile with the input projection in the step:
+// acc_out[m] = init + x[m] @ panel_x (depth kx) + h[m] @ panel_h (depth kh),
+// the accumulators in registers throughout.
+template <int M>
+__attribute__((noinline)) void tile_in_step(const float* const (&x)[MR], const float* panel_x,
+                                            int64_t kx, const float* const (&h)[MR],
+                                            const float* panel_h, int64_t kh,
+                                            const vf (&init)[4], vf (&acc_out)[MR][4]) {
+  vf acc[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int q = 0; q < 4; ++q) acc[m][q] = init[q];
+  accumulate<M>(acc, x, panel_x, kx, 1);
+  accumulate<M>(acc, h, panel_h, kh, 1);
+  for (int m = 0; m < M; ++m)
+    for (int q = 0; q < 4; ++q) acc_out[m][q] = acc[m][q];
+}
+
+// f(std::integral_constant<int, rows>) for rows in [1, MR]: a tile's row
+// count as a template argument.
+template <typename F>
+inline void with_rows(int rows, F&& f) {
+  switch (rows) {
+#define PIPELSTM_ROWS_CASE(n)                                         \
+  case n:                                                             \
+    if constexpr (n <= MR) f(std::integral_constant<int, n>{});       \
+    break;
+    PIPELSTM_ROWS_CASE(1)
+    PIPELSTM_ROWS_CASE(2)
+    PIPELSTM_ROWS_CASE(3)
+    PIPELSTM_ROWS_CASE(4)
+    PIPELSTM_ROWS_CASE(5)
+    PIPELSTM_ROWS_CASE(6)
+    PIPELSTM_ROWS_CASE(7)
+    PIPELSTM_ROWS_CASE(8)
+#undef PIPELSTM_ROWS_CASE
+  }
 }
 
 template <bool kZero>
 inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, int64_t depth,
                      int64_t step, vf (&acc)[MR][4]) {
-  switch (rows) {
-#define PIPELSTM_TILE_CASE(n) \
-  case n:                     \
-    if constexpr (n <= MR) tile<n, kZero>(a, panel, depth, step, acc); \
-    break;
-    PIPELSTM_TILE_CASE(1)
-    PIPELSTM_TILE_CASE(2)
-    PIPELSTM_TILE_CASE(3)
-    PIPELSTM_TILE_CASE(4)
-    PIPELSTM_TILE_CASE(5)
-    PIPELSTM_TILE_CASE(6)
-    PIPELSTM_TILE_CASE(7)
-    PIPELSTM_TILE_CASE(8)
-#undef PIPELSTM_TILE_CASE
-  }
+  with_rows(rows, [&](auto m) { tile<decltype(m)::value, kZero>(a, panel, depth, step, acc); });
 }
 
 // Depth of one pass over a panel: its slice (KC x 4V floats, 16 KiB) stays in
@@ -278,7 +311,7 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
   }
 }
 
-static_assert(MR <= 8, "tile_any handles up to 8 rows");
+static_assert(MR <= 8, "with_rows handles up to 8 rows");
 
 // ---- prefetching -------------------------------------------------------
 // A cell reads and writes a few vectors of each of several row-wise arrays
@@ -298,7 +331,8 @@ inline void prefetch_lines_for_write(float* p, int64_t floats) {
 
 // ---- forward ----------------------------------------------------------
 
-template <bool kFull>
+// kInStep: acc holds the whole pre-activations (ForwardStep::input_in_step).
+template <bool kFull, bool kInStep>
 inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, const vf (&acc)[4]) {
   const int64_t H = s.hidden;
   float* g = s.gates + r * 4 * H + j;
@@ -309,15 +343,18 @@ inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, cons
     prefetch_lines_for_write(s.c + r * H + j + a, V);
     prefetch_lines_for_write(s.h + r * s.ldh + j + a, V);
   }
-  vf pre_i = acc[0] + load_n<kFull>(g, n);
-  vf pre_f = acc[1] + load_n<kFull>(g + H, n);
-  vf pre_g = acc[2] + load_n<kFull>(g + 2 * H, n);
-  vf pre_o = acc[3] + load_n<kFull>(g + 3 * H, n);
-  if (s.bias) {
-    pre_i += load_n<kFull>(s.bias + j, n);
-    pre_f += load_n<kFull>(s.bias + H + j, n);
-    pre_g += load_n<kFull>(s.bias + 2 * H + j, n);
-    pre_o += load_n<kFull>(s.bias + 3 * H + j, n);
+  vf pre_i = acc[0], pre_f = acc[1], pre_g = acc[2], pre_o = acc[3];
+  if (!kInStep) {
+    pre_i += load_n<kFull>(g, n);
+    pre_f += load_n<kFull>(g + H, n);
+    pre_g += load_n<kFull>(g + 2 * H, n);
+    pre_o += load_n<kFull>(g + 3 * H, n);
+    if (s.bias) {
+      pre_i += load_n<kFull>(s.bias + j, n);
+      pre_f += load_n<kFull>(s.bias + H + j, n);
+      pre_g += load_n<kFull>(s.bias + 2 * H + j, n);
+      pre_o += load_n<kFull>(s.bias + 3 * H + j, n);
+    }
   }
   const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
   const vf i = vsigmoid(pre_i);
@@ -334,17 +371,56 @@ inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, cons
   store_n<kFull>(s.h + r * s.ldh + j, h, n);
 }
 
+template <bool kInStep>
+inline void forward_cells(const ForwardStep& s, int64_t r0, int rows, int64_t j, int n,
+                          const vf (&acc)[MR][4]) {
+  for (int m = 0; m < rows; ++m) {
+    if (n == V) forward_cell<true, kInStep>(s, r0 + m, j, n, acc[m]);
+    else forward_cell<false, kInStep>(s, r0 + m, j, n, acc[m]);
+  }
+}
+
+// Panel p with the input projection in the step. Whole depth, unsliced: the
+// caller puts it in the step only where the weights are small (a panel of
+// I + P rows of depth stays in L1 or L2).
+void forward_panel_in_step(const ForwardStep& s, int64_t p, int64_t j, int n) {
+  const int64_t H = s.hidden;
+  vf init[4];
+  for (int q = 0; q < 4; ++q) {
+    init[q] = s.bias == nullptr ? vf{}
+              : n == V          ? load_n<true>(s.bias + q * H + j, n)
+                                : load_n<false>(s.bias + q * H + j, n);
+  }
+  const float* panel_x = s.w_x + p * s.kx * W;
+  const float* panel_h = s.w + p * s.k * W;
+  vf acc[MR][4];
+  const float* x[MR] = {};
+  const float* h[MR] = {};
+  for (int64_t r = 0, rows = 0; r < s.rows; r += rows) {
+    rows = block_rows(s.rows - r);
+    for (int m = 0; m < rows; ++m) {
+      x[m] = s.x + (r + m) * s.ldx;
+      h[m] = s.h_prev.row(r + m);
+    }
+    with_rows(static_cast<int>(rows), [&](auto m) {
+      tile_in_step<decltype(m)::value>(x, panel_x, s.kx, h, panel_h, s.k, init, acc);
+    });
+    forward_cells<true>(s, r, static_cast<int>(rows), j, n, acc);
+  }
+}
+
 void forward_step(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) {
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const int64_t j = p * V;
     const int n = static_cast<int>(s.hidden - j < V ? s.hidden - j : V);
+    if (s.input_in_step) {
+      forward_panel_in_step(s, p, j, n);
+      continue;
+    }
     const float* panel = s.w + p * s.k * W;
     for_row_blocks(0, s.rows, panel, s.k, 1, [&](int64_t r) { return s.h_prev.row(r); },
                    [&](int64_t r0, int rows, const vf (&acc)[MR][4]) {
-                     for (int m = 0; m < rows; ++m) {
-                       if (n == V) forward_cell<true>(s, r0 + m, j, n, acc[m]);
-                       else forward_cell<false>(s, r0 + m, j, n, acc[m]);
-                     }
+                     forward_cells<false>(s, r0, rows, j, n, acc);
                    });
   }
 }

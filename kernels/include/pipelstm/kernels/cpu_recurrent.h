@@ -5,8 +5,10 @@
 // panels, and the pointwise work of the step is done on the GEMM's
 // accumulators while they are still in registers:
 //
-//   forward   gates[r, g*H + j] += h_prev[r, :] . w_hh[g*H + j, :], then the
-//             cell: activated gates, c and h written for every (r, j)
+//   forward   gates[r, g*H + j] += h_prev[r, :] . w_hh[g*H + j, :] (or, with
+//             the input projection in the step, gates = bias + x[r, :] .
+//             w_ih[g*H + j, :] + that), then the cell: activated gates, c
+//             and h written for every (r, j)
 //   backward  grad_h[r, j] = grad_gates_next[r, :] . w_hh[:, j] (+ grad_out),
 //             then the cell's backward: grad_gates and grad_c written
 //
@@ -52,8 +54,16 @@ struct ForwardStep {
   int64_t k = 0;        // width of h_prev (H, or P with a projection)
   RowSource h_prev;     // [rows, k]
   const float* w = nullptr;  // w_hh [4H, k] through pack_gates
-  float* gates = nullptr;    // [rows, 4H]: the input's pre-activations in, the
-                             // activated gates out
+  // The input projection in the step (input_in_step): the pre-activations
+  // start from bias + x @ w_ih^T in the registers, and gates is only
+  // written. Otherwise gates holds them, computed beforehand.
+  bool input_in_step = false;
+  const float* x = nullptr;     // [rows, ldx]: the step's input (the first kx columns)
+  int64_t ldx = 0;
+  int64_t kx = 0;               // I
+  const float* w_x = nullptr;   // w_ih [4H, kx] through pack_gates
+  float* gates = nullptr;    // [rows, 4H]: the input's pre-activations in (but
+                             // with input_in_step), the activated gates out
   const float* bias = nullptr;  // optional [4H], added to the pre-activations
   RowSource c_prev;          // [rows, H]
   float* c = nullptr;        // [rows, H] out
