@@ -7,8 +7,8 @@ random token ids, time-major ``[T, B]``. Two sizes, H=256 B=16 T=128 and
 H=512 B=32 T=128, vocabulary ``--vocab`` (10000; ``--quick``: tiny sizes,
 vocabulary 1000).
 
-For each size, in one process, one step of each of these in turn (after a
-warm-up step each), every figure the median of ``--reps`` steps:
+For each size, one step of each of these in turn (after a warm-up step
+each), every figure the median of ``--reps`` steps:
 
 * the model on ``torch.nn.LSTM``, one process with ``--threads`` intra-op
   threads (``torch.set_num_threads``; 1 and 2);
@@ -18,6 +18,14 @@ warm-up step each), every figure the median of ``--reps`` steps:
   "cpu"]``, 2 stages of 1 thread each, for every K (``--chunks``) x M
   (``--micro-batches``), the loss computed as the pipeline's last unit
   (``loss_fn=nn.CrossEntropyLoss()``, ``loss, _ = pipe(x, target=y)``).
+
+Every configuration runs in a process of its own that stays up for the
+whole size (:class:`pipelstm.bench.groups.Group`), and the processes take
+turns, one step each, the others blocked meanwhile: each model has its
+process to itself, as a user's training script would. (With all of them
+in one process, nn.LSTM's steps had run up to 1.5x slower than alone,
+after the pipelines' steps; pipelstm's, whose large buffers come from its
+own cache of kept mappings, had not.) A step is timed inside its process.
 
 One thread per stage stands in for one device per stage: the 2 stages are
 2 threads of one process, one core each. What a CPU user would run instead
@@ -31,7 +39,6 @@ threads and the best of {pipelstm.LSTM with 2 threads, the best K x M of
 
 import argparse
 import copy
-import gc
 import statistics
 import sys
 from collections import OrderedDict
@@ -43,6 +50,7 @@ from torch import nn
 
 from .. import LSTM, Pipeline
 from . import report
+from .groups import Group, close_all
 from .pipeline import PipelineStep
 from .pipelining_peer import LanguageModel
 from .table import Column, header, row_line
@@ -101,48 +109,101 @@ SUMMARY_COLUMNS = [
 ]
 
 
+class _LMWorkload:
+    """One configuration's model and its training step, in a process of its own
+    (a :class:`pipelstm.bench.groups.Group` workload): ``kind`` is BASELINE or
+    "pipelstm.LSTM" (at ``threads`` intra-op threads) or "pipeline" (2
+    stages of 1 thread, ``chunks`` x ``micro_batches``)."""
+
+    def __init__(self, kind: str, H: int, B: int, T: int, vocab: int, threads: int = 1, chunks: int = 1,
+                 micro_batches: int = 1) -> None:
+        torch.manual_seed(0)  # the same weights in every process
+        peer = LanguageModel(vocab, H, H, LAYERS, lstm=nn.LSTM)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, vocab, (T, B), generator=g)
+        y = torch.randint(0, vocab, (T, B), generator=g)
+        self.pipeline: Optional[PipelineStep] = None
+        if kind == BASELINE:
+            self._step = ModelStep(peer, x, y, threads)
+            return
+        ours = LanguageModel(vocab, H, H, LAYERS, lstm=LSTM)
+        ours.load_state_dict(peer.state_dict())
+        del peer
+        if kind == "pipeline":
+            pipe = Pipeline(as_sequential(ours), devices=["cpu"] * STAGES, chunks=chunks,
+                            micro_batches=micro_batches, threads=1, loss_fn=nn.CrossEntropyLoss())
+            self.balance = list(pipe.balance)
+            # PipelineStep takes the target [B, T] and passes its [T, B] view
+            self.pipeline = self._step = PipelineStep(pipe, x, y.t())
+        else:
+            self._step = ModelStep(ours, x, y, threads)
+
+    def step(self) -> None:
+        self._step()
+
+    def info(self) -> dict:
+        """The pipeline's figures of the last step (busy, bubbles), and its balance."""
+        if self.pipeline is None:
+            return {}
+        return dict(self.pipeline.runs[-1], balance=self.balance)
+
+
+def setup_config(rank: int, world: int, **kwargs) -> _LMWorkload:
+    """A :class:`pipelstm.bench.groups.Group` workload: one configuration of one size."""
+    if world != 1:
+        raise ValueError(f"a configuration is one process, not {world}")
+    return _LMWorkload(**kwargs)
+
+
 def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int], micro_batches: List[int],
              reps: int) -> List[dict]:
-    """The rows of one size, all timed in one interleaved loop."""
+    """The rows of one size, each configuration in a process of its own, all timed in one interleaved loop."""
     H, B, T = s["H"], s["B"], s["T"]
     label = size_label(s)
-    torch.manual_seed(0)
-    peer = LanguageModel(vocab, H, H, LAYERS, lstm=nn.LSTM)
-    ours = LanguageModel(vocab, H, H, LAYERS, lstm=LSTM)
-    ours.load_state_dict(peer.state_dict())
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, vocab, (T, B), generator=g)
-    y = torch.randint(0, vocab, (T, B), generator=g)
+    model = dict(H=H, B=B, T=T, vocab=vocab)
+    configs = []  # (row, group)
+    groups: List[Optional[Group]] = []
+    try:
+        for kind in (BASELINE, "pipelstm.LSTM"):
+            for n in threads:
+                row = dict(size=label, config=f"{kind} model, 1 process x {n} thread{'s' * (n > 1)}",
+                           kind=kind, threads=n, cores=n)
+                groups.append(Group(row["config"], 1, setup_config, kind=kind, threads=n, **model))
+                configs.append((row, groups[-1]))
+        for K in chunks:
+            for M in micro_batches:
+                row = dict(size=label, kind="pipeline", threads="1 per stage", cores=STAGES, K=K, M=M)
+                groups.append(Group(f"pipeline K={K} M={M}", 1, setup_config, kind="pipeline", chunks=K,
+                                    micro_batches=M, **model))
+                configs.append((row, groups[-1]))
+        for g in groups:
+            g.wait_ready()
+        infos: Dict[str, List[dict]] = {str(i): [] for i in range(len(configs))}
 
-    configs = []  # (row, step function)
-    for kind, model in ((BASELINE, peer), ("pipelstm.LSTM", ours)):
-        for n in threads:
-            configs.append((dict(size=label, config=f"{kind} model, 1 process x {n} thread{'s' * (n > 1)}",
-                                 kind=kind, threads=n, cores=n), ModelStep(model, x, y, n)))
-    for K in chunks:
-        for M in micro_batches:
-            pipe = Pipeline(as_sequential(ours), devices=["cpu"] * STAGES, chunks=K, micro_batches=M, threads=1,
-                            loss_fn=nn.CrossEntropyLoss())
-            step = PipelineStep(pipe, x, y.t())  # PipelineStep takes the target [B, T] and passes its [T, B] view
-            configs.append((dict(size=label, config=f"pipelstm.Pipeline, {STAGES} stages {pipe.balance} x 1 thread",
-                                 kind="pipeline", threads="1 per stage", cores=STAGES, K=K, M=M, step=step), step))
-    times = interleaved_times({str(i): fn for i, (_, fn) in enumerate(configs)}, reps)
+        def stepper(i: int, group: Group):
+            def step() -> float:
+                seconds = group.step()
+                infos[str(i)].append(group.last[0])
+                return seconds
+            return step
+
+        times = interleaved_times({str(i): stepper(i, g) for i, (_, g) in enumerate(configs)}, reps)
+    finally:
+        close_all(groups)
 
     rows = []
     for i, (row, _) in enumerate(configs):
         samples = times[str(i)]
-        step = row.pop("step", None)
         row.update(H=H, B=B, T=T, vocab=vocab, layers=LAYERS, seconds=statistics.median(samples),
                    spread=spread(samples), samples=samples)
-        if step is not None:  # figures of the median step itself (the warm-up run is runs[0])
-            run = step.runs[1:][median_index(samples)]
+        if row["kind"] == "pipeline":  # figures of the median step itself (the warm-up step is infos[0])
+            run = infos[str(i)][1:][median_index(samples)]
+            row["config"] = f"pipelstm.Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"])
         rows.append(row)
     base = next(r for r in rows if r["kind"] == BASELINE and r["threads"] == STAGES)["seconds"]
     for r in rows:
         r["ratio"] = base / r["seconds"]
-    del configs, times, peer, ours
-    gc.collect()  # the models and pipelines of this size go before the next size's are built
     return rows
 
 
@@ -195,11 +256,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     threads = sorted(set(args.threads) | {STAGES})
     meta = report.metadata("lm", argv)
     sizes = QUICK_SIZES if args.quick else SIZES
-    torch.set_num_threads(1)  # the caller's share while a pipeline steps; the models set their own
     model = f"Embedding({vocab}, H) -> {LAYERS} x LSTM(H, H) -> Linear(H, {vocab})"
     print(f"torch {torch.__version__}, fp32 CPU, {report.isa_label()}; model: {model}; one training step (forward, "
-          f"cross-entropy over all T*B tokens, backward); median of {args.reps} steps, all configurations of a "
-          f"size in turn. One thread per stage stands in for one device per stage; {BASELINE} with {STAGES} "
+          f"cross-entropy over all T*B tokens, backward); median of {args.reps} steps, each configuration in a "
+          f"process of its own, all of a size in turn. One thread per stage stands in for one device per stage; {BASELINE} with {STAGES} "
           "threads is the equal-cores baseline.", flush=True)
     print(header(COLUMNS), flush=True)
     rows = []
@@ -215,8 +275,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"One thread per stage stands in for one device per stage; {BASELINE} with {STAGES} intra-op threads "
              f"in one process is the equal-cores baseline, and ratio = its step time / this one's (>1: faster "
              "on the same cores). The 1-thread rows are for reference.",
-             f"Every step time is the median of {args.reps} steps, all configurations of a size run in turn in "
-             "one loop."] + lines
+             f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
+             "configurations of a size, each a process of its own, run one step each in turn."] + lines
     print()
     print(header(SUMMARY_COLUMNS))
     for s in summary:
