@@ -7,8 +7,8 @@ random token ids, time-major ``[T, B]``. Two sizes, H=256 B=16 T=128 and
 H=512 B=32 T=128, vocabulary ``--vocab`` (10000; ``--quick``: tiny sizes,
 vocabulary 1000).
 
-For each size, one step of each of these in turn (after a warm-up step
-each), every figure the median of ``--reps`` steps:
+For each size, one turn of each of these in turn (after a warm-up turn
+each), every figure the median of ``--reps`` turns:
 
 * the model on ``torch.nn.LSTM``, one process with ``--threads`` intra-op
   threads (``torch.set_num_threads``; 1 and 2);
@@ -21,11 +21,13 @@ each), every figure the median of ``--reps`` steps:
 
 Every configuration runs in a process of its own that stays up for the
 whole size (:class:`pipelstm.bench.groups.Group`), and the processes take
-turns, one step each, the others blocked meanwhile: each model has its
-process to itself, as a user's training script would. (With all of them
-in one process, nn.LSTM's steps had run up to 1.5x slower than alone,
-after the pipelines' steps; pipelstm's, whose large buffers come from its
-own cache of kept mappings, had not.) A step is timed inside its process.
+turns, the others blocked meanwhile: each model has its process to
+itself, as a user's training script would. (With all of them in one
+process, nn.LSTM's steps had run up to 1.5x slower than alone, after the
+pipelines' steps; pipelstm's, whose large buffers come from its own cache
+of kept mappings, had not.) A turn is ``STEPS_PER_TURN`` steps in a row,
+the last one timed inside its process: the step of a training loop, which
+follows the same model's step.
 
 One thread per stage stands in for one device per stage: the 2 stages are
 2 threads of one process, one core each. What a CPU user would run instead
@@ -64,6 +66,14 @@ LAYERS = 4
 STAGES = 2  # the pipeline's stages, one thread each: the equal-cores baseline has this many threads
 VOCAB, QUICK_VOCAB = 10_000, 1000
 BASELINE = "nn.LSTM"
+# Each turn of a configuration is this many steps in a row, the last one
+# timed: a training loop's step follows its own last step, not another
+# process's. Timing the first step of each turn, nn.LSTM with 2 threads at
+# H=512 B=32 took a median of 1.49-1.67 s in the full bench (single steps
+# up to 2.0 s; the pipelines' and pipelstm.LSTM's within a few percent of
+# their times alone) against 1.36 s alone; timing the second, 1.35 s (a
+# /tmp script, medians of 7).
+STEPS_PER_TURN = 2
 
 
 def size_label(s: Dict[str, int]) -> str:
@@ -181,11 +191,13 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
         infos: Dict[str, List[dict]] = {str(i): [] for i in range(len(configs))}
 
         def stepper(i: int, group: Group):
-            def step() -> float:
+            def turn() -> float:
+                for _ in range(STEPS_PER_TURN - 1):
+                    group.step()
                 seconds = group.step()
                 infos[str(i)].append(group.last[0])
                 return seconds
-            return step
+            return turn
 
         times = interleaved_times({str(i): stepper(i, g) for i, (_, g) in enumerate(configs)}, reps)
     finally:
@@ -196,7 +208,7 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
         samples = times[str(i)]
         row.update(H=H, B=B, T=T, vocab=vocab, layers=LAYERS, seconds=statistics.median(samples),
                    spread=spread(samples), samples=samples)
-        if row["kind"] == "pipeline":  # figures of the median step itself (the warm-up step is infos[0])
+        if row["kind"] == "pipeline":  # figures of the median step itself (infos[0]: the warm-up turn's)
             run = infos[str(i)][1:][median_index(samples)]
             row["config"] = f"pipelstm.Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"])
@@ -259,7 +271,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     model = f"Embedding({vocab}, H) -> {LAYERS} x LSTM(H, H) -> Linear(H, {vocab})"
     print(f"torch {torch.__version__}, fp32 CPU, {report.isa_label()}; model: {model}; one training step (forward, "
           f"cross-entropy over all T*B tokens, backward); median of {args.reps} steps, each configuration in a "
-          f"process of its own, all of a size in turn. One thread per stage stands in for one device per stage; {BASELINE} with {STAGES} "
+          f"process of its own, all of a size in turns of {STEPS_PER_TURN} steps, the last timed. One thread per "
+          f"stage stands in for one device per stage; {BASELINE} with {STAGES} "
           "threads is the equal-cores baseline.", flush=True)
     print(header(COLUMNS), flush=True)
     rows = []
@@ -276,7 +289,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"in one process is the equal-cores baseline, and ratio = its step time / this one's (>1: faster "
              "on the same cores). The 1-thread rows are for reference.",
              f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
-             "configurations of a size, each a process of its own, run one step each in turn."] + lines
+             f"configurations of a size, each a process of its own, take turns of {STEPS_PER_TURN} steps in a row, "
+             "the last one timed."] + lines
     print()
     print(header(SUMMARY_COLUMNS))
     for s in summary:
