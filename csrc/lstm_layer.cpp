@@ -316,9 +316,9 @@ ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
   if (cpu::fused_loops_serve(x)) {
     // Where the weights are small and the steps have rows enough, each fused
     // step projects its own input. Otherwise the input's pre-activations go
-    // straight into the workspace, where the
-    // fused steps add the bias and turn them into the activated gates (no
-    // pass of addmm copying the bias over the whole buffer first).
+    // straight into the workspace, where the fused steps add the bias and
+    // turn them into the activated gates (no pass of addmm copying the bias
+    // over the whole buffer first).
     const bool in_steps = cpu::input_projection_in_steps(s, steps);
     if (!in_steps) cpu::layer_mm_out(ws.gates, x, w_ih.t());
     cpu::fused_forward_loop(steps, s, reverse, in_steps ? x : Tensor(), w_ih, h_init, c_init,
