@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from pipelstm.bench import baseline, report
-from pipelstm.bench.groups import Group
+from pipelstm.bench.groups import STEPS_PER_TURN, Group
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed or its gloo backend is not available")
@@ -29,6 +29,31 @@ def test_group_steps_and_reports_memory():
         assert first > 0 and second > 0
         (rank0,) = g.last
         assert rank0["peak_bytes"] >= rank0["start_bytes"] > 0
+
+
+class _Counting:
+    """A workload that counts its steps (info: how many so far)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def info(self) -> dict:
+        return dict(steps=self.steps)
+
+
+def _counting(rank, world):
+    return _Counting()
+
+
+def test_a_turn_is_steps_in_a_row_the_last_timed():
+    assert STEPS_PER_TURN >= 2  # a training loop's step follows its own step
+    with Group("counting", 1, _counting, timeout=300) as g:
+        assert g.turn(3) > 0 and g.last[0]["steps"] == 3
+        g.turn()
+        assert g.last[0]["steps"] == 3 + STEPS_PER_TURN
 
 
 def test_group_reports_a_failing_setup():

@@ -12,9 +12,11 @@ one process with 2 intra-op threads (the equal-cores baseline, on
 ``torch.nn.LSTM`` and on ``pipelstm.LSTM``), so that is measured too.
 
 Every configuration runs in processes of its own that stay up for the whole
-run (:class:`pipelstm.bench.groups.Group`); the configurations take turns,
-one step each (after a warm-up step each), and a step's time is the slowest
-rank's, from a barrier to the end of its step. Reported: the median of
+run (:class:`pipelstm.bench.groups.Group`); the configurations take turns
+(after a warm-up turn each) of ``STEPS_PER_TURN`` steps in a row, the last
+one timed (:meth:`Group.turn`: a training loop's step follows its own
+last step), and a step's time is the slowest rank's, from a barrier to
+the end of its step. Reported: the median of
 ``--reps`` steps; each rank's busy time (its stage's spans in the engine's
 trace, transfers left out) from the median step itself; and per process its
 peak resident memory over the steps (``VmHWM``, reset once the model is
@@ -34,7 +36,7 @@ from torch import nn
 from . import report
 from .baseline import KINDS
 from .baseline import setup as setup_baseline
-from .groups import Group, close_all
+from .groups import STEPS_PER_TURN, Group, close_all
 from .pipeline import build, stage_busy
 from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
@@ -109,7 +111,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     s = SIZES[args.quick]
     model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
              f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
-    print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turn. "
+    print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turns "
+          f"of {STEPS_PER_TURN} steps, the last one timed. "
           f"One process of one thread per stage stands in for one device per stage; the equal-cores baseline "
           f"is the model as one process with {STAGES} intra-op threads.", flush=True)
     timeout = 120.0 + (60.0 if args.quick else 1800.0)
@@ -135,12 +138,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
 
         def stepper(group, log):
             def run():
-                seconds = group.step()
+                seconds = group.turn()
                 log.append(group.last)
                 return seconds
             return run
 
-        print(f"timing {len(configs)} configurations, {args.reps} steps each after a warm-up step", flush=True)
+        print(f"timing {len(configs)} configurations, {args.reps} turns each after a warm-up turn "
+              f"({STEPS_PER_TURN} steps a turn, the last one timed)", flush=True)
         times = interleaved_times({str(i): stepper(g, logs[i]) for i, (_, g) in enumerate(configs)}, args.reps)
     finally:
         close_all([g for _, g in configs])
@@ -165,7 +169,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     notes = [f"Model: {model}. One process of one thread per stage stands in for one device per stage; the "
              f"equal-cores rows are what a CPU user would run instead: the same model as one process with "
              f"{STAGES} intra-op threads.",
-             f"Every step time is the median of {args.reps} steps, all configurations in turn; busy times come "
+             f"Every step time is the median of {args.reps} steps, all configurations in turns of "
+             f"{STEPS_PER_TURN} steps, the last one timed; busy times come "
              "from the median step. Memory: per process, the peak resident set over the steps (VmHWM) and its "
              "rise above the resident set before the first step, measured by the kernel; the aim for a stage is "
              "at most 1/S of the 1-process figure + 10 %."]

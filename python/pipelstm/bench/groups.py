@@ -14,6 +14,9 @@ Each rank also reports its resident memory: the resident set once the
 workload is built (``start_bytes``) and the largest resident set since
 then, over all the steps so far (``peak_bytes``; see
 :mod:`pipelstm.bench.memory`).
+
+A benchmark's turn is :meth:`Group.turn`: ``STEPS_PER_TURN`` steps in a
+row, the last one timed.
 """
 
 import datetime
@@ -31,7 +34,15 @@ import torch
 
 from .memory import available_bytes, peak_bytes, reset_peak, rss_bytes
 
-__all__ = ["Group", "close_all", "MIN_AVAILABLE_BYTES"]
+__all__ = ["Group", "close_all", "MIN_AVAILABLE_BYTES", "STEPS_PER_TURN"]
+
+# Steps of a turn (Group.turn), the last one timed. Timing the first step
+# of each turn, with ten processes of `bench lm` taking turns, nn.LSTM with
+# 2 threads at H=512 B=32 took a median of 1.49-1.67 s against 1.36 s
+# alone, while pipelstm.LSTM's and the pipelines' steps stayed within a few
+# percent of their times alone; timing the second, 1.35 s (a /tmp script,
+# medians of 7; commit 388cbb7).
+STEPS_PER_TURN = 2
 
 # Before each step, at least this much memory must be free on the machine:
 # with many groups up at once, stop with a message rather than swap or be killed.
@@ -102,6 +113,14 @@ class Group:
         if not self._ready:
             self._receive("ready")
             self._ready = True
+
+    def turn(self, steps: int = STEPS_PER_TURN) -> float:
+        """``steps`` steps in a row, the last one's seconds (and ``self.last``):
+        the step of a training loop, which follows the same workload's step
+        rather than another process's."""
+        for _ in range(steps - 1):
+            self.step()
+        return self.step()
 
     def step(self) -> float:
         """Seconds of one step, the slowest rank's; per-rank figures in ``self.last``."""

@@ -52,7 +52,7 @@ from torch import nn
 
 from .. import LSTM, Pipeline
 from . import report
-from .groups import Group, close_all
+from .groups import STEPS_PER_TURN, Group, close_all
 from .pipeline import PipelineStep
 from .pipelining_peer import LanguageModel
 from .table import Column, header, row_line
@@ -66,14 +66,6 @@ LAYERS = 4
 STAGES = 2  # the pipeline's stages, one thread each: the equal-cores baseline has this many threads
 VOCAB, QUICK_VOCAB = 10_000, 1000
 BASELINE = "nn.LSTM"
-# Each turn of a configuration is this many steps in a row, the last one
-# timed: a training loop's step follows its own last step, not another
-# process's. Timing the first step of each turn, nn.LSTM with 2 threads at
-# H=512 B=32 took a median of 1.49-1.67 s in the full bench (single steps
-# up to 2.0 s; the pipelines' and pipelstm.LSTM's within a few percent of
-# their times alone) against 1.36 s alone; timing the second, 1.35 s (a
-# /tmp script, medians of 7).
-STEPS_PER_TURN = 2
 
 
 def size_label(s: Dict[str, int]) -> str:
@@ -192,9 +184,7 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
 
         def stepper(i: int, group: Group):
             def turn() -> float:
-                for _ in range(STEPS_PER_TURN - 1):
-                    group.step()
-                seconds = group.step()
+                seconds = group.turn()
                 infos[str(i)].append(group.last[0])
                 return seconds
             return turn
