@@ -61,9 +61,16 @@ constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;
 // kMaxInStepWeightsL2 floats together (4H x (I + P), 1 MiB: a core's L2 on
 // a Zen 5), or of at most kMaxInStepWeights (8 MiB, H = I = P = 512) from
 // kMinInStepRowsBeyondL2 rows, where a step does enough arithmetic per
-// weight to read them from L3. The avx2 build keeps the GEMM: on the same
-// CPU capped to AVX2 the steps gained 1-4 % at H = 64 but lost up to 7 %
-// at H = 128 with 4-8 rows a step (its tiles have 3 rows, not 6).
+// weight to read them from L3. A layer's forward on a 2-core Zen 5 (avx512,
+// in the steps against the GEMM, medians of 11 alternated calls in one
+// process, 2026-11-25): 1 thread H = 64 B = 8..64 1.05-1.09x, H = 128
+// 1.02-1.03x, H = 256 B = 32..64 1.02-1.10x, H = 512 B = 32 1.02x; 2 threads
+// H = 64 1.05-1.14x, H = 128 1.02-1.08x, H = 256 1.03-1.05x. Outside the
+// bounds: B = 1-2 0.77-0.96x, H = 256 B = 4-8 0.89-0.98x, H = 512 B = 8
+// 0.95x and B = 16 0.99-1.01x, H = 1024 0.69-0.94x. The avx2 build keeps
+// the GEMM: on the same CPU capped to AVX2 the steps gained 1-4 % at
+// H = 64 but lost up to 7 % at H = 128 with 4-8 rows a step (its tiles
+// have 3 rows, not 6).
 constexpr int64_t kMinInStepRows = 4;
 constexpr int64_t kMinInStepRowsBeyondL2 = 32;
 constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
