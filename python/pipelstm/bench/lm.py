@@ -163,46 +163,42 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
     H, B, T = s["H"], s["B"], s["T"]
     label = size_label(s)
     model = dict(H=H, B=B, T=T, vocab=vocab)
-    configs = []  # (row, group)
-    groups: List[Optional[Group]] = []
+    rows: List[dict] = []  # one per configuration, beside its group
+    groups: List[Group] = []
     try:
         for kind in (BASELINE, "pipelstm.LSTM"):
             for n in threads:
-                row = dict(size=label, config=f"{kind} model, 1 process x {n} thread{'s' * (n > 1)}",
-                           kind=kind, threads=n, cores=n)
-                groups.append(Group(row["config"], 1, setup_config, kind=kind, threads=n, **model))
-                configs.append((row, groups[-1]))
+                rows.append(dict(size=label, config=f"{kind} model, 1 process x {n} thread{'s' * (n > 1)}",
+                                 kind=kind, threads=n, cores=n))
+                groups.append(Group(rows[-1]["config"], 1, setup_config, kind=kind, threads=n, **model))
         for K in chunks:
             for M in micro_batches:
-                row = dict(size=label, kind="pipeline", threads="1 per stage", cores=STAGES, K=K, M=M)
+                rows.append(dict(size=label, kind="pipeline", threads="1 per stage", cores=STAGES, K=K, M=M))
                 groups.append(Group(f"pipeline K={K} M={M}", 1, setup_config, kind="pipeline", chunks=K,
                                     micro_batches=M, **model))
-                configs.append((row, groups[-1]))
         for g in groups:
             g.wait_ready()
-        infos: Dict[str, List[dict]] = {str(i): [] for i in range(len(configs))}
+        infos: List[List[dict]] = [[] for _ in groups]  # per turn: the timed step's figures
 
-        def stepper(i: int, group: Group):
+        def turn_of(i: int):
             def turn() -> float:
-                seconds = group.turn()
-                infos[str(i)].append(group.last[0])
+                seconds = groups[i].turn()
+                infos[i].append(groups[i].last[0])
                 return seconds
             return turn
 
-        times = interleaved_times({str(i): stepper(i, g) for i, (_, g) in enumerate(configs)}, reps)
+        times = interleaved_times({str(i): turn_of(i) for i in range(len(groups))}, reps)
     finally:
         close_all(groups)
 
-    rows = []
-    for i, (row, _) in enumerate(configs):
+    for i, row in enumerate(rows):
         samples = times[str(i)]
         row.update(H=H, B=B, T=T, vocab=vocab, layers=LAYERS, seconds=statistics.median(samples),
                    spread=spread(samples), samples=samples)
-        if row["kind"] == "pipeline":  # figures of the median step itself (infos[0]: the warm-up turn's)
-            run = infos[str(i)][1:][median_index(samples)]
+        if row["kind"] == "pipeline":  # figures of the median step itself (infos[i][0]: the warm-up turn's)
+            run = infos[i][1:][median_index(samples)]
             row["config"] = f"pipelstm.Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"])
-        rows.append(row)
     base = next(r for r in rows if r["kind"] == BASELINE and r["threads"] == STAGES)["seconds"]
     for r in rows:
         r["ratio"] = base / r["seconds"]
