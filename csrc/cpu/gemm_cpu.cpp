@@ -85,7 +85,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   TORCH_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), "pipelstm: linear: ",
               x.sizes(), " @ ", w.sizes(), ".t()");
   const at::Tensor x2 = x.reshape({-1, w.size(1)});
-  at::Tensor out = at::empty({x2.size(0), w.size(0)}, x.options());
+  // From the kept mappings (huge_pages.h): a decoder's logits are tens of MiB
+  // per item, and glibc maps such a buffer afresh (faulting every page) each time.
+  at::Tensor out = empty_buffer({x2.size(0), w.size(0)}, x.options());
   if (bias.has_value()) out.copy_(bias->expand_as(out));  // then accumulated into
   layer_mm_out(out, x2, w.t(), /*accumulate=*/bias.has_value());
   std::vector<int64_t> sizes = x.sizes().vec();
