@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/python.h>
 
+#include "cpu/fma_peak.h"
 #include "cpu/gemm_cpu.h"
 #include "graph_replay.h"
 
@@ -34,6 +35,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_linear", &pipelstm::cpu::linear, pybind11::arg("x"), pybind11::arg("weight"),
         pybind11::arg("bias") = pybind11::none(),
         "x @ weight.t() + bias as the pipeline's Linear units run it (cpu/gemm_cpu.h), for tests.");
+  m.def("_fma_loop_seconds", &pipelstm::cpu::fma_loop_seconds, pybind11::arg("threads"),
+        pybind11::arg("iterations"), pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "Wall seconds for `threads` threads to run the fused kernels' register-only FMA loop "
+        "(cpu/fma_peak.h), for python -m pipelstm.bench peak.");
+  m.def("_fma_loop_flop", &pipelstm::cpu::fma_loop_flop, pybind11::arg("iterations"),
+        "The FLOP of one thread's FMA loop of `iterations`.");
+  m.def("_fma_loop_sum", &pipelstm::cpu::fma_loop_sum, pybind11::arg("iterations"), pybind11::arg("a"),
+        pybind11::arg("b"), "The FMA loop's sum of its chains (tests).");
   m.def("_graph_counts", [] {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);

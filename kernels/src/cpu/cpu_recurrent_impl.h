@@ -711,6 +711,21 @@ void transpose_rows(const float* src, int64_t lds, int64_t n, int64_t m, float* 
     for (int64_t j = 0; j < m; ++j) dst[i * ldd + j] = src[j * lds + i];
 }
 
+float fma_loop(int64_t iterations, float a, float b) {
+  vf acc[kFmaChains];
+  for (int c = 0; c < kFmaChains; ++c) acc[c] = splat(static_cast<float>(c));
+  const vf va = splat(a), vb = splat(b);
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) acc[c] = acc[c] * va + vb;  // one FMA (-ffp-contract=fast)
+  }
+  float sum = 0.0f;
+  for (int c = 0; c < kFmaChains; ++c) {
+    for (int l = 0; l < V; ++l) sum += acc[c][l];
+  }
+  return sum;
+}
+
 }  // namespace
 
 const RecurrentKernels& kernels() {
@@ -728,6 +743,7 @@ const RecurrentKernels& kernels() {
     r.forward_step = &forward_step;
     r.backward_step = &backward_step;
     r.gemm = &gemm;
+    r.fma_loop = &fma_loop;
     // Where the kernel packs page-strided slices itself (gemm_strided), the
     // caller gets no transpose and leaves a in place.
     r.transpose = PIPELSTM_PACK_STRIDED_A ? nullptr : &transpose_rows;

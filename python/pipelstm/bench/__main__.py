@@ -1,11 +1,11 @@
 import sys
 
-from . import distributed, docs, floors, gpu, grid, layer, lm, module, pipeline, pipelining_peer, wavefront
+from . import distributed, docs, floors, gpu, grid, layer, lm, module, peak, pipeline, pipelining_peer, wavefront
 
 # docs: the tables of docs/benchmarks.md from the JSON results
 COMMANDS = {"floors": floors.main, "gpu": gpu.main, "layer": layer.main, "module": module.main, "grid": grid.main,
               "pipeline": pipeline.main, "lm": lm.main, "pipelining": pipelining_peer.main,
-              "distributed": distributed.main, "wavefront": wavefront.main, "docs": docs.main}
+              "distributed": distributed.main, "wavefront": wavefront.main, "peak": peak.main, "docs": docs.main}
 
 
 def main() -> None:

@@ -134,7 +134,17 @@ struct RecurrentKernels {
   void (*forward_step)(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
   void (*backward_step)(const BackwardStep& s, int64_t panel_begin, int64_t panel_end) = nullptr;
   void (*gemm)(const Gemm& s, int64_t panel_begin, int64_t panel_end) = nullptr;
+
+  // The core's FMA peak for this build's vectors, for benchmarks: kFmaChains
+  // independent chains acc = acc * a + b, `iterations` FMAs each, on
+  // registers only (iterations * kFmaChains * vec * 2 FLOP). Returns the
+  // sum of the chains' lanes, chain c starting from c.
+  float (*fma_loop)(int64_t iterations, float a, float b) = nullptr;
 };
+
+// Enough independent chains to keep two FMA units with a latency of four
+// cycles busy, few enough for the 16 registers of AVX2.
+constexpr int kFmaChains = 12;
 
 // The kernels for this CPU, capped by PIPELSTM_CPU_ISA; chosen once. Null,
 // with the reason in *error, if the variable names no known ISA.
