@@ -8,9 +8,13 @@ averaged over the tokens, backward).
 One thread per stage stands in for one device per stage: the stages are
 CPU threads of one process, one core each. What a CPU user would run
 instead of N such stages is the same model as one process with N intra-op
-threads, the equal-cores baseline, so that is measured too. All of these
-run in one loop, one step of each in turn (after a warm-up step each), and
-every figure is the median of ``--reps`` steps:
+threads, the equal-cores baseline, so that is measured too. Every
+configuration runs in a process of its own that stays up for the whole run
+(:class:`pipelstm.bench.groups.Group`), as a user's training script would,
+and the processes take turns of ``STEPS_PER_TURN`` steps in a row, the
+last one timed (``bench lm`` says why: with all configurations in one
+process, nn.LSTM's steps had run well above their time alone). Every
+figure is the median of ``--reps`` turns (after a warm-up turn each):
 
 * ``pipelstm.Pipeline`` with 1 stage of 1 thread: the single-device model;
 * ``pipelstm.Pipeline`` with 2 stages of 1 thread each, for every K x M
@@ -23,8 +27,7 @@ every figure is the median of ``--reps`` steps:
   ``pipelstm.LSTM``;
 * the peer, ``torch.distributed.pipelining`` (ScheduleGPipe, Schedule1F1B)
   over 2 gloo processes with nn.LSTM stages at the same split, for each
-  micro-batch count asked for; its processes stay up and step in turn with
-  the rest.
+  micro-batch count asked for.
 
 pipelstm computes the loss as the pipeline's last unit (``loss_fn=``); with
 ``--loss-outside`` on the caller's thread from the returned logits instead.
@@ -39,7 +42,6 @@ process per stage) measures each stage's peak resident memory.
 """
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -51,14 +53,14 @@ from torch import nn
 
 from .. import LSTM, Pipeline
 from ..timeline import bubbles
-from . import report
-from .baseline import KINDS, TrainStep
-from .groups import close_all
+from . import baseline, report
+from .baseline import KINDS
+from .groups import STEPS_PER_TURN, Group, close_all
 from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
 from .timing import interleaved_times, median_index, spread
 
-__all__ = ["build", "stage_busy", "stage_memory", "PipelineStep", "main"]
+__all__ = ["build", "stage_busy", "stage_memory", "PipelineStep", "setup_pipeline", "main"]
 
 STAGES = 2
 MIB = 1 / 2**20
@@ -113,6 +115,40 @@ def stage_memory(pipe: Pipeline, tokens: int) -> List[float]:
     return [2 * 4 * r["params"] + r["act_bytes"] * tokens for r in pipe.plan.rows]
 
 
+def _pipeline(quick: bool, stages: int, chunks: int, micro_batches: int, loss_outside: bool):
+    """(the Pipeline of the bench's model, its PipelineStep): the same weights and data in every process."""
+    s = SIZES[quick]
+    torch.manual_seed(0)
+    base = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+    x, target = make_data(s["vocab"], s["T"], s["B"], seed=0)
+    pipe = Pipeline(base, devices=["cpu"] * stages, chunks=chunks, micro_batches=micro_batches, threads=1,
+                    loss_fn=None if loss_outside else nn.CrossEntropyLoss())
+    return pipe, PipelineStep(pipe, x, target)
+
+
+class _PipelineWorkload:
+    """One pipeline configuration in a process of its own (a Group workload)."""
+
+    def __init__(self, quick: bool, stages: int, chunks: int, micro_batches: int, loss_outside: bool) -> None:
+        self.pipe, self._step = _pipeline(quick, stages, chunks, micro_batches, loss_outside)
+        s = SIZES[quick]
+        self._fixed = dict(balance=list(self.pipe.balance), stage_est=stage_memory(self.pipe, s["T"] * s["B"]))
+
+    def step(self) -> None:
+        self._step()
+
+    def info(self) -> dict:
+        """The last step's figures (busy, bubbles, kept), the balance and the memory estimate."""
+        return dict(self._step.runs[-1], **self._fixed)
+
+
+def setup_pipeline(rank: int, world: int, **kwargs) -> _PipelineWorkload:
+    """A :class:`pipelstm.bench.groups.Group` workload: one pipeline configuration."""
+    if world != 1:
+        raise ValueError(f"a pipeline configuration is one process, not {world}")
+    return _PipelineWorkload(**kwargs)
+
+
 COLUMNS = [
     Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
     Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
@@ -147,53 +183,57 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     report.check_repeats(ap, args.reps, args.quick, "--reps")
     meta = report.metadata("pipeline", argv)
     s = SIZES[args.quick]
-    tokens = s["T"] * s["B"]
-    torch.manual_seed(0)
-    torch.set_num_threads(1)  # the caller's share: the loss between forward and backward
-    base = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
-    x, target = make_data(s["vocab"], s["T"], s["B"], seed=0)
     model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
              f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
     print(f"model: {model}; one training step (forward, cross-entropy, backward); median of {args.reps} steps, "
-          f"all configurations in turn. One thread per stage stands in for one device per stage; the "
-          f"equal-cores baseline is the model as one process with {STAGES} intra-op threads.", flush=True)
+          f"each configuration in a process of its own, all in turns of {STEPS_PER_TURN} steps, the last timed. "
+          f"One thread per stage stands in for one device per stage; the equal-cores baseline is the model as "
+          f"one process with {STAGES} intra-op threads.", flush=True)
 
-    loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
-    configs = []  # (row, step function)
-    one = PipelineStep(Pipeline(copy.deepcopy(base), devices=["cpu"], threads=1, loss_fn=loss_fn), x, target)
-    configs.append((dict(config="pipelstm Pipeline, 1 stage x 1 thread", kind="pipelstm", step=one), one))
-    for K in args.chunks:
-        for M in args.micro_batches:
-            pipe = Pipeline(copy.deepcopy(base), devices=["cpu"] * STAGES, chunks=K, micro_batches=M, threads=1,
-                            loss_fn=loss_fn)
-            step = PipelineStep(pipe, x, target)
-            configs.append((dict(config=f"pipelstm Pipeline, {STAGES} stages {pipe.balance} x 1 thread", K=K, M=M,
-                                 kind="pipelstm", step=step), step))
-    for kind in KINDS:
-        step = TrainStep(kind, args.quick, threads=STAGES)
-        configs.append((dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"),
-                        step))
-    groups = []
+    rows: List[dict] = []  # one per configuration, beside its group
+    groups: List[Group] = []
+    piped = dict(quick=args.quick, loss_outside=args.loss_outside)
     try:
+        rows.append(dict(config="pipelstm Pipeline, 1 stage x 1 thread", kind="pipelstm"))
+        groups.append(Group("pipeline, 1 stage", 1, setup_pipeline, stages=1, chunks=1, micro_batches=1, **piped))
+        for K in args.chunks:
+            for M in args.micro_batches:
+                rows.append(dict(K=K, M=M, kind="pipelstm"))
+                groups.append(Group(f"pipeline K={K} M={M}", 1, setup_pipeline, stages=STAGES, chunks=K,
+                                    micro_batches=M, **piped))
+        for kind in KINDS:
+            rows.append(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"))
+            groups.append(Group(f"{kind} model", 1, baseline.setup, kind=kind, quick=args.quick, threads=STAGES))
         for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
+            rows.append(dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
+                             M=mb, kind="peer"))
             groups.append(start_peer(schedule, mb, quick=args.quick))
-            configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
-                                 M=mb, kind="peer"), groups[-1].step))
-        print(f"timing {len(configs)} configurations, {args.reps} steps each after a warm-up step", flush=True)
-        times = interleaved_times({str(i): fn for i, (_, fn) in enumerate(configs)}, args.reps)
+        for g in groups:
+            g.wait_ready()
+        infos: List[List[dict]] = [[] for _ in groups]  # per turn: the timed step's figures
+
+        def turn_of(i: int):
+            def turn() -> float:
+                seconds = groups[i].turn()
+                infos[i].append(groups[i].last[0])
+                return seconds
+            return turn
+
+        print(f"timing {len(groups)} configurations, {args.reps} turns each after a warm-up turn", flush=True)
+        times = interleaved_times({str(i): turn_of(i) for i in range(len(groups))}, args.reps)
     finally:
         close_all(groups)
 
-    rows = []
-    for i, (row, _) in enumerate(configs):
+    for i, row in enumerate(rows):
         samples = times[str(i)]
-        step = row.pop("step", None)
         row.update(seconds=statistics.median(samples), spread=spread(samples), samples=samples)
-        if step is not None:  # figures of the median step itself (the warm-up run is runs[0])
-            run = step.runs[1:][median_index(samples)]
+        if row["kind"] == "pipelstm":  # figures of the median step itself (infos[i][0]: the warm-up turn's)
+            run = infos[i][1:][median_index(samples)]
+            if row.get("K") is not None:
+                row["config"] = f"pipelstm Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"], kept=run["kept"],
-                       stage_est=stage_memory(step.pipe, tokens))
-        rows.append(row)
+                       stage_est=run["stage_est"])
+    rows = [{"config": r.pop("config"), **r} for r in rows]
     t1 = rows[0]["seconds"]
     pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
     best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else rows[0]
@@ -204,8 +244,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                    largest_of_single=max(r["stage_est"]) / single, kept=r["kept"]) for r in rows if "stage_est" in r]
     notes = [f"Model: {model}. One thread per stage stands in for one device per stage; the equal-cores rows are "
              f"what a CPU user would run instead: the same model as one process with {STAGES} intra-op threads.",
-             f"Every step time is the median of {args.reps} steps, all configurations run in turn in one loop; "
-             "bubbles and busy times come from the median step."]
+             f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
+             f"configurations, each a process of its own, take turns of {STEPS_PER_TURN} steps in a row, the last "
+             "one timed; bubbles and busy times come from the median step."]
     if pipelined:
         busy = best["busy"]
         notes.append(f"Balance bound of the best {STAGES}-stage split: {sum(busy) / max(busy):.2f}x (the stages' "
@@ -218,10 +259,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print(markdown(MEMORY_COLUMNS, memory))
     for note in notes[2:]:
         print(note)
-    if args.timeline and pipelined:
-        step = configs[rows.index(best)][1]
-        step()
-        print("timeline:", step.pipe.timeline(args.timeline))
+    if args.timeline and pipelined:  # the best configuration again, in this process, for its picture
+        pipe, step = _pipeline(args.quick, STAGES, best["K"], best["M"], args.loss_outside)
+        for _ in range(STEPS_PER_TURN):
+            step()
+        print("timeline:", pipe.timeline(args.timeline))
     if args.json:
         report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
                           tables=[dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)])
