@@ -19,6 +19,8 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMinBytes = size_t{1} << 20;  // huge_pages.h says why
+constexpr size_t kMinSmallBytes = size_t{64} << 10;  // plain pages, kept too (huge_pages.h)
+constexpr size_t kPage = size_t{4} << 10;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct Mapping {
@@ -102,6 +104,12 @@ class HugePageAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (n >= kMinSmallBytes && n < min_bytes_) {
+      const size_t length = (n + kPage - 1) & ~(kPage - 1);
+      if (Mapping* m = cache().take(length)) return {m->base, m, &unmap, cpu_device()};
+      void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (base != MAP_FAILED) return {base, new Mapping{base, length}, &unmap, cpu_device()};
+    }
     if (n >= min_bytes_) {
       const size_t length = n + kHugePage;  // room to align the start
       if (Mapping* m = cache().take(length)) return {align(m->base), m, &unmap, cpu_device()};

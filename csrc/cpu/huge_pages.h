@@ -18,7 +18,13 @@
 // took 17-20 ms instead of 11 (faults). Without the cache a fresh
 // huge-page mapping per call (zeroing each 2 MiB page) made the forward at
 // H=64 B=32 T=128 twice as slow with a 4 MiB bound (bench grid,
-// docs/cpu.md). Smaller buffers, and systems without MADV_HUGEPAGE, get
+// docs/cpu.md). Buffers from 64 KiB to 1 MiB are mapped on plain pages and
+// kept the same way: glibc serves them from its arenas, and the pipeline's
+// stage threads, started for each pass, each free into an arena that glibc
+// trims (madvise) and faults in again on the next step (bench pipeline's
+// small model, 2 stages, K = 8: a step of 0.056-0.058 s in a process of
+// its own against 0.048 with glibc's thresholds raised; 0.048-0.052 with
+// these kept). Smaller buffers, and systems without MADV_HUGEPAGE, get
 // torch's ordinary CPU allocation. Packed weights (the recurrent weights,
 // read whole at every time step, and the panels of a layer's GEMMs) go the
 // same way: on huge pages they stay within the TLB's reach, and through
@@ -31,7 +37,8 @@
 namespace pipelstm {
 namespace cpu {
 
-// An uninitialised CPU tensor: from 1 MiB on huge pages, through the cache.
+// An uninitialised CPU tensor: from 1 MiB on huge pages, from 64 KiB on
+// plain pages, through the cache.
 at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // empty_huge on the CPU, at::empty elsewhere.

@@ -3,6 +3,7 @@
 // consecutive chunks.
 #include <ATen/ATen.h>
 
+#include "../../cpu/huge_pages.h"
 #include "../../lstm_ops.h"
 #include "kinds.h"
 
@@ -49,8 +50,19 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       auto joined = [&](size_t i) -> Tensor {
         if (!row[k][i].defined() || end - k == 1) return row[k][i];
         std::vector<Tensor> parts;
-        for (int64_t j = k; j < end; ++j) parts.push_back(row[j][i]);
-        return at::cat(parts, 0);
+        int64_t rows = 0;
+        for (int64_t j = k; j < end; ++j) {
+          parts.push_back(row[j][i]);
+          rows += row[j][i].size(0);
+        }
+        // From the kept mappings (huge_pages.h): the joined gradients of the
+        // gates are 4H floats a token, and glibc maps such a buffer afresh
+        // and faults in every page on every step.
+        std::vector<int64_t> sizes = parts[0].sizes().vec();
+        sizes[0] = rows;
+        Tensor out = cpu::empty_buffer(sizes, parts[0].options());
+        at::cat_out(out, parts, 0);
+        return out;
       };
       LayerDataGrads d;
       d.grad_gates = joined(3);
