@@ -28,13 +28,14 @@ import shutil
 import tempfile
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from .memory import available_bytes, peak_bytes, reset_peak, rss_bytes
+from .timing import interleaved_times
 
-__all__ = ["Group", "close_all", "MIN_AVAILABLE_BYTES", "STEPS_PER_TURN"]
+__all__ = ["Group", "close_all", "take_turns", "MIN_AVAILABLE_BYTES", "STEPS_PER_TURN"]
 
 # Steps of a turn (Group.turn), the last one timed. Timing the first step
 # of each turn, with ten processes of `bench lm` taking turns, nn.LSTM with
@@ -179,3 +180,23 @@ def close_all(groups: List[Optional[Group]]) -> None:
     for g in groups:
         if g is not None:
             g.close()
+
+
+def take_turns(groups: List[Group], reps: int) -> Tuple[Dict[str, List[float]], List[List[dict]]]:
+    """``reps`` turns of every group, interleaved after a warm-up turn each
+    (:func:`pipelstm.bench.timing.interleaved_times` over :meth:`Group.turn`):
+    the seconds of each turn's timed step, keyed by the group's index as a
+    string, and rank 0's figures of those steps (the warm-up turn's first)."""
+    for g in groups:
+        g.wait_ready()
+    infos: List[List[dict]] = [[] for _ in groups]
+
+    def turn_of(i: int) -> Callable[[], float]:
+        def turn() -> float:
+            seconds = groups[i].turn()
+            infos[i].append(groups[i].last[0])
+            return seconds
+        return turn
+
+    times = interleaved_times({str(i): turn_of(i) for i in range(len(groups))}, reps)
+    return times, infos

@@ -52,11 +52,11 @@ from torch import nn
 
 from .. import LSTM, Pipeline
 from . import report
-from .groups import STEPS_PER_TURN, Group, close_all
+from .groups import STEPS_PER_TURN, Group, close_all, take_turns
 from .pipeline import PipelineStep
 from .pipelining_peer import LanguageModel
 from .table import Column, header, row_line
-from .timing import interleaved_times, median_index, spread
+from .timing import median_index, spread
 
 __all__ = ["SIZES", "QUICK_SIZES", "ModelStep", "main"]
 
@@ -176,18 +176,7 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
                 rows.append(dict(size=label, kind="pipeline", threads="1 per stage", cores=STAGES, K=K, M=M))
                 groups.append(Group(f"pipeline K={K} M={M}", 1, setup_config, kind="pipeline", chunks=K,
                                     micro_batches=M, **model))
-        for g in groups:
-            g.wait_ready()
-        infos: List[List[dict]] = [[] for _ in groups]  # per turn: the timed step's figures
-
-        def turn_of(i: int):
-            def turn() -> float:
-                seconds = groups[i].turn()
-                infos[i].append(groups[i].last[0])
-                return seconds
-            return turn
-
-        times = interleaved_times({str(i): turn_of(i) for i in range(len(groups))}, reps)
+        times, infos = take_turns(groups, reps)
     finally:
         close_all(groups)
 

@@ -55,10 +55,10 @@ from .. import LSTM, Pipeline
 from ..timeline import bubbles
 from . import baseline, report
 from .baseline import KINDS
-from .groups import STEPS_PER_TURN, Group, close_all
+from .groups import STEPS_PER_TURN, Group, close_all, take_turns
 from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
-from .timing import interleaved_times, median_index, spread
+from .timing import median_index, spread
 
 __all__ = ["build", "stage_busy", "stage_memory", "PipelineStep", "setup_pipeline", "main"]
 
@@ -208,19 +208,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             rows.append(dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
                              M=mb, kind="peer"))
             groups.append(start_peer(schedule, mb, quick=args.quick))
-        for g in groups:
-            g.wait_ready()
-        infos: List[List[dict]] = [[] for _ in groups]  # per turn: the timed step's figures
-
-        def turn_of(i: int):
-            def turn() -> float:
-                seconds = groups[i].turn()
-                infos[i].append(groups[i].last[0])
-                return seconds
-            return turn
-
         print(f"timing {len(groups)} configurations, {args.reps} turns each after a warm-up turn", flush=True)
-        times = interleaved_times({str(i): turn_of(i) for i in range(len(groups))}, args.reps)
+        times, infos = take_turns(groups, args.reps)
     finally:
         close_all(groups)
 
