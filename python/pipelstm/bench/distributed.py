@@ -36,11 +36,11 @@ from torch import nn
 from . import report
 from .baseline import KINDS
 from .baseline import setup as setup_baseline
-from .groups import STEPS_PER_TURN, Group, close_all
+from .groups import STEPS_PER_TURN, Group, close_all, take_turns
 from .pipeline import build, stage_busy
 from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
-from .timing import interleaved_times, median_index, spread
+from .timing import median_index, spread
 
 __all__ = ["setup_pipelstm", "main"]
 
@@ -134,18 +134,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
             configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
                                  M=mb, kind="peer"), start_peer(schedule, mb, quick=args.quick)))
-        logs = [[] for _ in configs]  # per step, per rank: busy, kept, memory
-
-        def stepper(group, log):
-            def run():
-                seconds = group.turn()
-                log.append(group.last)
-                return seconds
-            return run
-
         print(f"timing {len(configs)} configurations, {args.reps} turns each after a warm-up turn "
               f"({STEPS_PER_TURN} steps a turn, the last one timed)", flush=True)
-        times = interleaved_times({str(i): stepper(g, logs[i]) for i, (_, g) in enumerate(configs)}, args.reps)
+        times, logs = take_turns([g for _, g in configs], args.reps)  # logs: per turn, per rank
     finally:
         close_all([g for _, g in configs])
 

@@ -182,19 +182,20 @@ def close_all(groups: List[Optional[Group]]) -> None:
             g.close()
 
 
-def take_turns(groups: List[Group], reps: int) -> Tuple[Dict[str, List[float]], List[List[dict]]]:
+def take_turns(groups: List[Group], reps: int) -> Tuple[Dict[str, List[float]], List[List[List[dict]]]]:
     """``reps`` turns of every group, interleaved after a warm-up turn each
     (:func:`pipelstm.bench.timing.interleaved_times` over :meth:`Group.turn`):
     the seconds of each turn's timed step, keyed by the group's index as a
-    string, and rank 0's figures of those steps (the warm-up turn's first)."""
+    string, and every rank's figures of those steps (``Group.last``; the
+    warm-up turn's first)."""
     for g in groups:
         g.wait_ready()
-    infos: List[List[dict]] = [[] for _ in groups]
+    infos: List[List[List[dict]]] = [[] for _ in groups]
 
     def turn_of(i: int) -> Callable[[], float]:
         def turn() -> float:
             seconds = groups[i].turn()
-            infos[i].append(groups[i].last[0])
+            infos[i].append(groups[i].last)
             return seconds
         return turn
 

@@ -185,7 +185,7 @@ def run_size(s: Dict[str, int], vocab: int, threads: List[int], chunks: List[int
         row.update(H=H, B=B, T=T, vocab=vocab, layers=LAYERS, seconds=statistics.median(samples),
                    spread=spread(samples), samples=samples)
         if row["kind"] == "pipeline":  # figures of the median step itself (infos[i][0]: the warm-up turn's)
-            run = infos[i][1:][median_index(samples)]
+            run = infos[i][1:][median_index(samples)][0]  # its one rank
             row["config"] = f"pipelstm.Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"])
     base = next(r for r in rows if r["kind"] == BASELINE and r["threads"] == STAGES)["seconds"]

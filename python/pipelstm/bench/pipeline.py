@@ -198,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         groups.append(Group("pipeline, 1 stage", 1, setup_pipeline, stages=1, chunks=1, micro_batches=1, **piped))
         for K in args.chunks:
             for M in args.micro_batches:
-                rows.append(dict(K=K, M=M, kind="pipelstm"))
+                rows.append(dict(config=None, K=K, M=M, kind="pipelstm"))  # config: with its balance
                 groups.append(Group(f"pipeline K={K} M={M}", 1, setup_pipeline, stages=STAGES, chunks=K,
                                     micro_batches=M, **piped))
         for kind in KINDS:
@@ -217,12 +217,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         samples = times[str(i)]
         row.update(seconds=statistics.median(samples), spread=spread(samples), samples=samples)
         if row["kind"] == "pipelstm":  # figures of the median step itself (infos[i][0]: the warm-up turn's)
-            run = infos[i][1:][median_index(samples)]
+            run = infos[i][1:][median_index(samples)][0]  # its one rank
             if row.get("K") is not None:
                 row["config"] = f"pipelstm Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"], kept=run["kept"],
                        stage_est=run["stage_est"])
-    rows = [{"config": r.pop("config"), **r} for r in rows]
     t1 = rows[0]["seconds"]
     pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
     best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else rows[0]
