@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import pipelstm
-from pipelstm.bench import docs, grid, report
+from pipelstm.bench import docs, grid, report, timing
 from pipelstm.bench.table import Column, markdown
 from pipelstm.bench.timing import interleaved_times, median_index
 
@@ -111,6 +111,29 @@ def test_interleaved_times_alternate_and_take_own_times():
     assert times["b"] == [7.0] * 3 and len(times["a"]) == 3
     assert median_index([3.0, 1.0, 2.0]) == 2 and median_index([4.0, 1.0, 3.0, 2.0]) == 3
 
+
+
+def test_short_calls_are_timed_in_runs_of_many(monkeypatch):
+    """With min_run_seconds, a run of a 1 ms call is 20 calls (from a warm
+    call's time) and reports the time of one; a function that returns its
+    own seconds still runs once a run."""
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    calls = {"short": 0, "own": 0}
+
+    def short():
+        calls["short"] += 1
+        clock[0] += 0.001
+
+    def own():
+        calls["own"] += 1
+        clock[0] += 0.001
+        return 0.5
+
+    times = interleaved_times({"short": short, "own": own}, 5, warmup=1, min_run_seconds=0.02)
+    assert times["short"] == pytest.approx([0.001] * 5) and times["own"] == [0.5] * 5
+    # 1 warm-up call, 1 to time, 19 more warm-up calls, then 5 runs of 20
+    assert calls == {"short": 1 + 1 + 19 + 5 * 20, "own": 1 + 1 + 5}
 
 # --- the doc generator ---------------------------------------------------------------------------------------
 

@@ -25,7 +25,11 @@ larger. Where the arithmetic dominates (H >= 512, B >= 32) a row also gives
 its GEMM FLOP rate as a fraction of a large square ``torch.mm``'s at the
 same threads, the mm timed in the same rounds as the two modules (a third
 side of the interleaving), so that a machine that slows down or speeds up
-during the run moves both alike. At the end: the geometric mean and the
+during the run moves both alike. A run of a call under ``--min-run-ms``
+(20 ms) is the mean of as many back-to-back calls as fill it (the count
+fixed per side from one warm call, the warm-up that many calls too): timed
+one call a run, a 0.1 ms row's medians moved by 25 % between runs, and its
+first calls in a fresh process are slower than the rest. At the end: the geometric mean and the
 worst ratio per (threads, mode), a packed row counting with the lower of
 its two ratios.
 """
@@ -113,14 +117,14 @@ def flops(case: Case, tokens: int, mode: str) -> float:
     return per_token * tokens * (3 if mode == "fwdbwd" else 1)
 
 
-def estimate_seconds(case: Case, mode: str, gemm: float, runs: int) -> float:
+def estimate_seconds(case: Case, mode: str, gemm: float, runs: int, min_run: float = 0.0) -> float:
     """A rough upper estimate of a row's time: every side's GEMMs at half of
     torch.mm's rate plus 30 µs per layer, direction and step (the nn.LSTM
     packed path counted 4 times dense)."""
     one = flops(case, case.T * case.B, mode) / (0.5 * gemm * 1e9)
     one += 30e-6 * case.T * case.layers * case.directions * (1 if mode == "fwd" else 2)
     sides = 6 if case.variant == "packed" else 2
-    return one * sides * runs
+    return max(one, min_run) * sides * runs
 
 
 def _inputs(case: Case, train: bool):
@@ -134,7 +138,7 @@ def _inputs(case: Case, train: bool):
     return seq, x.requires_grad_(train), int(lengths.sum())
 
 
-def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None) -> dict:
+def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None, min_run: float = 0.0) -> dict:
     """Times one row at the current thread count: ours, nn.LSTM on the same
     input and, for packed input, nn.LSTM on the padded batch; with
     ``mm_size``, also a square torch.mm of that size in the same rounds
@@ -167,7 +171,7 @@ def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None) 
     if mm_size is not None:
         a, b = torch.randn(mm_size, mm_size), torch.randn(mm_size, mm_size)
         fns["mm"] = lambda: torch.mm(a, b)
-    times = interleaved_times(fns, repeats)
+    times = interleaved_times(fns, repeats, min_run_seconds=min_run)
     med = {k: statistics.median(v) for k, v in times.items()}
     row = dict(asdict(case), proj_size=case.proj_size, mode=mode, tokens=tokens, ours=med["ours"], peer=med["peer"],
                ratio=med["peer"] / med["ours"], padded=med.get("padded"),
@@ -235,6 +239,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--full", action="store_true", help="every variant and layer count over the whole H x B x T")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
+    p.add_argument("--min-run-ms", type=float, default=20.0,
+                   help="a run of a call shorter than this is the mean of as many calls as fill it (0: one call a run)")
     p.add_argument("--budget-seconds", type=float, default=300.0,
                    help="skip rows estimated to take longer than this (0: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
@@ -249,14 +255,16 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                  sizes_given=any(v is not None for v in (args.H, args.B, args.T)), full=args.full)
     isa = report.isa_label()
     print(f"pipelstm.LSTM vs torch.nn.LSTM, torch {torch.__version__}, fp32, I=H, {meta['machine']['cpu']}, "
-          f"{isa}; median of {args.repeats} interleaved runs after 1 warm-up; nn/ours > 1: pipelstm faster; "
+          f"{isa}; median of {args.repeats} interleaved runs after 1 warm-up, a run of a short call the mean of "
+          f"as many calls as fill {args.min_run_ms:g} ms; nn/ours > 1: pipelstm faster; "
           f"{len(todo)} shapes x {len(args.threads)} thread counts x {len(args.modes)} modes", flush=True)
     gemm = {}
     for n_threads in args.threads:
         torch.set_num_threads(n_threads)
         gemm[n_threads] = gemm_gflops(n=256 if args.quick else 2048)
     runs = args.repeats + 1
-    plan = [(t, case, mode, estimate_seconds(case, mode, gemm[t], runs))
+    min_run = args.min_run_ms / 1e3
+    plan = [(t, case, mode, estimate_seconds(case, mode, gemm[t], runs, min_run))
             for t in args.threads for case in todo for mode in args.modes]
     budget = args.budget_seconds or math.inf
     print(f"estimated at most {sum(e for *_, e in plan if e <= budget) / 60:.0f} min "
@@ -270,7 +278,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             continue
         mm_size = (256 if args.quick else 2048) if case.large else None
         row = dict(threads=n_threads, gemm=gemm[n_threads], isa=isa)
-        row.update(measure(case, mode, args.repeats, mm_size))  # its own gemm where large
+        row.update(measure(case, mode, args.repeats, mm_size, min_run))  # its own gemm where large
         row["of_mm"] = row["gflops"] / row["gemm"] if case.large else None
         rows.append(row)
         print(row_line(COLUMNS, row), flush=True)

@@ -5,6 +5,7 @@ Every bench alternates the things it compares, run by run, in one loop
 all of them alike, and reports the median of each.
 """
 
+import math
 import statistics
 import time
 from typing import Callable, Dict, List, Optional
@@ -15,7 +16,8 @@ __all__ = ["interleaved_times", "interleaved_medians", "median_index", "spread",
 
 
 def interleaved_times(
-    fns: Dict[str, Callable[[], Optional[float]]], repeats: int, warmup: int = 1, device: str = "cpu"
+    fns: Dict[str, Callable[[], Optional[float]]], repeats: int, warmup: int = 1, device: str = "cpu",
+    min_run_seconds: float = 0.0,
 ) -> Dict[str, List[float]]:
     """Seconds of each of ``repeats`` runs of every function, run alternately
     (one run of each, then the next round) after ``warmup`` untimed rounds.
@@ -24,19 +26,43 @@ def interleaved_times(
     step timed inside worker processes); that replaces the wall time around
     the call (any other return value is ignored). On CUDA each run is timed from a synchronised start to a
     synchronised end.
+
+    With ``min_run_seconds``, a run of a function that takes less is the
+    mean of ``n`` back-to-back calls, ``n`` fixed per function from the time
+    of one warm call so that a run lasts about that long; the warm-up rounds
+    are then ``n`` calls each too. Timed one call at a time, a 0.1 ms call
+    varies by half its time from run to run (a cache flushed, a timer tick),
+    and its first few calls in a fresh process are slower than the rest
+    (``timeit``'s autorange and ``torch.utils.benchmark`` do the same).
+    Functions that return their own seconds are always called once a run.
     """
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    calls = {name: 1 for name in fns}
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    times: Dict[str, List[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
+    if min_run_seconds > 0:
         for name, fn in fns.items():
             sync()
             start = time.perf_counter()
             own = fn()
             sync()
-            times[name].append(own if isinstance(own, float) else time.perf_counter() - start)
+            if not isinstance(own, float):
+                one = max(time.perf_counter() - start, 1e-9)
+                calls[name] = max(1, math.ceil(min_run_seconds / one))
+        for _ in range(warmup):
+            for name, fn in fns.items():
+                for _ in range(calls[name] - 1):
+                    fn()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                own = fn()
+            sync()
+            times[name].append(own if isinstance(own, float) else (time.perf_counter() - start) / calls[name])
     return times
 
 

@@ -12,7 +12,8 @@ stages balance, but adds the engine's per-item cost and a bubble of
 
 Each row: T=128, I=H, one shape (H, B, layers), forward+backward or
 forward only (``torch.no_grad``), all configurations stepped in turn, the
-median of ``--repeats`` runs each; the speedups are against nn.LSTM with N
+median of ``--repeats`` runs each (a run of a call under ``--min-run-ms``
+the mean of as many calls as fill it, as in ``bench grid``); the speedups are against nn.LSTM with N
 threads (its default settings: oneDNN where it applies). ``best wavefront``
 is the faster of the chunk counts tried, and ``wavefront / threads`` says
 whether it beats pipelstm.LSTM on N intra-op threads (> 1: it does).
@@ -43,7 +44,7 @@ COLUMNS = [
 
 
 def run(T: int, sizes: List[int], batches: List[int], layers: List[int], chunks: List[int], cores: int,
-        passes: List[str], repeats: int) -> List[dict]:
+        passes: List[str], repeats: int, min_run: float = 0.0) -> List[dict]:
     torch.set_num_threads(cores)
     rows = []
     for mode in passes:
@@ -69,7 +70,7 @@ def run(T: int, sizes: List[int], batches: List[int], layers: List[int], chunks:
                                 model(x)
                     fns = {"peer": lambda: step(peer), "threads": lambda: step(ours)}
                     fns.update({f"wave{K}": (lambda m: lambda: step(m))(m) for K, m in waves.items()})
-                    times = interleaved_times(fns, repeats)
+                    times = interleaved_times(fns, repeats, min_run_seconds=min_run)
                     t = {k: statistics.median(v) for k, v in times.items()}
                     best_k = min(chunks, key=lambda K: t[f"wave{K}"])
                     wave = t[f"wave{best_k}"]
@@ -96,6 +97,8 @@ def main(argv=None) -> List[dict]:
                    help="K values tried for the wavefront (default 4 16; --quick: 2)")
     p.add_argument("--passes", nargs="+", choices=["fwd+bwd", "forward"], default=["fwd+bwd", "forward"])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per configuration (median; at least 5)")
+    p.add_argument("--min-run-ms", type=float, default=20.0,
+                   help="a run of a call shorter than this is the mean of as many calls as fill it (0: one call a run)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     report.add_arguments(p)
     args = p.parse_args(argv)
@@ -109,9 +112,11 @@ def main(argv=None) -> List[dict]:
     meta = report.metadata("wavefront", argv)
     print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {args.cores} cores: nn.LSTM and "
           f"pipelstm.LSTM with {args.cores} intra-op threads against the layer wavefront of {args.cores} stages x 1 "
-          f"thread, T={T}, I=H, median of {args.repeats} interleaved runs")
+          f"thread, T={T}, I=H, median of {args.repeats} interleaved runs, a run of a short call the mean of as many "
+          f"calls as fill {args.min_run_ms:g} ms")
     print(header(COLUMNS))
-    rows = run(T, args.sizes, args.batches, args.layers, args.chunks, args.cores, args.passes, args.repeats)
+    rows = run(T, args.sizes, args.batches, args.layers, args.chunks, args.cores, args.passes, args.repeats,
+               args.min_run_ms / 1e3)
     if args.json:
         wins = [r for r in rows if r["wave_vs_threads"] > 1.0]
         note = (f"The wavefront beat {args.cores} intra-op threads in {len(wins)} of {len(rows)} rows"
