@@ -358,20 +358,22 @@ struct BackwardResult {
 // sum over steps of grad_gates_t^T @ h_prev_t, where h_prev_t is the hidden
 // state each row of step t started from. Dense: one GEMM over the steps that
 // follow another (plain views) plus one for h0. Packed: gather, one GEMM.
-Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
-                             const Tensor& output, const Tensor& h0, bool reverse) {
+// grad (+)= the recurrent weight's gradient: `add` adds into grad, else
+// overwrites it.
+void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
+                           const Tensor& output, const Tensor& h0, bool reverse,
+                           const Tensor& grad, bool add) {
   const int64_t T = steps.steps(), B = steps.max_batch;
   if (steps.dense) {
     const int64_t first = LayerSteps::step_at(0, T, reverse);
-    Tensor grad = cpu::empty_buffer({grad_gates.size(1), h0.size(1)}, h0.options());
-    cpu::layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0);
+    cpu::layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0, add);
     if (T > 1) {
       const int64_t rest = (T - 1) * B;
       const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
       const Tensor h = reverse ? output.narrow(0, B, rest) : output.narrow(0, 0, rest);
       cpu::layer_mm_out(grad, dg.t(), h, /*accumulate=*/true);
     }
-    return grad;
+    return;
   }
   Tensor h_prev = at::empty({steps.rows, output.size(1)}, output.options());
   int64_t prev = -1;
@@ -383,9 +385,7 @@ Tensor recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
     if (rows > cont) dst.narrow(0, cont, rows - cont).copy_(h0.narrow(0, cont, rows - cont));
     prev = t;
   }
-  Tensor grad = cpu::empty_buffer({grad_gates.size(1), h_prev.size(1)}, h_prev.options());
-  cpu::layer_mm_out(grad, grad_gates.t(), h_prev);
-  return grad;
+  cpu::layer_mm_out(grad, grad_gates.t(), h_prev, add);
 }
 
 // The data part of backward: the time loop and the input gradient.
@@ -479,15 +479,38 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& 
 }
 
 // The weight part of backward: one GEMM each over all steps.
+// The weight gradients of `d`'s steps into `acc`: added to what it holds
+// where acc.w_ih is defined (the GEMMs accumulate in place), else into
+// new buffers.
+void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Tensor& x,
+                      const Tensor& h0, const Tensor& output, bool reverse,
+                      LayerWeightGrads& acc) {
+  const bool add = acc.w_ih.defined();
+  if (!add) {
+    acc.w_ih = cpu::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
+    acc.w_hh = cpu::empty_buffer({d.grad_gates.size(1), h0.size(1)}, h0.options());
+  }
+  cpu::layer_mm_out(acc.w_ih, d.grad_gates.t(), x, add);
+  recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse, acc.w_hh, add);
+  if (add) {
+    acc.bias.add_(d.grad_gates.sum(0));
+  } else {
+    acc.bias = d.grad_gates.sum(0);
+  }
+  if (!d.grad_h.defined()) {
+    if (!add) acc.w_hr = at::empty({0}, x.options());
+  } else if (add) {
+    acc.w_hr.addmm_(d.grad_h.t(), d.raw_h);
+  } else {
+    acc.w_hr = at::mm(d.grad_h.t(), d.raw_h);
+  }
+}
+
 LayerWeightGrads weight_grads_core(const LayerSteps& steps, const LayerDataGrads& d,
                                    const Tensor& x, const Tensor& h0, const Tensor& output,
                                    bool reverse) {
   LayerWeightGrads r;
-  r.w_ih = cpu::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
-  cpu::layer_mm_out(r.w_ih, d.grad_gates.t(), x);
-  r.w_hh = recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse);
-  r.bias = d.grad_gates.sum(0);
-  r.w_hr = d.grad_h.defined() ? at::mm(d.grad_h.t(), d.raw_h) : at::empty({0}, x.options());
+  add_weight_grads(steps, d, x, h0, output, reverse, r);
   return r;
 }
 
@@ -615,8 +638,8 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
   return d;
 }
 
-LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
-                                         const Tensor& h0, const Tensor& output) {
+void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
+                                 const Tensor& output, LayerWeightGrads& acc) {
   constexpr const char* op = "lstm_layer_weight_grads";
   const OpGuard guard(input);
   check_dim(op, "input", input, 3, "[T, B, I]");
@@ -626,8 +649,15 @@ LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tens
               grads.grad_gates.sizes());
   TORCH_CHECK(output.dim() == 3 && output.size(0) == T && output.size(1) == B,
               "pipelstm::", op, ": expected output [", T, ", ", B, ", P], got ", output.sizes());
-  return weight_grads_core(dense_steps(T, B), grads, input.contiguous().view({T * B, -1}), h0,
-                           output.contiguous().view({T * B, -1}), /*reverse=*/false);
+  add_weight_grads(dense_steps(T, B), grads, input.contiguous().view({T * B, -1}), h0,
+                   output.contiguous().view({T * B, -1}), /*reverse=*/false, acc);
+}
+
+LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
+                                         const Tensor& h0, const Tensor& output) {
+  LayerWeightGrads r;
+  lstm_layer_add_weight_grads(grads, input, h0, output, r);
+  return r;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(

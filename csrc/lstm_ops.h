@@ -84,6 +84,11 @@ struct LayerWeightGrads {
 };
 LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
                                          const Tensor& h0, const Tensor& output);
+// The same added into `acc` where acc.w_ih is defined (the GEMMs
+// accumulate in place: the weight gradients of several calls' steps without
+// first copying their pieces into one sequence), else as above.
+void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
+                                 const Tensor& output, LayerWeightGrads& acc);
 
 // The same over a PackedSequence: input [rows, I] holds batch_sizes[t] rows
 // per step (sequences sorted by decreasing length); only real steps are

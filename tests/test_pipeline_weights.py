@@ -3,9 +3,11 @@
 same CPU.
 
 What is checked here beyond the exactness tests of test_pipeline.py: with one
-micro-batch an LSTM layer's weight gradients are one GEMM over the whole
-sequence, so given the same output gradient they are bitwise the unsplit
-layer's whatever the number of chunks; the
+micro-batch and chunks of fewer than 1024 rows joined, an LSTM layer's weight
+gradients are one GEMM over the whole sequence, so given the same output
+gradient they are bitwise the unsplit layer's whatever the number of chunks;
+larger chunks add their GEMMs into the gradients in place, which changes only
+the order of the sums; the
 lighter stage of an unbalanced split runs some of the heavier stage's
 tasks, but not when their thread budgets differ; the parameter gradients
 of a unit that nothing reached stay None.
@@ -53,6 +55,24 @@ def test_lstm_weight_gradients_do_not_depend_on_the_chunks():
         (out * g).sum().backward()
         for (name, a), b in zip(pipe.named_parameters(), ref.parameters()):
             assert torch.equal(a.grad, b.grad), (K, name)
+
+
+def test_large_chunks_add_their_weight_gradients_in_place():
+    # Chunks of 1024 rows (16 steps x 64) are not joined: each chunk's GEMMs
+    # add into the gradients, over both chunks and both micro-batches.
+    torch.manual_seed(0)
+    base = nn.Sequential(pipelstm.LSTM(8, 16, num_layers=2))
+    x = torch.randn(32, 128, 8)
+    with torch.no_grad():
+        g = torch.randn(32, 128, 16)
+    ref = copy.deepcopy(base).double()
+    out, _ = ref[0](x.double())
+    (out * g.double()).sum().backward()
+    pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu"], chunks=2, micro_batches=2, threads=1)
+    out, _ = pipe(x)
+    (out * g).sum().backward()
+    for (name, a), b in zip(pipe.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-4, msg=name)
 
 
 PASSES = 5  # the takeover is a race between two threads: it has to show in one of these passes

@@ -34,10 +34,19 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
   return d.grad_input;
 }
 
+// Consecutive chunks of a micro-batch are joined (copied into one sequence)
+// while the joined rows stay under kJoinRows: a chunk of fewer rows gives
+// GEMMs too shallow to run at the kernels' rate. Chunks of more rows add
+// their GEMMs into the gradients in place instead, from where they lie: at
+// H = 1024, T = 256, B = 32 the joined copies of a layer's gate gradients,
+// input and output were 192 MiB beside the pieces themselves.
+constexpr int64_t kJoinRows = 1024;
+
 // Per micro-batch, each run of consecutive chunks as one sequence: pieces
 // {x, h0, out, grad_gates, grad_h, raw_h}, rows time-major.
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
+  LayerWeightGrads w;  // every group's gradients added in
   for (const auto& row : pieces) {
     const int64_t K = static_cast<int64_t>(row.size());
     for (int64_t k = 0; k < K;) {
@@ -45,21 +54,25 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
         ++k;
         continue;
       }
-      int64_t end = k;
-      while (end < K && !row[end].empty()) ++end;
+      // Chunks [k, end): consecutive, and joined only while under kJoinRows.
+      int64_t end = k, rows = 0;
+      while (end < K && !row[end].empty() && (end == k || rows < kJoinRows)) {
+        rows += row[end][3].size(0);
+        ++end;
+      }
       auto joined = [&](size_t i) -> Tensor {
         if (!row[k][i].defined() || end - k == 1) return row[k][i];
         std::vector<Tensor> parts;
-        int64_t rows = 0;
+        int64_t n = 0;
         for (int64_t j = k; j < end; ++j) {
           parts.push_back(row[j][i]);
-          rows += row[j][i].size(0);
+          n += row[j][i].size(0);
         }
         // From the kept mappings (huge_pages.h): the joined gradients of the
         // gates are 4H floats a token, and glibc maps such a buffer afresh
         // and faults in every page on every step.
         std::vector<int64_t> sizes = parts[0].sizes().vec();
-        sizes[0] = rows;
+        sizes[0] = n;
         Tensor out = cpu::empty_buffer(sizes, parts[0].options());
         at::cat_out(out, parts, 0);
         return out;
@@ -68,15 +81,16 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       d.grad_gates = joined(3);
       d.grad_h = joined(4);
       d.raw_h = joined(5);
-      const LayerWeightGrads w = lstm_layer_weight_grads(d, joined(0), row[k][1], joined(2));
-      accumulate(acc, 0, w.w_ih);
-      accumulate(acc, 1, w.w_hh);
-      if (p[2].has_value()) accumulate(acc, 2, w.bias);
-      if (p[3].has_value()) accumulate(acc, 3, p[2].has_value() ? w.bias.clone() : w.bias);
-      if (p[4].has_value()) accumulate(acc, 4, w.w_hr);
+      lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
       k = end;
     }
   }
+  if (!w.w_ih.defined()) return;
+  accumulate(acc, 0, w.w_ih);
+  accumulate(acc, 1, w.w_hh);
+  if (p[2].has_value()) accumulate(acc, 2, w.bias);
+  if (p[3].has_value()) accumulate(acc, 3, p[2].has_value() ? w.bias.clone() : w.bias);
+  if (p[4].has_value()) accumulate(acc, 4, w.w_hr);
 }
 
 // Replaying needs the initial (h, c).
