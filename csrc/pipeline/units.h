@@ -51,9 +51,10 @@ Tensor unit_backward_data(const UnitSpec& u, const UnitParams& p, const Tensor& 
 
 // The unit's parameter gradients ("W") from the pieces of all items, added
 // into `acc` (one slot per parameter, as UnitParams). An LSTM layer runs one
-// GEMM per weight over the consecutive chunks of each micro-batch (with one
-// micro-batch: bitwise what the layer op computes over the whole sequence);
-// Linear and Embedding one over all items.
+// GEMM per weight over the consecutive chunks of each micro-batch while they
+// hold fewer than 1024 rows together (with one micro-batch: bitwise what the
+// layer op computes over the whole sequence), and adds larger chunks' GEMMs
+// in place; Linear and Embedding one over all items.
 void unit_weight_grads(const UnitSpec& u, const UnitParams& p, const Pieces& pieces,
                        std::vector<Tensor>& acc);
 
