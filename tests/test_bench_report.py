@@ -71,6 +71,8 @@ def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
     assert report.isa()["env"]["PIPELSTM_CPU_GEMM"] == "own"
     monkeypatch.setenv("MALLOC_ARENA_MAX", "1")  # changes what the memory columns show
     assert report.isa()["env"]["MALLOC_ARENA_MAX"] == "1"
+    monkeypatch.setenv("PIPELSTM_BUFFER_CACHE_MB", "0")  # and so does the cache of kept mappings
+    assert report.isa()["env"]["PIPELSTM_BUFFER_CACHE_MB"] == "0"
     monkeypatch.delattr(pipelstm._C, "cpu_isa", raising=False)
     monkeypatch.delattr(pipelstm._C, "cpu_gemm", raising=False)
     assert report.isa()["pipelstm"] is None and report.isa()["gemm"] is None  # a build without them

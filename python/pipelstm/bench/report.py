@@ -48,10 +48,11 @@ __all__ = [
 # ATen's own kernels and pipelstm's kernels (and what runs its GEMMs).
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA",
            "PIPELSTM_CPU_GEMM")
-# glibc's cap on malloc's per-thread arenas: it changes the resident-set
-# figures of `bench distributed` (docs/benchmarks.md), so it is recorded
-# beside the ISA caps.
-MEMORY_ENV = ("MALLOC_ARENA_MAX",)
+# glibc's cap on malloc's per-thread arenas and the cap of pipelstm's cache
+# of kept mappings (docs/cpu.md, "Memory"): they change the resident-set
+# figures of `bench distributed` (docs/benchmarks.md) and the speed of every
+# step, so they are recorded beside the ISA caps.
+MEMORY_ENV = ("MALLOC_ARENA_MAX", "PIPELSTM_BUFFER_CACHE_MB")
 MIN_REPEATS = 5
 
 
