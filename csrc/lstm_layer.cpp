@@ -478,10 +478,9 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& 
   return r;
 }
 
-// The weight part of backward: one GEMM each over all steps.
-// The weight gradients of `d`'s steps into `acc`: added to what it holds
-// where acc.w_ih is defined (the GEMMs accumulate in place), else into
-// new buffers.
+// The weight part of backward, one GEMM each over all of `d`'s steps, into
+// `acc`: added to what it holds where acc.w_ih is defined (the GEMMs
+// accumulate in place), else into new buffers.
 void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Tensor& x,
                       const Tensor& h0, const Tensor& output, bool reverse,
                       LayerWeightGrads& acc) {

@@ -1,6 +1,6 @@
 // An LSTM layer as a unit: the layer op over each item, its (h, c) carried
-// from chunk to chunk by the stage; its weight gradients once per run of
-// consecutive chunks.
+// from chunk to chunk by the stage; its weight gradients once per pass,
+// over all its items' pieces.
 #include <ATen/ATen.h>
 
 #include "../../cpu/huge_pages.h"
@@ -42,8 +42,9 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
 // input and output were 192 MiB beside the pieces themselves.
 constexpr int64_t kJoinRows = 1024;
 
-// Per micro-batch, each run of consecutive chunks as one sequence: pieces
-// {x, h0, out, grad_gates, grad_h, raw_h}, rows time-major.
+// Per micro-batch, each run of consecutive chunks as sequences (joined up to
+// kJoinRows), all added into one set of gradients: pieces {x, h0, out,
+// grad_gates, grad_h, raw_h}, rows time-major.
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   LayerWeightGrads w;  // every group's gradients added in
