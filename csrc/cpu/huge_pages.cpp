@@ -104,21 +104,22 @@ class HugePageAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (n >= kMinSmallBytes && n < min_bytes_) {
-      const size_t length = (n + kPage - 1) & ~(kPage - 1);
-      if (Mapping* m = cache().take(length)) return {m->base, m, &unmap, cpu_device()};
-      void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base != MAP_FAILED) return {base, new Mapping{base, length}, &unmap, cpu_device()};
-    }
-    if (n >= min_bytes_) {
-      const size_t length = n + kHugePage;  // room to align the start
-      if (Mapping* m = cache().take(length)) return {align(m->base), m, &unmap, cpu_device()};
-      void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base != MAP_FAILED) {
-        void* data = align(base);
-        madvise(data, length - kHugePage, MADV_HUGEPAGE);  // a hint: without THP, plain pages
-        return {data, new Mapping{base, length}, &unmap, cpu_device()};
+    if (n >= kMinSmallBytes) {
+      // From min_bytes_ 2 MiB-aligned on huge pages (room to align the
+      // start), below on plain pages. A kept mapping serves requests of
+      // more than half its length only, so the two kinds never mix.
+      const bool huge = n >= min_bytes_;
+      const size_t length = huge ? n + kHugePage : (n + kPage - 1) & ~(kPage - 1);
+      Mapping* m = cache().take(length);
+      if (m == nullptr) {
+        void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base != MAP_FAILED) {
+          // a hint: without THP, plain pages
+          if (huge) madvise(align(base), length - kHugePage, MADV_HUGEPAGE);
+          m = new Mapping{base, length};
+        }
       }
+      if (m != nullptr) return {huge ? align(m->base) : m->base, m, &unmap, cpu_device()};
     }
 #endif
     return c10::GetCPUAllocator()->allocate(n);

@@ -29,9 +29,9 @@ during the run moves both alike. A run of a call under ``--min-run-ms``
 (20 ms) is the mean of as many back-to-back calls as fill it (the count
 fixed per side from one warm call, the warm-up that many calls too): timed
 one call a run, a 0.1 ms row's medians moved by 25 % between runs, and its
-first calls in a fresh process are slower than the rest. At the end: the geometric mean and the
-worst ratio per (threads, mode), a packed row counting with the lower of
-its two ratios.
+first calls in a fresh process are slower than the rest. At the end: the
+geometric mean and the worst ratio per (threads, mode), a packed row
+counting with the lower of its two ratios.
 """
 
 import argparse
@@ -50,7 +50,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, markdown, row_line
-from .timing import gemm_gflops, interleaved_times
+from .timing import add_min_run_argument, gemm_gflops, interleaved_times
 
 __all__ = ["Case", "cases", "flops", "estimate_seconds", "measure", "summarize", "main"]
 
@@ -239,8 +239,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--full", action="store_true", help="every variant and layer count over the whole H x B x T")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
-    p.add_argument("--min-run-ms", type=float, default=20.0,
-                   help="a run of a call shorter than this is the mean of as many calls as fill it (0: one call a run)")
+    add_min_run_argument(p)
     p.add_argument("--budget-seconds", type=float, default=300.0,
                    help="skip rows estimated to take longer than this (0: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")

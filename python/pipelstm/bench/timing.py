@@ -5,6 +5,7 @@ Every bench alternates the things it compares, run by run, in one loop
 all of them alike, and reports the median of each.
 """
 
+import argparse
 import math
 import statistics
 import time
@@ -12,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-__all__ = ["interleaved_times", "interleaved_medians", "median_index", "spread", "gemm_gflops"]
+__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "median_index", "spread", "gemm_gflops"]
 
 
 def interleaved_times(
@@ -64,6 +65,13 @@ def interleaved_times(
             sync()
             times[name].append(own if isinstance(own, float) else (time.perf_counter() - start) / calls[name])
     return times
+
+
+def add_min_run_argument(parser: argparse.ArgumentParser) -> None:
+    """``--min-run-ms`` (default 20): ``min_run_seconds`` of :func:`interleaved_times`, in ms."""
+    parser.add_argument("--min-run-ms", type=float, default=20.0,
+                        help="a run of a call shorter than this is the mean of as many calls as fill it "
+                             "(0: one call a run)")
 
 
 def interleaved_medians(

@@ -13,8 +13,9 @@ stages balance, but adds the engine's per-item cost and a bubble of
 Each row: T=128, I=H, one shape (H, B, layers), forward+backward or
 forward only (``torch.no_grad``), all configurations stepped in turn, the
 median of ``--repeats`` runs each (a run of a call under ``--min-run-ms``
-the mean of as many calls as fill it, as in ``bench grid``); the speedups are against nn.LSTM with N
-threads (its default settings: oneDNN where it applies). ``best wavefront``
+the mean of as many calls as fill it, as in ``bench grid``); the speedups
+are against nn.LSTM with N threads (its default settings: oneDNN where it
+applies). ``best wavefront``
 is the faster of the chunk counts tried, and ``wavefront / threads`` says
 whether it beats pipelstm.LSTM on N intra-op threads (> 1: it does).
 """
@@ -30,7 +31,7 @@ from torch import nn
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import add_min_run_argument, interleaved_times
 
 __all__ = ["main"]
 
@@ -97,8 +98,7 @@ def main(argv=None) -> List[dict]:
                    help="K values tried for the wavefront (default 4 16; --quick: 2)")
     p.add_argument("--passes", nargs="+", choices=["fwd+bwd", "forward"], default=["fwd+bwd", "forward"])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per configuration (median; at least 5)")
-    p.add_argument("--min-run-ms", type=float, default=20.0,
-                   help="a run of a call shorter than this is the mean of as many calls as fill it (0: one call a run)")
+    add_min_run_argument(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     report.add_arguments(p)
     args = p.parse_args(argv)
