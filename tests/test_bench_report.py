@@ -78,8 +78,11 @@ def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
     assert report.isa()["pipelstm"] is None and report.isa()["gemm"] is None  # a build without them
 
 
-def test_git_commit_and_dirty(tmp_path):
+def test_git_commit_and_dirty(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELSTM_SOURCE_COMMIT", raising=False)
     assert report.git_commit(str(tmp_path)) is None  # not a checkout
+    monkeypatch.setenv("PIPELSTM_SOURCE_COMMIT", "abc123")  # a copy of a checkout names its commit
+    assert report.git_commit(str(tmp_path)) == "abc123"
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(git + ["init", "-q"], check=True)
     (tmp_path / "__init__.py").write_text("")

@@ -10,7 +10,10 @@
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
-# (default 200), TESTS (default tests/gpu).
+# (default 200), TESTS (default tests/gpu), TEST_SECONDS: the whole test run
+# is stopped after this many seconds (default 300), PIPELSTM_SOURCE_COMMIT:
+# the commit the tree was copied from, recorded in the JSON (a copy sent to a
+# lent machine has no .git; default: git rev-parse HEAD where there is one).
 # Run from the repository root.
 set -uo pipefail
 
@@ -19,6 +22,8 @@ OUT="${OUT:-build/gpu_check}"
 STEPS="${STEPS:-build tests bench}"
 BENCH_SECONDS="${BENCH_SECONDS:-200}"
 TESTS="${TESTS:-tests/gpu}"
+TEST_SECONDS="${TEST_SECONDS:-300}"
+export PIPELSTM_SOURCE_COMMIT="${PIPELSTM_SOURCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
@@ -26,7 +31,7 @@ summary="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
-note "gpu_check: $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+note "gpu_check: $(date -u +%FT%TZ), commit ${PIPELSTM_SOURCE_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$summary"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())" \
   2>&1 | tee -a "$summary"
@@ -49,7 +54,8 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if want tests; then
   start=$SECONDS
-  "$PY" -m pytest -q -p no:cacheprovider -rfE $TESTS >"$OUT/tests.log" 2>&1
+  # shellcheck disable=SC2086  (TESTS may carry pytest options)
+  timeout "$TEST_SECONDS" "$PY" -m pytest -q -p no:cacheprovider -rfE $TESTS >"$OUT/tests.log" 2>&1
   rc=$?
   note "tests ($TESTS): rc=$rc ($((SECONDS - start)) s): $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30 | tee -a "$summary"

@@ -120,8 +120,10 @@ def versions() -> Dict[str, str]:
 
 def git_commit(path: Optional[str] = None) -> Optional[str]:
     """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this
-    package's source), with ``-dirty`` when the tree has changes; None when
-    the package does not run from a git checkout (e.g. an installed wheel)."""
+    package's source), with ``-dirty`` when the tree has changes. Outside a
+    git checkout it is ``$PIPELSTM_SOURCE_COMMIT``: what a copy of the tree
+    without ``.git`` (the one a lent GPU machine gets) was copied from, named
+    by whoever copied it; else None (e.g. an installed wheel)."""
     path = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*args: str) -> str:
@@ -133,7 +135,7 @@ def git_commit(path: Optional[str] = None) -> Optional[str]:
         sha = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("PIPELSTM_SOURCE_COMMIT") or None
     return sha + ("-dirty" if dirty else "")
 
 
