@@ -35,22 +35,25 @@ def cast_and_call(op: Callable, device_type: str, dtype: torch.dtype, args: tupl
         return op(*_cast(args, device_type, dtype))
 
 
-def _register_to_autocast_dtype(name: str, device_type: str) -> None:
-    # torch.library.register_autocast takes one fixed dtype; this rule reads
-    # the one autocast was entered with at each call.
+def _register(name: str, device_type: str, dtype: Callable[[], torch.dtype]) -> None:
+    # Not torch.library.register_autocast: it takes one fixed dtype (the CUDA
+    # rule reads the one autocast was entered with at each call), and up to
+    # torch 2.11 its CPU rule also took the Python dispatcher's AutocastCUDA
+    # entry, which then refused ours.
     op = getattr(torch.ops.pipelstm, name).default
     key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
 
     def rule(*args):
-        return cast_and_call(op, device_type, torch.get_autocast_dtype(device_type), args)
+        return cast_and_call(op, device_type, dtype(), args)
 
     # The Python-dispatcher entry (torch.compile traces through it) and the
     # C++ dispatcher's.
+    op.py_kernels.pop(getattr(torch._C.DispatchKey, key), None)
     op.py_impl(getattr(torch._C.DispatchKey, key))(rule)
     _LIB.impl(name, lambda _keyset, *args: rule(*args), key, with_keyset=True)
 
 
 _LIB = torch.library.Library("pipelstm", "IMPL")
 for _name in FORWARD_OPS:
-    torch.library.register_autocast(f"pipelstm::{_name}", "cpu", torch.float32)
-    _register_to_autocast_dtype(_name, "cuda")
+    _register(_name, "cpu", lambda: torch.float32)
+    _register(_name, "cuda", lambda: torch.get_autocast_dtype("cuda"))
