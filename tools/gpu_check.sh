@@ -36,11 +36,32 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())" \
   2>&1 | tee -a "$summary"
 
+# The first C++ compiler that links libstdc++ dynamically (the build refuses
+# the others, cmake/shared_libstdcxx.cmake): the GPU image's /opt/gcc wrapper,
+# which its environment may name in CXX, links it statically.
+shared_libstdcxx_compiler() {
+  local dir cxx
+  dir=$(mktemp -d)
+  # Uses libstdc++ (the linker drops an unused one), like the build's own probe.
+  printf '#include <sstream>\nint main(int n, char**) { std::ostringstream s; s << n; return s.str().size() == 9; }\n' >"$dir/probe.cpp"
+  for cxx in ${PIPELSTM_CXX:-} /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-12 /usr/bin/g++-14 ${CXX:-}; do
+    [[ -x $cxx ]] || continue
+    if "$cxx" -x c++ "$dir/probe.cpp" -o "$dir/probe" 2>/dev/null && readelf -d "$dir/probe" | grep -q 'libstdc++\.so'; then
+      echo "$cxx"; rm -rf "$dir"; return 0
+    fi
+  done
+  rm -rf "$dir"; return 1
+}
+
 if want build; then
-  # The system compiler: the image's /opt/gcc wrapper links libstdc++
-  # statically, which the build refuses (cmake/shared_libstdcxx.cmake).
   start=$SECONDS
-  if CXX="${CXX:-/usr/bin/g++}" CUDAHOSTCXX="${CUDAHOSTCXX:-/usr/bin/g++}" \
+  if ! cxx=$(shared_libstdcxx_compiler); then
+    note "build: FAILED: no C++ compiler here links libstdc++ dynamically (tried PIPELSTM_CXX, /usr/bin/g++[-12/13/14], CXX=${CXX:-})"
+    ls -l /usr/bin/*g++* 2>&1 | tee -a "$summary"
+    exit 1
+  fi
+  note "build: compiler $cxx ($("$cxx" -dumpfullversion 2>/dev/null))"
+  if CXX="$cxx" CUDAHOSTCXX="$cxx" \
      TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" PIPELSTM_CUDA=on MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
      "$PY" setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
     note "build: ok ($((SECONDS - start)) s)"
