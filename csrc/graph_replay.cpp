@@ -33,10 +33,10 @@ bool has_graph_runner(c10::DeviceType device) {
 std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
                                                     const std::vector<int64_t>& key,
                                                     const std::vector<at::Tensor>& inputs,
-                                                    const GraphBody& body) {
+                                                    const GraphBody& body, bool by_default) {
   const GraphRunner runner = runners()[static_cast<size_t>(device)];
   if (runner == nullptr) return std::nullopt;
-  return runner(key, inputs, body);
+  return runner(key, inputs, body, by_default);
 }
 
 void add_to_key(std::vector<int64_t>& key, const at::Tensor& t, bool in_place) {

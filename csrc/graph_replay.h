@@ -17,7 +17,8 @@
 // read afresh by each replay; a weight replaced by another tensor has
 // another address, hence another key.
 //
-// Opt-in while it has not been run on a GPU: PIPELSTM_CUDA_GRAPHS=1.
+// PIPELSTM_CUDA_GRAPHS=1 graphs every call, =0 none; unset, the op says per
+// call (`by_default`): where its launches, not its arithmetic, set the time.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,9 +35,11 @@ using GraphBody = std::function<std::vector<at::Tensor>(const std::vector<at::Te
 
 // The runner of one device type: returns the body's outputs, run as a graph,
 // or nullopt when this call runs eagerly (warm-up, capture impossible, off).
+// `by_default`: whether to graph the call when PIPELSTM_CUDA_GRAPHS is unset.
 using GraphRunner = std::optional<std::vector<at::Tensor>> (*)(const std::vector<int64_t>& key,
                                                                  const std::vector<at::Tensor>& inputs,
-                                                                 const GraphBody& body);
+                                                                 const GraphBody& body,
+                                                                 bool by_default);
 
 // Called by a backend from a static initializer.
 void register_graph_runner(c10::DeviceType device, GraphRunner runner);
@@ -49,7 +52,7 @@ bool has_graph_runner(c10::DeviceType device);
 std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
                                                     const std::vector<int64_t>& key,
                                                     const std::vector<at::Tensor>& inputs,
-                                                    const GraphBody& body);
+                                                    const GraphBody& body, bool by_default);
 
 // How many graphs this process captured and replayed (for tests and
 // benchmarks: pipelstm._C._graph_counts()); runners count through note_*.

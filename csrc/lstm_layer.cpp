@@ -279,14 +279,27 @@ std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse
 
 Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
+// Whether a graph pays for this layer when the user has not said
+// (PIPELSTM_CUDA_GRAPHS unset): where a step's launches, not its recurrent
+// GEMM (B x H x 4H), set the time. On an H200 (bench gpu, docs/benchmarks.md)
+// graphs took 1.04-3.7x off up to B*H*H = 2^25 in fp32 and 2^27 in
+// bf16/fp16 (tensor cores), and were even (0.96-1.02x) from 2^27 and 2^29,
+// where they would only hold their memory pool: the bounds lie between.
+bool graph_pays(const LayerSteps& steps, const LayerGeometry& s, at::ScalarType dtype) {
+  const double work = static_cast<double>(steps.max_batch) * s.hidden * s.hidden;
+  const bool tensor_cores = dtype == at::kHalf || dtype == at::kBFloat16;
+  return work <= (tensor_cores ? 0x1p28 : 0x1p26);
+}
+
 // body(inputs) from a captured graph where the device has them
 // (graph_replay.h), else run directly.
-std::vector<Tensor> run_body(const Tensor& like, GraphOp op, const LayerSteps& steps,
-                             bool reverse, std::initializer_list<Tensor> in_place,
+std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp op,
+                             const LayerSteps& steps, bool reverse,
+                             std::initializer_list<Tensor> in_place,
                              const std::vector<Tensor>& inputs, const GraphBody& body) {
   if (has_graph_runner(like.device().type())) {
     auto out = run_as_graph(like.device().type(), graph_key(op, steps, reverse, in_place, inputs),
-                            inputs, body);
+                            inputs, body, graph_pays(steps, s, like.scalar_type()));
     if (out.has_value()) return *out;
   }
   return body(inputs);
@@ -345,7 +358,7 @@ ForwardResult forward_core(const LayerSteps& steps, const LayerGeometry& s,
     ForwardResult r = forward_eager(steps, s, in[0], in[1], in[2], w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
     return std::vector<Tensor>{r.output, r.h_n, r.c_n, r.workspace};
   };
-  const auto out = run_body(x, GraphOp::kForward, steps, reverse,
+  const auto out = run_body(x, s, GraphOp::kForward, steps, reverse,
                             {w_ih, w_hh, or_undefined(b_ih), or_undefined(b_hh), or_undefined(w_hr)},
                             {x, h0, c0}, body);
   return {out[0], out[1], out[2], out[3]};
@@ -555,8 +568,8 @@ BackwardResult backward_core(const LayerSteps& steps, const LayerGeometry& s,
     return std::vector<Tensor>{r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
                                r.grad_bias, r.grad_w_hr};
   };
-  const auto out = run_body(x, GraphOp::kBackward, steps, reverse, {w_ih, w_hh, or_undefined(w_hr)},
-                            inputs, body);
+  const auto out = run_body(x, s, GraphOp::kBackward, steps, reverse,
+                            {w_ih, w_hh, or_undefined(w_hr)}, inputs, body);
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
 }
 

@@ -81,8 +81,6 @@ def test_isa_reports_env_and_pipelstm_isa(monkeypatch):
 def test_git_commit_and_dirty(tmp_path, monkeypatch):
     monkeypatch.delenv("PIPELSTM_SOURCE_COMMIT", raising=False)
     assert report.git_commit(str(tmp_path)) is None  # not a checkout
-    monkeypatch.setenv("PIPELSTM_SOURCE_COMMIT", "abc123")  # a copy of a checkout names its commit
-    assert report.git_commit(str(tmp_path)) == "abc123"
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(git + ["init", "-q"], check=True)
     (tmp_path / "__init__.py").write_text("")
@@ -92,6 +90,8 @@ def test_git_commit_and_dirty(tmp_path, monkeypatch):
     assert report.git_commit(str(tmp_path)) == sha
     (tmp_path / "__init__.py").write_text("changed")
     assert report.git_commit(str(tmp_path)) == sha + "-dirty"
+    monkeypatch.setenv("PIPELSTM_SOURCE_COMMIT", "abc123")  # a copy names the commit it came from
+    assert report.git_commit(str(tmp_path)) == "abc123"
 
 
 def test_repeats_below_five_only_with_quick():

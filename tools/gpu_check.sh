@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine is for, in one call (docs/cuda.md, "On a lent
 # GPU"): the extension built against that machine's torch, tests/gpu, and
-# `bench gpu`, with and without CUDA graphs. Logs and JSON under $OUT (the
+# `bench gpu` with CUDA graphs as the library chooses, off and on. Logs and JSON under $OUT (the
 # device tool brings that folder back); a short summary is printed last.
 #
 #   bash tools/gpu_check.sh                     # all of it
@@ -12,8 +12,8 @@
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
 # (default 200), TESTS (default tests/gpu), TEST_SECONDS: the whole test run
 # is stopped after this many seconds (default 300), PIPELSTM_SOURCE_COMMIT:
-# the commit the tree was copied from, recorded in the JSON (a copy sent to a
-# lent machine has no .git; default: git rev-parse HEAD where there is one).
+# the commit the tree was copied from, recorded in the JSON (the copy a lent
+# machine gets carries no .git of its own: name it; default: git rev-parse HEAD).
 # Run from the repository root.
 set -uo pipefail
 
@@ -83,12 +83,19 @@ if want tests; then
 fi
 
 if want bench; then
-  for graphs in 0 1; do
-    name=gpu$([[ $graphs == 1 ]] && echo _graphs)
+  # BENCH_GRAPHS: PIPELSTM_CUDA_GRAPHS for each run, "unset" for the library's
+  # own choice (gpu.json), 0 (gpu_steps.json), 1 (gpu_graphs.json).
+  for graphs in ${BENCH_GRAPHS:-unset 0 1}; do
+    case $graphs in unset) name=gpu ;; 0) name=gpu_steps ;; *) name=gpu_graphs ;; esac
     start=$SECONDS
     # shellcheck disable=SC2086  (BENCH_ARGS is a list of options)
-    PIPELSTM_CUDA_GRAPHS=$graphs timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
-      --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
+    if [[ $graphs == unset ]]; then
+      env -u PIPELSTM_CUDA_GRAPHS timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
+        --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
+    else
+      PIPELSTM_CUDA_GRAPHS=$graphs timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
+        --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
+    fi
     note "bench $name: rc=$? ($((SECONDS - start)) s; rows past the budget are listed as not run)"
     sed -n '/geometric mean/,$p' "$OUT/$name.log" | head -8 | tee -a "$summary"
   done

@@ -22,9 +22,12 @@ namespace {
 // body's outputs and intermediates in a private memory pool.
 constexpr size_t kMaxGraphs = 16;
 
-bool graphs_requested() {
+// PIPELSTM_CUDA_GRAPHS=1: every call; any other value: none; unset (or
+// empty): the op's choice.
+bool graphs_requested(bool by_default) {
   const char* env = std::getenv("PIPELSTM_CUDA_GRAPHS");  // read per call: cheap beside a launch
-  return env != nullptr && std::strcmp(env, "1") == 0;
+  if (env == nullptr || *env == '\0') return by_default;
+  return std::strcmp(env, "1") == 0;
 }
 
 struct Entry {
@@ -104,8 +107,8 @@ void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& curren
 
 std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_key,
                                                 const std::vector<at::Tensor>& inputs,
-                                                const GraphBody& body) {
-  if (!graphs_requested() || inputs.empty()) return std::nullopt;
+                                                const GraphBody& body, bool by_default) {
+  if (!graphs_requested(by_default) || inputs.empty()) return std::nullopt;
   const c10::Device device = inputs.front().device();
   for (const auto& t : inputs) {
     if (t.device() != device) return std::nullopt;

@@ -1,7 +1,8 @@
 """The layer ops' time loop as a CUDA graph (csrc/graph_replay.h,
-csrc/cuda/graph_replay_cuda.cpp; opt-in: PIPELSTM_CUDA_GRAPHS=1).
+csrc/cuda/graph_replay_cuda.cpp): PIPELSTM_CUDA_GRAPHS=1 graphs every call,
+=0 none, unset where the layer is small enough for graphs to pay.
 
-The reference is the same op run eagerly (graphs off) on the same inputs:
+The reference is the same op run eagerly (PIPELSTM_CUDA_GRAPHS=0) on the same inputs:
 a replay launches the same kernels, so the results agree to rounding (cuBLAS
 may pick another algorithm inside a capture). pipelstm._C._graph_counts()
 shows that a graph was captured and replayed, so a silent fallback to the
@@ -56,7 +57,7 @@ def _assert_close(got, expected):
 
 
 def _eager(monkeypatch, *args):
-    monkeypatch.delenv("PIPELSTM_CUDA_GRAPHS", raising=False)
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "0")
     try:
         return _forward_backward(*args)
     finally:
@@ -76,6 +77,22 @@ def test_replays_match_eager_calls_on_new_inputs(P, reverse, monkeypatch):
     captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
     assert captures == 2  # the forward's and the backward's
     assert replays == 6
+
+
+@pytest.mark.parametrize("dtype,B,H,graphed", [
+    (torch.float32, 4, 32, True), (torch.float32, 64, 1024, True), (torch.float32, 65, 1024, False),
+    (torch.bfloat16, 256, 1024, True), (torch.bfloat16, 257, 1024, False)])  # B*H*H against 2^26 / 2^28
+def test_unset_graphs_only_where_they_pay(dtype, B, H, graphed, monkeypatch):
+    # PIPELSTM_CUDA_GRAPHS unset: a layer whose recurrent GEMM is small
+    # (launch-bound) is graphed from its second call, a larger one never.
+    monkeypatch.delenv("PIPELSTM_CUDA_GRAPHS", raising=False)
+    w = {k: None if v is None else v.to(dtype) for k, v in _weights(I=16, H=H).items()}
+    x, h0, c0 = (t.to(dtype) for t in _inputs(T=3, B=B, I=16, H=H))
+    before = _C._graph_counts()
+    for _ in range(3):
+        OPS.lstm_layer_forward(x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], None, False)
+    captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
+    assert (captures, replays) == ((1, 2) if graphed else (0, 0))
 
 
 def test_weights_updated_in_place_are_seen(monkeypatch):
@@ -130,7 +147,7 @@ def test_calls_on_a_side_stream(monkeypatch):
 
 def test_inside_a_users_capture_the_ops_are_captured_as_before(monkeypatch):
     # The op sees an active capture and runs its step loop into the user's
-    # graph, as without PIPELSTM_CUDA_GRAPHS.
+    # graph, as with PIPELSTM_CUDA_GRAPHS=0.
     monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
     w = _weights()
     x, h0, c0 = _inputs()
@@ -163,7 +180,7 @@ def test_module_training_steps_with_graphs_match_eager(monkeypatch):
         if graphs:
             monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
         else:
-            monkeypatch.delenv("PIPELSTM_CUDA_GRAPHS", raising=False)
+            monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "0")
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(4):
             opt.zero_grad()

@@ -134,8 +134,8 @@ print("ok")
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not on PATH")
-@pytest.mark.parametrize("env", [{}, {"PIPELSTM_PERSISTENT": "1"}, {"PIPELSTM_CUDA_GRAPHS": "1"}],
-                         ids=["step-loop", "persistent", "graphs"])
+@pytest.mark.parametrize("env", [{"PIPELSTM_CUDA_GRAPHS": "0"}, {"PIPELSTM_PERSISTENT": "1", "PIPELSTM_CUDA_GRAPHS": "0"},
+                                 {"PIPELSTM_CUDA_GRAPHS": "1"}], ids=["step-loop", "persistent", "graphs"])
 def test_compute_sanitizer_finds_nothing_in_the_ops(env):
     result = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", sys.executable,
                              "-c", _SANITIZED], capture_output=True, text=True, timeout=600,

@@ -120,10 +120,13 @@ def versions() -> Dict[str, str]:
 
 def git_commit(path: Optional[str] = None) -> Optional[str]:
     """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this
-    package's source), with ``-dirty`` when the tree has changes. Outside a
-    git checkout it is ``$PIPELSTM_SOURCE_COMMIT``: what a copy of the tree
-    without ``.git`` (the one a lent GPU machine gets) was copied from, named
-    by whoever copied it; else None (e.g. an installed wheel)."""
+    package's source), with ``-dirty`` when the tree has changes; None outside
+    a checkout (e.g. an installed wheel). ``$PIPELSTM_SOURCE_COMMIT``, where
+    set, comes first: a copy of the tree (the one a lent GPU machine gets,
+    whose ``.git``, if any, is not this tree's) names the commit it was
+    copied from."""
+    if os.environ.get("PIPELSTM_SOURCE_COMMIT"):
+        return os.environ["PIPELSTM_SOURCE_COMMIT"]
     path = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*args: str) -> str:
@@ -135,7 +138,7 @@ def git_commit(path: Optional[str] = None) -> Optional[str]:
         sha = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("PIPELSTM_SOURCE_COMMIT") or None
+        return None
     return sha + ("-dirty" if dirty else "")
 
 
