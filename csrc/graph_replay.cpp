@@ -15,12 +15,16 @@ runners() {
 }
 
 std::atomic<int64_t> captures{0}, replays{0};
+thread_local bool no_graphs = false;
 
 }  // namespace
 
 GraphCounts graph_counts() { return {captures.load(), replays.load()}; }
 void note_graph_capture() { captures.fetch_add(1); }
 void note_graph_replay() { replays.fetch_add(1); }
+
+NoGraphsOnThisThread::NoGraphsOnThisThread() : saved_(no_graphs) { no_graphs = true; }
+NoGraphsOnThisThread::~NoGraphsOnThisThread() { no_graphs = saved_; }
 
 void register_graph_runner(c10::DeviceType device, GraphRunner runner) {
   runners()[static_cast<size_t>(device)] = runner;
@@ -35,7 +39,7 @@ std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
                                                     const std::vector<at::Tensor>& inputs,
                                                     const GraphBody& body, bool by_default) {
   const GraphRunner runner = runners()[static_cast<size_t>(device)];
-  if (runner == nullptr) return std::nullopt;
+  if (runner == nullptr || no_graphs) return std::nullopt;
   return runner(key, inputs, body, by_default);
 }
 

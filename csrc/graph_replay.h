@@ -41,6 +41,22 @@ using GraphRunner = std::optional<std::vector<at::Tensor>> (*)(const std::vector
                                                                  const GraphBody& body,
                                                                  bool by_default);
 
+// While alive, the layer ops called on this thread run their step loop,
+// whatever PIPELSTM_CUDA_GRAPHS says. The pipeline's stage threads hold one:
+// they launch on one device at once, and a capture among them failed on an
+// H200 (cudaErrorStreamCaptureUnsupported in the stage beside it;
+// tests/gpu/test_gpu_stack.py).
+class NoGraphsOnThisThread {
+ public:
+  NoGraphsOnThisThread();
+  ~NoGraphsOnThisThread();
+  NoGraphsOnThisThread(const NoGraphsOnThisThread&) = delete;
+  NoGraphsOnThisThread& operator=(const NoGraphsOnThisThread&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // Called by a backend from a static initializer.
 void register_graph_runner(c10::DeviceType device, GraphRunner runner);
 

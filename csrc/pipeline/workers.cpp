@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "../graph_replay.h"
 #include "streams.h"
 
 namespace pipelstm::pipeline {
@@ -28,6 +29,7 @@ class WorkerScope {
   // The pass computes its own gradients: no autograd graph, no autocast.
   c10::AutoGradMode no_grad_{false};
   at::AutoDispatchBelowADInplaceOrView below_autograd_;
+  NoGraphsOnThisThread no_graphs_;  // stages launch on one device at once (graph_replay.h)
   StreamScope streams_;  // the stage's compute stream
 };
 
