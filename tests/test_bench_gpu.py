@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipelstm.bench import gpu
+from pipelstm.bench import docs, gpu
 
 
 def _run(tmp_path, *extra):
@@ -35,6 +35,8 @@ def test_every_setting_and_size_is_timed_on_both_sides(tmp_path, monkeypatch):
     assert all(s["stack"] > 0 and s["skipped"] == 0 for s in summary)  # 4 layers over 1 at B <= 32
     assert data["device"]["name"].startswith("CPU")
     assert data["switches"] == {"PIPELSTM_CUDA_GRAPHS": "1"}
+    # The docs' command shows the switches it ran with.
+    assert "`PIPELSTM_CUDA_GRAPHS=1 python -m pipelstm.bench gpu" in docs.render(data, "bench/gpu.json")
 
 
 def test_the_settings_set_tf32_and_put_it_back():

@@ -33,7 +33,9 @@ BEGIN = re.compile(r"^<!-- bench:(?P<name>[\w.-]+):begin -->$", re.MULTILINE)
 def render(data: Mapping, source: str) -> str:
     """The generated text of one section (without its markers)."""
     m = data["machine"]
-    env = (m.get("isa") or {}).get("env") or {}
+    # The environment the bench ran in: the ISA caps, and a GPU bench's
+    # switches (PIPELSTM_CUDA_GRAPHS, ...).
+    env = {**((m.get("isa") or {}).get("env") or {}), **(data.get("switches") or {})}
     cmd = " ".join([f"{k}={v}" for k, v in env.items()] + [data["command"]])
     v = data["versions"]
     commit = data["commit"]
