@@ -5,6 +5,7 @@
 
 #include "cpu/fma_peak.h"
 #include "cpu/gemm_cpu.h"
+#include "cpu/huge_pages.h"
 #include "graph_replay.h"
 
 namespace pipelstm {
@@ -43,6 +44,11 @@ PYBIND11_MODULE(_C, m) {
         "The FLOP of one thread's FMA loop of `iterations`.");
   m.def("_fma_loop_sum", &pipelstm::cpu::fma_loop_sum, pybind11::arg("iterations"), pybind11::arg("a"),
         pybind11::arg("b"), "The FMA loop's sum of its chains (tests).");
+  m.def("_empty_buffer", [](int64_t numel) {
+    return pipelstm::cpu::empty_huge({numel}, at::TensorOptions().dtype(at::kFloat));
+  }, pybind11::arg("numel"),
+        "An uninitialised float32 CPU buffer through the huge-page allocator and its cache "
+        "(cpu/huge_pages.h; tests).");
   m.def("_graph_counts", [] {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);

@@ -4,6 +4,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -21,31 +22,68 @@ constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMinBytes = size_t{1} << 20;  // huge_pages.h says why
 constexpr size_t kMinSmallBytes = size_t{64} << 10;  // plain pages, kept too (huge_pages.h)
 constexpr size_t kPage = size_t{4} << 10;
+// Requests cut from a larger kept mapping, and the least left of it kept:
+// the huge-page sizes (small ones would pin a large mapping in pieces).
+constexpr size_t kMinSplitBytes = kMinBytes;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct Mapping {
   void* base;
   size_t length;
+  void* origin;  // the base of the mmap it is (a piece of)
 };
 
 // Freed mappings kept for the next call, newest first, up to a byte cap
 // (PIPELSTM_BUFFER_CACHE_MB, default 1024; 0 keeps none). A kept mapping's
 // pages are already faulted in, so a layer called again (every training or
 // inference step) writes its workspace without faulting.
+//
+// Like torch's CUDA caching allocator, a large request that no kept mapping
+// fits is cut from the front of a larger one, and a freed mapping is joined
+// with kept neighbours: a phase whose buffers differ in size from the last
+// one's (a pipeline stage's backward after its forward) reuses the pages
+// already resident instead of mapping more beside them, and the next phase
+// finds its large buffers whole again. Cuts are made only when a fresh
+// mapping would raise the peak. Only pieces of one mapping are
+// joined: two mappings the kernel placed side by side, joined, would move
+// the next buffer's 2 MiB-aligned start onto pages never touched (the
+// alignment slack) and fault them in.
 class MappingCache {
  public:
-  // A kept mapping of at least `length` bytes and less than twice that.
+  // A kept mapping of at least `length` bytes and less than twice that; else,
+  // for a large request, the front of the smallest kept mapping that holds
+  // it (the rest stays kept); else none.
   Mapping* take(size_t length) {
     std::lock_guard<std::mutex> lock(mutex_);
+    auto best = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if ((*it)->length >= length && (*it)->length < 2 * length) {
+      const size_t have = (*it)->length;
+      if (have >= length && have < 2 * length) {
         Mapping* m = *it;
         kept_.erase(it);
         bytes_ -= m->length;
         return m;
       }
+      if (have >= length && (best == kept_.end() || have < (*best)->length)) best = it;
     }
-    return nullptr;
+    if (length < kMinSplitBytes || best == kept_.end()) return nullptr;
+    // Cut only where a fresh mapping would take the process past the most
+    // it has mapped: under that, a fresh one costs no peak, and cutting
+    // whole buffers that later calls want again would (their pieces, held
+    // by tensors that live on, keep them from joining again).
+    if (mapped_ + length <= peak_) return nullptr;
+    Mapping* rest = *best;
+    const size_t cut = (length + kPage - 1) & ~(kPage - 1);
+    if (rest->length - cut < kMinSplitBytes) {  // too little left to keep: take it whole
+      kept_.erase(best);
+      bytes_ -= rest->length;
+      return rest;
+    }
+    auto* front = new Mapping{rest->base, cut, rest->origin};
+    rest->base = static_cast<char*>(rest->base) + cut;
+    rest->length -= cut;
+    bytes_ -= cut;
+    return front;
   }
 
   void give(Mapping* m) {
@@ -53,25 +91,54 @@ class MappingCache {
     std::deque<Mapping*> drop;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (m->length <= cap) merge_neighbours(m);
       if (m->length <= cap) {
         kept_.push_front(m);
         bytes_ += m->length;
-        m = nullptr;
+      } else {
+        drop.push_back(m);
       }
       while (bytes_ > cap) {
         drop.push_back(kept_.back());
         bytes_ -= kept_.back()->length;
         kept_.pop_back();
       }
+      for (const Mapping* d : drop) mapped_ -= d->length;
     }
-    if (m != nullptr) drop.push_back(m);
     for (Mapping* d : drop) {
       munmap(d->base, d->length);
       delete d;
     }
   }
 
+  // A fresh mmap of `length` bytes, now in use.
+  void mapped(size_t length) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mapped_ += length;
+    peak_ = std::max(peak_, mapped_);
+  }
+
  private:
+  // Joins m with the kept pieces of its mapping that end where it starts or
+  // start where it ends, taking them out of the cache.
+  void merge_neighbours(Mapping* m) {
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      Mapping* k = *it;
+      char* const k_end = static_cast<char*>(k->base) + k->length;
+      char* const m_end = static_cast<char*>(m->base) + m->length;
+      if (k->origin == m->origin && (k_end == m->base || m_end == k->base)) {
+        if (k_end == m->base) m->base = k->base;
+        m->length += k->length;
+        bytes_ -= k->length;
+        delete k;
+        kept_.erase(it);
+        it = kept_.begin();  // m grew: its new ends may meet another
+      } else {
+        ++it;
+      }
+    }
+  }
+
   static size_t cap_bytes() {
     const char* env = std::getenv("PIPELSTM_BUFFER_CACHE_MB");  // read per free: cheap beside munmap
     const long mb = env == nullptr ? 1024 : std::atol(env);
@@ -80,7 +147,8 @@ class MappingCache {
 
   std::mutex mutex_;
   std::deque<Mapping*> kept_;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;  // kept
+  size_t mapped_ = 0, peak_ = 0;  // mapped (in use or kept), now and at most
 };
 
 MappingCache& cache() {
@@ -116,7 +184,8 @@ class HugePageAllocator final : public c10::Allocator {
         if (base != MAP_FAILED) {
           // a hint: without THP, plain pages
           if (huge) madvise(align(base), length - kHugePage, MADV_HUGEPAGE);
-          m = new Mapping{base, length};
+          m = new Mapping{base, length, base};
+          cache().mapped(length);
         }
       }
       if (m != nullptr) return {huge ? align(m->base) : m->base, m, &unmap, cpu_device()};

@@ -10,7 +10,9 @@
 // 2 MiB; with THP in madvise mode, a buffer under 2 MiB gets none, only
 // the cache below), and freed ones are kept for the next call of about
 // their size, up to PIPELSTM_BUFFER_CACHE_MB (docs/cpu.md), so repeated
-// calls do not fault at all. glibc's heap, which served buffers below
+// calls do not fault at all; where a fresh mapping would raise the peak, a
+// large request is cut from a larger kept one, whose pieces join again
+// when freed. glibc's heap, which served buffers below
 // 32 MiB before, does not reliably keep them: with nn.LSTM's calls
 // between ours (a bench, or any model with other layers), glibc trimmed
 // or mapped afresh and one
