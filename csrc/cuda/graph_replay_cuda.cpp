@@ -6,12 +6,15 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "../graph_replay.h"
 
@@ -73,11 +76,62 @@ GraphCache& cache() {
   return *c;
 }
 
-// Captures body(entry.inputs) into entry.graph on a side stream (capture
-// needs a stream other than the default one), ordered after and before the
-// current stream's work.
+// Streams only captures use, one per capture in flight on a device. Not
+// torch's pool: it hands its streams out in turn, so a pool stream may be
+// another thread's current stream (a pipeline stage's), whose launches
+// would then meet this capture (on an H200 they were refused:
+// cudaErrorStreamCaptureUnsupported; docs/cuda.md).
+class CaptureStreams {
+ public:
+  at::cuda::CUDAStream acquire(c10::DeviceIndex device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& free = free_[device];
+      if (!free.empty()) {
+        cudaStream_t s = free.back();
+        free.pop_back();
+        return at::cuda::getStreamFromExternal(s, device);
+      }
+    }
+    cudaStream_t s = nullptr;  // the caller's CUDAGuard has made `device` current
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return at::cuda::getStreamFromExternal(s, device);
+  }
+
+  void release(const at::cuda::CUDAStream& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[s.device_index()].push_back(s.stream());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<c10::DeviceIndex, std::vector<cudaStream_t>> free_;  // never destroyed: kept for the next capture
+};
+
+CaptureStreams& capture_streams() {
+  static auto* s = new CaptureStreams();  // never destroyed, like the cache
+  return *s;
+}
+
+// One capture stream, given back when the capture is over (or fails).
+class CaptureStreamLease {
+ public:
+  explicit CaptureStreamLease(c10::DeviceIndex device) : stream_(capture_streams().acquire(device)) {}
+  ~CaptureStreamLease() { capture_streams().release(stream_); }
+  CaptureStreamLease(const CaptureStreamLease&) = delete;
+  CaptureStreamLease& operator=(const CaptureStreamLease&) = delete;
+  const at::cuda::CUDAStream& stream() const { return stream_; }
+
+ private:
+  at::cuda::CUDAStream stream_;
+};
+
+// Captures body(entry.inputs) into entry.graph on a stream of its own
+// (capture needs a stream other than the default one), ordered after and
+// before the current stream's work.
 void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& current) {
-  const auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, current.device_index());
+  const CaptureStreamLease lease(current.device_index());
+  const at::cuda::CUDAStream& side = lease.stream();
   at::cuda::CUDAEvent ready;
   ready.record(current);
   ready.block(side);
