@@ -68,15 +68,11 @@ function(pipelstm_require_shared_libstdcxx)
     return()
   endif()
   set(_dir "${CMAKE_BINARY_DIR}/CMakeFiles/pipelstm_libstdcxx_probe")
-  # std::ostringstream: the locale machinery a static copy duplicates.
-  file(WRITE "${_dir}/probe.cpp"
-       "#include <sstream>\nint main(int n, char**) { std::ostringstream s; s << n; "
-       "return static_cast<int>(s.str().size()) - 1; }\n")
   # The module's link flags too: LDFLAGS sets them all alike, but a
   # -static-libstdc++ in CMAKE_MODULE_LINKER_FLAGS alone is the module's.
   # (CMAKE_EXE_LINKER_FLAGS reaches the probe by itself.)
   separate_arguments(_module_flags UNIX_COMMAND "${CMAKE_MODULE_LINKER_FLAGS}")
-  try_compile(_built "${_dir}/build" "${_dir}/probe.cpp" LINK_OPTIONS ${_module_flags}
+  try_compile(_built "${_dir}/build" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/libstdcxx_probe.cpp" LINK_OPTIONS ${_module_flags}
               OUTPUT_VARIABLE _log COPY_FILE "${_dir}/probe")
   if(NOT _built)
     message(FATAL_ERROR "pipelstm: ${CMAKE_CXX_COMPILER} cannot build a C++ program:\n${_log}")

@@ -42,11 +42,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 shared_libstdcxx_compiler() {
   local dir cxx
   dir=$(mktemp -d)
-  # Uses libstdc++ (the linker drops an unused one), like the build's own probe.
-  printf '#include <sstream>\nint main(int n, char**) { std::ostringstream s; s << n; return s.str().size() == 9; }\n' >"$dir/probe.cpp"
   for cxx in ${PIPELSTM_CXX:-} /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-12 /usr/bin/g++-14 ${CXX:-}; do
     [[ -x $cxx ]] || continue
-    if "$cxx" -x c++ "$dir/probe.cpp" -o "$dir/probe" 2>/dev/null && readelf -d "$dir/probe" | grep -q 'libstdc++\.so'; then
+    if "$cxx" cmake/libstdcxx_probe.cpp -o "$dir/probe" 2>/dev/null && readelf -d "$dir/probe" | grep -q 'libstdc++\.so'; then
       echo "$cxx"; rm -rf "$dir"; return 0
     fi
   done
@@ -87,15 +85,11 @@ if want bench; then
   # own choice (gpu.json), 0 (gpu_steps.json), 1 (gpu_graphs.json).
   for graphs in ${BENCH_GRAPHS:-unset 0 1}; do
     case $graphs in unset) name=gpu ;; 0) name=gpu_steps ;; *) name=gpu_graphs ;; esac
+    if [[ $graphs == unset ]]; then switch=(-u PIPELSTM_CUDA_GRAPHS); else switch=("PIPELSTM_CUDA_GRAPHS=$graphs"); fi
     start=$SECONDS
     # shellcheck disable=SC2086  (BENCH_ARGS is a list of options)
-    if [[ $graphs == unset ]]; then
-      env -u PIPELSTM_CUDA_GRAPHS timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
-        --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
-    else
-      PIPELSTM_CUDA_GRAPHS=$graphs timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
-        --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
-    fi
+    env "${switch[@]}" timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
+      --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
     note "bench $name: rc=$? ($((SECONDS - start)) s; rows past the budget are listed as not run)"
     sed -n '/geometric mean/,$p' "$OUT/$name.log" | head -8 | tee -a "$summary"
   done
