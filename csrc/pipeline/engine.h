@@ -18,6 +18,7 @@
 
 #include "remote.h"
 #include "spec.h"
+#include "streams.h"
 
 namespace pipelstm::pipeline {
 
@@ -86,6 +87,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::string stage_label(int64_t s) const;
 
   const std::vector<StageSpec>& stages() const { return stages_; }
+  // Stage s's compute stream, the same in every pass (StageStreams);
+  // nullopt for a CPU stage.
+  std::optional<c10::Stream> stage_stream(int64_t s) const {
+    return streams_.get(static_cast<size_t>(s), stages_[s].device);
+  }
   int64_t num_units() const { return num_units_; }
   // The global index of local stage s's first unit.
   int64_t first_unit(int64_t s) const { return first_unit_[s]; }
@@ -111,6 +117,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   std::vector<StageSpec> stages_;
+  mutable StageStreams streams_{stages_.size()};
   int64_t num_units_ = 0, num_lstm_ = 0;
   std::vector<int64_t> first_unit_;
   const UnitSpec* loss_ = nullptr;

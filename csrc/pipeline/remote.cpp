@@ -8,6 +8,8 @@
 
 #include <sstream>
 
+#include "streams.h"
+
 namespace pipelstm::pipeline {
 
 namespace {
@@ -95,7 +97,11 @@ at::Tensor RemoteLink::wait_recv(Transfer& t, Traffic traffic) {
   }
   if (!ok) throw std::runtime_error(describe(traffic, t, false, std::runtime_error("cancelled")));
   t.done = true;
-  return t.buffer.device() == t.device ? t.buffer : t.buffer.to(t.device);
+  if (t.buffer.device() != t.device) return t.buffer.to(t.device);
+  // Received in place on the device, into memory the caller's stream
+  // allocated: this thread's stream uses it now.
+  Stream::current(t.device).uses(t.buffer);
+  return t.buffer;
 }
 
 void RemoteLink::send(Traffic traffic, int64_t m, int64_t k, int64_t chunks,

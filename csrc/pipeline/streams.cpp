@@ -187,9 +187,29 @@ void Stream::uses(const Tensor& t) const {
   }
 }
 
-StreamScope::StreamScope(const c10::Device& device) {
+namespace {
+
+// `device` may leave its index out ("cuda": the current one).
+bool on_device(const c10::Stream& stream, const c10::Device& device) {
+  return stream.device_type() == device.type() &&
+         (!device.has_index() || stream.device_index() == device.index());
+}
+
+}  // namespace
+
+std::optional<c10::Stream> StageStreams::get(size_t s, const c10::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!streams_[s].has_value() || !on_device(*streams_[s], device)) {
+    streams_[s] = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device);
+  }
+  return streams_[s];
+}
+
+StreamScope::StreamScope(const c10::Device& device, const std::optional<c10::Stream>& stream) {
   if (!device.is_cpu()) {
-    guard_.emplace(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
+    TORCH_INTERNAL_ASSERT(stream.has_value() && on_device(*stream, device));
+    guard_.emplace(*stream);
   }
 }
 

@@ -22,7 +22,9 @@
 #include <c10/core/StreamGuard.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 namespace pipelstm::pipeline {
 
@@ -79,11 +81,29 @@ class Stream {
   std::shared_ptr<HostQueue> host_;
 };
 
-// For its lifetime, this thread queues the work of `device` on a stream of
-// its own (from the accelerator's pool; on the CPU, the thread itself).
+// The compute streams of an engine's stages: one per stage on an
+// accelerator, taken from its pool at the first pass and kept for the
+// engine's life. A stage's forward and backward then queue on one stream,
+// so what the forward made and the backward reads and frees stays in that
+// stream's order for the caching allocator (with a fresh pool stream per
+// pass, a saved tensor was freed while another stream still read it).
+class StageStreams {
+ public:
+  explicit StageStreams(size_t stages) : streams_(stages) {}
+  // Stage s's stream on `device`; nullopt on the CPU (its stream is the
+  // worker thread).
+  std::optional<c10::Stream> get(size_t s, const c10::Device& device);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::optional<c10::Stream>> streams_;
+};
+
+// For its lifetime, this thread queues the work of `device` on `stream`
+// (the stage's, StageStreams; on the CPU, nullopt: the thread itself).
 class StreamScope {
  public:
-  explicit StreamScope(const c10::Device& device);
+  StreamScope(const c10::Device& device, const std::optional<c10::Stream>& stream);
 
  private:
   std::optional<c10::StreamGuard> guard_;

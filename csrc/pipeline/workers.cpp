@@ -5,9 +5,11 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "../graph_replay.h"
 #include "streams.h"
@@ -18,8 +20,9 @@ namespace {
 // What one worker thread holds for its whole pass.
 class WorkerScope {
  public:
-  WorkerScope(const at::ThreadLocalState& tls, const StageSpec& stage)
-      : tls_guard_(tls), streams_(stage.device) {
+  WorkerScope(const at::ThreadLocalState& tls, const StageSpec& stage,
+              const std::optional<c10::Stream>& stream)
+      : tls_guard_(tls), streams_(stage.device, stream) {
     at::internal::lazy_init_num_threads();
     if (stage.threads > 0) at::set_num_threads(stage.threads);
   }
@@ -39,13 +42,31 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
   const std::vector<StageSpec>& stages = engine.stages();
   const at::ThreadLocalState tls;
   const int caller_threads = at::get_num_threads();
+  // The stages' streams start after what the caller queued before the pass
+  // (its inputs; its optimizer's updates of the weights), and the caller's
+  // streams go on after all the stages queued (the weight gradients, last;
+  // the memory freed in the pass). Each is one event per stage; on the CPU
+  // they are done when recorded.
+  std::vector<Event> pass_start(stages.size()), pass_end(stages.size());
+  for (size_t s = 0; s < stages.size(); ++s) pass_start[s] = Stream::current(stages[s].device).record();
   std::vector<std::thread> threads;
   threads.reserve(stages.size());
   for (size_t s = 0; s < stages.size(); ++s) {
     threads.emplace_back([&, s] {
       try {
-        WorkerScope scope(tls, stages[s]);
-        body(static_cast<int>(s));
+        WorkerScope scope(tls, stages[s], engine.stage_stream(static_cast<int64_t>(s)));
+        const Stream own = Stream::current(stages[s].device);
+        pass_start[s].block(own);
+        try {
+          body(static_cast<int>(s));
+        } catch (...) {
+          try {
+            pass_end[s] = own.record();
+          } catch (...) {  // a sticky device error: the body's error says more
+          }
+          throw;
+        }
+        pass_end[s] = own.record();
       } catch (const std::exception& e) {
         sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": " + e.what());
       } catch (...) {
@@ -54,6 +75,11 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
     });
   }
   for (auto& t : threads) t.join();
+  try {
+    for (size_t s = 0; s < stages.size(); ++s) pass_end[s].block(Stream::current(stages[s].device));
+  } catch (...) {
+    if (!sync.failed) throw;  // else the stage's own error, below
+  }
   // at::set_num_threads in a worker also sets the process-wide default that
   // new threads start from; put the caller's back.
   for (const auto& st : stages) {

@@ -1,6 +1,8 @@
 // The stage threads of a pass: one per stage, each with the caller's
 // thread-local state, its stage's intra-op thread budget and (on an
-// accelerator) a stream of its own, outside autograd.
+// accelerator) its stage's stream, the same in every pass, outside autograd.
+// A pass is ordered on the device as it is on the host: the stages' streams
+// wait for the caller's at its start, and the caller's for theirs at its end.
 #pragma once
 
 #include <cstdint>

@@ -4,8 +4,8 @@ distributed path with CUDA tensors (two processes sharing the GPU over gloo,
 transfers through host copies: NCCL refuses two ranks on one device), each
 against the unsplit / single-process run; compute-sanitizer on the ops.
 
-Written in a session without a GPU (issue 11, item 4): these tests have not
-run on one yet.
+Run on an H200 (docs/cuda.md, "Testing on a GPU"); the pass-ordering test is newer
+than that run in the form it has here.
 """
 
 import copy
@@ -85,6 +85,45 @@ def test_lstm_with_devices_on_the_gpu_matches_nn_lstm():
     expected = _forward_backward(ref, x, hx)
     for k, (a, e) in enumerate(zip(got, expected)):
         assert rel_error(a.double(), e.double()) <= TOL, k
+
+
+def test_a_pass_runs_after_the_callers_work_and_before_what_the_caller_does_next():
+    # The stages compute on streams of their own. They must start after what
+    # the caller queued before the pass (here a new input and halved weights,
+    # queued behind a long sleep on the current stream), and the caller's
+    # stream must go on only after what they queued (the weight gradients,
+    # computed last, read at once below). Before the pass was ordered so, the
+    # pp=2 gloo run below crashed on an H200 (an illegal address) in 5 of 9 runs.
+    torch.manual_seed(0)
+    I, H, T, B = 64, 512, 64, 64
+    ours = pipelstm.LSTM(I, H, num_layers=2, devices=[DEVICE, DEVICE], chunks=4, micro_batches=2)
+    x = torch.randn(T, B, I, device=DEVICE)
+    new_x = torch.randn(T, B, I, device=DEVICE)
+    # A first step: its one-time set-up (cuBLAS, the stage streams' memory)
+    # may wait on the host, and then the sleep below would be over before
+    # the stages queue anything. Without this step the test passed on the
+    # unordered pass too.
+    out, (h, c) = ours(x)
+    (out.sum() + h.sum() + c.sum()).backward()
+    ours.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # about 0.2 s: the host queues the whole step meanwhile
+    x.copy_(new_x)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(0.5)
+    out, (h, c) = ours(x)
+    (out.sum() + h.sum() + c.sum()).backward()
+    got = [t.clone() for t in (out, h, c, *[p.grad for p in ours.parameters()])]
+    torch.cuda.synchronize()
+
+    ref = nn.LSTM(I, H, num_layers=2).double()
+    ref.load_state_dict({k: v.detach().cpu().double() for k, v in ours.state_dict().items()})
+    out_r, (h_r, c_r) = ref(new_x.cpu().double())
+    (out_r.sum() + h_r.sum() + c_r.sum()).backward()
+    expected = [out_r, h_r, c_r, *[p.grad for p in ref.parameters()]]
+    for k, (a, e) in enumerate(zip(got, expected)):
+        assert rel_error(a.double().cpu(), e) <= 1e-4, (k, rel_error(a.double().cpu(), e))
 
 
 def test_the_training_example_on_the_gpu_matches_nn_lstm(tmp_path):
