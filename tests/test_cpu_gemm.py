@@ -177,3 +177,25 @@ def test_layer_mm_out_over_an_empty_depth(gemm, transposed, M, N, monkeypatch):
 def test_layer_mm_out_rejects_mismatched_shapes():
     with pytest.raises(RuntimeError, match="layer_mm_out: shapes"):
         pipelstm._C._layer_mm_out(torch.empty(3, 4), torch.empty(3, 5), torch.empty(6, 4))
+
+
+@pytest.mark.parametrize("split", ["0", "1"])
+@pytest.mark.parametrize("M,K,N", [(300, 8192, 40), (512, 4097, 128), (21, 37, 5), (7, 1, 3)])
+def test_layer_mm_out_split_over_the_depth(split, M, K, N, monkeypatch):
+    # A weight gradient on two threads split over the depth (gemm_cpu.cpp,
+    # PIPELSTM_SPLIT_DEPTH=1 on any build): one half into out, the other
+    # into a buffer added after; an odd depth and a depth of 1 (one thread's
+    # slice empty) too; out with a row stride over its width.
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", "own")
+    monkeypatch.setenv("PIPELSTM_SPLIT_DEPTH", split)
+    g = torch.Generator().manual_seed(M + K)
+    a, b = torch.randn(K, M, generator=g).t(), torch.randn(K, N, generator=g)
+    start = torch.randn(M, N, generator=g)
+    want = a.double() @ b.double()
+    with num_threads(2):
+        out = torch.full((M, N + 3), float("nan"))[:, :N]
+        pipelstm._C._layer_mm_out(out, a, b)
+        assert rel_error(out.double(), want) < 1e-5
+        out = torch.cat([start, torch.full((M, 3), float("nan"))], 1)[:, :N]
+        pipelstm._C._layer_mm_out(out, a, b, accumulate=True)
+        assert rel_error(out.double(), start.double() + want) < 1e-5

@@ -70,6 +70,54 @@ bool use_own_gemm(int64_t rows) {
 
 bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
+// A weight gradient (a transposed: grad_gates.t() @ x, 4H x TB @ TB x I)
+// has few panels and a long depth. Split over the panels, every thread
+// reads all of a, in place across rows kilobytes apart; split over the
+// depth, each reads its half and the halves are summed after. With the
+// avx512 build on a 2-core Zen 5 that paid from a depth of 4096 (2 threads,
+// 4H x K @ K x H, GFLOP/s split / not: K = 4096 1.03-1.10x, K = 8192
+// 1.03-1.42x at H = 64..1024; K = 1024 0.92-0.97x; a layer's fwd+bwd at
+// T = 128, B = 64 1.06-1.10x, at T = 32, B = 32 0.95x, not split). The
+// avx2 build, at half the FMA rate, hides the reads: even there (0.90-1.12x).
+constexpr int64_t kMinSplitDepth = 4096;
+
+// PIPELSTM_SPLIT_DEPTH=0: never; =1: every product with a transposed a on
+// several threads (for measuring and tests); unset: as above.
+bool split_depth(bool transposed, int64_t K, int64_t threads) {
+  if (threads < 2 || !transposed) return false;
+  const char* env = std::getenv("PIPELSTM_SPLIT_DEPTH");  // read per call: cheap beside a GEMM
+  if (env != nullptr && *env != '\0') return std::strcmp(env, "1") == 0;
+  return K >= kMinSplitDepth && std::strcmp(step_kernels().isa, "avx512") == 0;
+}
+
+// out (+)= a @ b as `threads` products over slices of the depth, the first
+// into out, the others into buffers then added to out.
+void depth_split_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                        bool accumulate, int64_t threads) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const at::Tensor partial = empty_huge({threads - 1, M, N}, out.options());
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t k0 = K * t / threads, k1 = K * (t + 1) / threads;
+      const at::Tensor a_part = a.narrow(1, k0, k1 - k0), b_part = b.narrow(0, k0, k1 - k0);
+      // In a parallel region: this product runs on this thread alone.
+      layer_mm_out(t == 0 ? out : partial[t - 1], a_part, b_part, t == 0 && accumulate);
+    }
+  });
+  float* o = const_cast<at::Tensor&>(out).data_ptr<float>();
+  const float* p = partial.const_data_ptr<float>();
+  const int64_t ldo = out.stride(0);
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < threads - 1; ++t) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* src = p + (t * M + r) * N;
+        float* dst = o + r * ldo;
+        for (int64_t j = 0; j < N; ++j) dst[j] += src[j];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 const char* gemm_backend() {
@@ -116,12 +164,17 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
     if (!accumulate) const_cast<at::Tensor&>(out).zero_();
     return;
   }
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const bool transposed = a.stride(1) != 1 && a.stride(0) == 1;
+  if (split_depth(transposed, K, threads)) {
+    depth_split_mm_out(out, a, b, accumulate, threads);
+    return;
+  }
   const auto& Kr = step_kernels();
   // a's rows are read in place with unit stride or, for a transposed view
   // (a weight gradient's grad_gates.t()), with its row stride: ATen's copy of
   // such a view took a fifth of a layer's fwd+bwd at H=64 B=64 T=128 on 2
   // threads (torch.profiler, Zen 5). Any other layout is copied.
-  const bool transposed = a.stride(1) != 1 && a.stride(0) == 1;
   const at::Tensor rows = a.stride(1) == 1 || transposed ? a : a.contiguous();
   const int64_t lda = transposed ? 1 : rows.stride(0), step = transposed ? rows.stride(1) : 1;
   // b as panels: from its transpose's rows when b is a transposed row-major
@@ -172,7 +225,6 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   };
   // Fewer panels than threads (a weight gradient of a small layer: 64
   // columns are one panel on AVX-512): the threads split the rows instead.
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   if (panels < threads && M >= 2 * threads) {
     at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
