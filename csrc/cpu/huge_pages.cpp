@@ -50,15 +50,25 @@ struct Mapping {
 // alignment slack) and fault them in.
 class MappingCache {
  public:
-  // A kept mapping of at least `length` bytes and less than twice that; else,
-  // for a large request, the front of the smallest kept mapping that holds
-  // it (the rest stays kept); else none.
+  // A kept mapping that fits `length` bytes: with less than a quarter of
+  // them (at least 1 MiB) left over for a large request, less than twice
+  // them for a small one. Else, for a large request, the front of the
+  // smallest kept mapping that holds it (the rest stays kept), where that
+  // one is less than twice its size or a fresh mapping would raise the
+  // peak; else none. A large request in a mapping up to twice its size
+  // held the rest resident for as long as it lived: at the full size of
+  // bench distributed with 2 micro-batches, each item's log-softmax (20
+  // MiB) sat in a 41 MiB mapping of the decoder's weight gradient, and the
+  // last stage's resident set rose 1202 MiB in a step instead of 851.
   Mapping* take(size_t length) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto best = kept_.end();
+    const bool large = length >= kMinSplitBytes;
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
       const size_t have = (*it)->length;
-      if (have >= length && have < 2 * length) {
+      const bool fits = large ? have - std::min(have, length) < std::max(kMinSplitBytes, length / 4)
+                              : have < 2 * length;
+      if (have >= length && fits) {
         Mapping* m = *it;
         kept_.erase(it);
         bytes_ -= m->length;
@@ -66,12 +76,14 @@ class MappingCache {
       }
       if (have >= length && (best == kept_.end() || have < (*best)->length)) best = it;
     }
-    if (length < kMinSplitBytes || best == kept_.end()) return nullptr;
-    // Cut only where a fresh mapping would take the process past the most
-    // it has mapped: under that, a fresh one costs no peak, and cutting
-    // whole buffers that later calls want again would (their pieces, held
-    // by tensors that live on, keep them from joining again).
-    if (mapped_ + length <= peak_) return nullptr;
+    if (!large || best == kept_.end()) return nullptr;
+    // A mapping of twice the request or more is cut only where a fresh
+    // mapping would take the process past the most it has mapped: under
+    // that, a fresh one costs no peak, and cutting whole buffers that later
+    // calls want again would (their pieces, held by tensors that live on,
+    // keep them from joining again). A smaller one is cut in any case:
+    // taken whole, its rest would stay resident unused.
+    if (mapped_ + length <= peak_ && (*best)->length >= 2 * length) return nullptr;
     Mapping* rest = *best;
     const size_t cut = (length + kPage - 1) & ~(kPage - 1);
     if (rest->length - cut < kMinSplitBytes) {  // too little left to keep: take it whole
