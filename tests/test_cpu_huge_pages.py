@@ -39,7 +39,7 @@ def _forward(inputs):
 # Page faults (first touches of fresh pages) while buffers are written: none
 # where they come from the cache's resident mappings. In a process of its
 # own: the cache is the process's.
-_REUSE_SCRIPT = """
+_FAULTS_HEAD = """
 import os, resource, pipelstm
 
 def faults():
@@ -51,6 +51,9 @@ def written(numel):
     return t
 
 MIB = 1 << 18  # floats
+"""
+
+_REUSE_SCRIPT = _FAULTS_HEAD + """
 written(80 * MIB)  # freed at once: kept (cache on), unmapped (off)
 f0 = faults()
 small = written(16 * MIB)  # no kept mapping of about its size: cut from the front of the 80 MiB one
@@ -73,11 +76,15 @@ print(f1 - f0, f2 - f1, f4 - f3, f6 - f5)
 """
 
 
-def _reuse_faults(cache_mb: str):
-    done = subprocess.run([sys.executable, "-c", _REUSE_SCRIPT], capture_output=True, text=True,
+def _faults(script: str, cache_mb: str):
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=dict(os.environ, PIPELSTM_BUFFER_CACHE_MB=cache_mb), timeout=300)
     assert done.returncode == 0, done.stderr
     return [int(v) for v in done.stdout.split()]
+
+
+def _reuse_faults(cache_mb: str):
+    return _faults(_REUSE_SCRIPT, cache_mb)
 
 
 def test_a_large_buffer_is_cut_for_smaller_requests_and_joined_again():
@@ -96,18 +103,7 @@ def test_a_large_buffer_is_cut_for_smaller_requests_and_joined_again():
 
 # A request that would leave much of a kept mapping unused takes its front
 # only; the rest serves the next request.
-_FIT_SCRIPT = """
-import resource, pipelstm
-
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-def written(numel):
-    t = pipelstm._C._empty_buffer(numel)
-    t.fill_(1.0)
-    return t
-
-MIB = 1 << 18  # floats
+_FIT_SCRIPT = _FAULTS_HEAD + """
 written(40 * MIB)  # kept: a mapping of 42 MiB (2 MiB of alignment room)
 f0 = faults()
 a = written(24 * MIB)  # 26 MiB of it: the front, the other 16 MiB stay kept
@@ -123,10 +119,7 @@ def test_a_kept_mapping_much_larger_than_a_request_serves_two():
     # long as it lives (a pipeline stage's log-softmax per item in the
     # mappings of its decoder's weight gradient, about 300 MiB at the full
     # size of bench distributed with 2 micro-batches): such a mapping is cut.
-    done = subprocess.run([sys.executable, "-c", _FIT_SCRIPT], capture_output=True, text=True,
-                          env=dict(os.environ, PIPELSTM_BUFFER_CACHE_MB="1024"), timeout=300)
-    assert done.returncode == 0, done.stderr
-    first, second = (int(v) for v in done.stdout.split())
+    first, second = _faults(_FIT_SCRIPT, "1024")
     assert first <= 2 and second <= 2, (first, second)
 
 
