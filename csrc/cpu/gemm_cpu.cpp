@@ -104,18 +104,7 @@ void depth_split_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Te
       layer_mm_out(t == 0 ? out : partial[t - 1], a_part, b_part, t == 0 && accumulate);
     }
   });
-  float* o = const_cast<at::Tensor&>(out).data_ptr<float>();
-  const float* p = partial.const_data_ptr<float>();
-  const int64_t ldo = out.stride(0);
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t t = 0; t < threads - 1; ++t) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* src = p + (t * M + r) * N;
-        float* dst = o + r * ldo;
-        for (int64_t j = 0; j < N; ++j) dst[j] += src[j];
-      }
-    }
-  });
+  for (int64_t t = 0; t < threads - 1; ++t) const_cast<at::Tensor&>(out).add_(partial[t]);
 }
 
 }  // namespace

@@ -66,15 +66,15 @@ class MappingCache {
     const bool large = length >= kMinSplitBytes;
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
       const size_t have = (*it)->length;
-      const bool fits = large ? have - std::min(have, length) < std::max(kMinSplitBytes, length / 4)
-                              : have < 2 * length;
-      if (have >= length && fits) {
+      if (have < length) continue;
+      const bool fits = large ? have - length < std::max(kMinSplitBytes, length / 4) : have < 2 * length;
+      if (fits) {
         Mapping* m = *it;
         kept_.erase(it);
         bytes_ -= m->length;
         return m;
       }
-      if (have >= length && (best == kept_.end() || have < (*best)->length)) best = it;
+      if (best == kept_.end() || have < (*best)->length) best = it;
     }
     if (!large || best == kept_.end()) return nullptr;
     // A mapping of twice the request or more is cut only where a fresh

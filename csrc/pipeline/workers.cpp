@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <exception>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -57,16 +58,18 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
         WorkerScope scope(tls, stages[s], engine.stage_stream(static_cast<int64_t>(s)));
         const Stream own = Stream::current(stages[s].device);
         pass_start[s].block(own);
+        std::exception_ptr error;
         try {
           body(static_cast<int>(s));
         } catch (...) {
-          try {
-            pass_end[s] = own.record();
-          } catch (...) {  // a sticky device error: the body's error says more
-          }
-          throw;
+          error = std::current_exception();
         }
-        pass_end[s] = own.record();
+        try {
+          pass_end[s] = own.record();  // also after a failure: the caller frees what was queued
+        } catch (...) {
+          if (!error) error = std::current_exception();  // else a sticky device error: the body's says more
+        }
+        if (error) std::rethrow_exception(error);
       } catch (const std::exception& e) {
         sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": " + e.what());
       } catch (...) {
