@@ -104,6 +104,15 @@ class LSTM(nn.RNNBase):
     check_forward_args = nn.LSTM.check_forward_args
     permute_hidden = nn.LSTM.permute_hidden
 
+    def check_input(self, input: Tensor, batch_sizes: Optional[Tensor]) -> None:
+        # nn.LSTM checks a PackedSequence's dtype only in its C++ kernel
+        # (RuntimeError), a padded input's in Python (ValueError): the same here.
+        if (batch_sizes is not None and input.dtype != self._flat_weights[0].dtype
+                and not torch._C._is_any_autocast_enabled()):
+            raise RuntimeError(f"LSTM: the PackedSequence's data has dtype {input.dtype}, but the weights have "
+                               f"{self._flat_weights[0].dtype}; convert it: input.to({self._flat_weights[0].dtype})")
+        super().check_input(input, batch_sizes)
+
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
@@ -112,7 +121,7 @@ class LSTM(nn.RNNBase):
         packed = isinstance(input, PackedSequence)
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
-            batch, is_batched = int(batch_sizes[0]), True
+            batch, is_batched = _packed_batch(batch_sizes), True
         else:
             batch_sizes, sorted_indices, unsorted_indices = None, None, None
             data, is_batched, batch_dim = self._batched(input)
@@ -220,11 +229,7 @@ class LSTM(nn.RNNBase):
                 torch.zeros(self.num_layers * directions, batch, out_size, **zeros),
                 torch.zeros(self.num_layers * directions, batch, self.hidden_size, **zeros),
             )
-        if not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx):
-            raise RuntimeError(
-                f"LSTM: expected hx to be a tuple (h_0, c_0) of two tensors, got {type(hx).__name__}"
-                + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
-            )
+        _check_pair("LSTM", hx, "(h_0, c_0)")
         want = 3 if is_batched else 2
         if hx[0].dim() != want or hx[1].dim() != want:
             kind = "batched 3-D" if is_batched else "unbatched 2-D"
@@ -279,6 +284,39 @@ class LSTM(nn.RNNBase):
         return x, torch.stack(h_n), torch.stack(c_n)
 
 
+def _check_pair(who: str, hx, names: str) -> None:
+    """hx is a pair of tensors, refused as nn.LSTM and nn.LSTMCell refuse it
+    on purpose: a pair of another length is their RuntimeError ("expects two
+    hidden states"), anything else a TypeError (their bindings' refusal of a
+    non-tuple; nn.LSTM's Python code fails first on some of these, with an
+    IndexError or AttributeError from indexing the malformed value)."""
+    if not isinstance(hx, (tuple, list)):
+        raise TypeError(f"{who}: expected hx to be a tuple {names} of two tensors, got {type(hx).__name__}")
+    if len(hx) != 2:
+        raise RuntimeError(f"{who}: expected hx to be a tuple {names} of two tensors (two hidden states), "
+                           f"got a {type(hx).__name__} of length {len(hx)}")
+    for i, t in enumerate(hx):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{who}: expected hx[{i}] to be a tensor, got {type(t).__name__}")
+
+
+def _packed_batch(batch_sizes: Tensor) -> int:
+    """The batch of a PackedSequence: its first batch size.
+
+    Raises:
+        RuntimeError: ``batch_sizes`` is not a 1-D int64 tensor (nn.LSTM's
+            kernel refuses it so; its Python code, without hx, first fails
+            with a TypeError making the zero state).
+        IndexError: ``batch_sizes`` is empty (as nn.LSTM).
+    """
+    if batch_sizes.dim() != 1 or batch_sizes.dtype != torch.int64:
+        raise RuntimeError(f"LSTM: expected the PackedSequence's batch_sizes to be a 1-D int64 tensor, got "
+                           f"{batch_sizes.dim()}-D {batch_sizes.dtype}")
+    if batch_sizes.numel() == 0:
+        raise IndexError("LSTM: the PackedSequence's batch_sizes is empty (a packed batch has at least one step)")
+    return int(batch_sizes[0])
+
+
 class LSTMCell(nn.RNNCellBase):
     """One LSTM step with the interface of :class:`torch.nn.LSTMCell`.
 
@@ -294,8 +332,7 @@ class LSTMCell(nn.RNNCellBase):
         if input.dim() not in (1, 2):
             raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is not None:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                raise RuntimeError(f"LSTMCell: expected hx to be a tuple (h, c) of two tensors, got {type(hx).__name__}")
+            _check_pair("LSTMCell", hx, "(h, c)")
             for idx, value in enumerate(hx):
                 if value.dim() not in (1, 2):
                     raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D instead")
