@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import ops
+from . import export, ops
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
 
@@ -116,6 +116,8 @@ class LSTM(nn.RNNBase):
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
+        if export.in_onnx_export():  # ONNX has no form for the fused ops: nn.LSTM's own path
+            return export.lstm_forward(self, input, hx)
         if self._pipeline is not None:
             return self._forward_pipelined(input, hx)
         packed = isinstance(input, PackedSequence)
@@ -329,6 +331,8 @@ class LSTMCell(nn.RNNCellBase):
         super().__init__(input_size, hidden_size, bias, num_chunks=4, device=device, dtype=dtype)
 
     def forward(self, input: Tensor, hx: Optional[_State] = None) -> _State:
+        if export.in_onnx_export():  # ONNX has no form for the fused op: nn.LSTMCell's own path
+            return export.lstm_cell_forward(self, input, hx)
         if input.dim() not in (1, 2):
             raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is not None:
