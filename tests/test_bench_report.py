@@ -1,15 +1,19 @@
-"""Benchmark results a user can trust: the JSON result files, the tables of
-docs/benchmarks.md generated from them, and the grid bench that fills them.
+"""Benchmark results a user can trust: the JSON result files, the tables and
+headline summaries of the docs generated from them, and the grid bench that
+fills them.
 
 * the JSON writer records the command, rows, machine (CPU, ISA, cores,
   threads), versions, commit and date;
 * the doc generator puts a JSON file's numbers between its markers, leaves
   the prose alone, and ``--check`` catches a stale or hand-edited table;
+* a summary (README's headline) is computed from its JSON files, links the
+  page with the full table, and ``--check`` catches it stale or edited too;
 * ``python -m pipelstm.bench grid --quick --json ...`` times both sides of
   every row; the default grid covers every value of every axis.
 """
 
 import datetime
+import glob
 import json
 import math
 import os
@@ -210,13 +214,113 @@ def test_docs_json_without_markers_is_an_error(tmp_path, capsys):
     assert "bench/orphan.json has no <!-- bench:orphan:begin -->" in capsys.readouterr().err
 
 
-def test_repository_doc_is_up_to_date():
-    """docs/benchmarks.md matches docs/bench/*.json (run `python -m pipelstm.bench docs` after a bench)."""
+def _grid_json(path, ratios):
+    """A grid result file whose summary comes from grid.summarize over rows of these ratios."""
+    rows = [dict(threads=1, mode="fwd", variant="dense", layers=1, H=64, B=1, T=32 * (i + 1), ratio=r,
+                 ratio_padded=None) for i, r in enumerate(ratios)]
+    summary = grid.summarize(rows)
+    columns = [Column(k, k) for k in ("threads", "mode", "rows", "geomean", "worst", "at_least_1")]
+    table = [Column("T", "T"), Column("ratio", "nn/ours", "{:.2f}x")]
+    return report.write_json(str(path), report.metadata("grid", ["--json", str(path)]), table, rows,
+                             tables=[dict(title="Per threads and mode", columns=columns, rows=summary)])
+
+
+README = """# demo
+
+<!-- bench-summary:g:begin -->
+<!-- bench-summary:g:end -->
+"""
+PAGE = """# The grid
+
+<!-- bench:g:begin -->
+<!-- bench:g:end -->
+"""
+
+
+def _site(tmp_path, *extra):
+    """README.md with a summary of bench/g.json, docs/page.md with its full table."""
+    return docs.main(["--dir", str(tmp_path / "bench"), "--doc", str(tmp_path / "README.md"),
+                      "--doc", str(tmp_path / "docs" / "page.md"), *extra])
+
+
+def _summary(text):
+    return text.split("<!-- bench-summary:g:begin -->")[1].split("<!-- bench-summary:g:end -->")[0]
+
+
+def test_summary_is_generated_from_its_json_and_links_the_full_table(tmp_path):
+    path = _grid_json(tmp_path / "bench" / "g.json", [2.0, 4.0])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(README)
+    (tmp_path / "docs" / "page.md").write_text(PAGE)
+    assert _site(tmp_path, "--check") == 1  # empty sections: not what the JSON gives
+    assert _site(tmp_path) == 0
+    summary = _summary((tmp_path / "README.md").read_text())
+    data = report.read_json(path)
+    assert "geometric mean 2.83×" in summary and "2 of 2 rows ≥ 1.0× (lowest 2.00×)" in summary
+    assert "[table](docs/page.md)" in summary  # the page holding bench:g, relative to the README
+    assert data["date"][:10] in summary and "1 thread" in summary and "fp32" in summary
+    assert "commit" not in summary  # the headline names the date, not the commit
+    assert "from bench/g.json" in summary
+    assert "| 32 | 2.00x |\n| 64 | 4.00x |" in (tmp_path / "docs" / "page.md").read_text()  # the full table
+    assert _site(tmp_path, "--check") == 0
+
+
+def test_summary_follows_its_json_and_catches_a_hand_edit(tmp_path, capsys):
+    path = tmp_path / "bench" / "g.json"
+    _grid_json(path, [2.0, 4.0])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(README)
+    (tmp_path / "docs" / "page.md").write_text(PAGE)
+    assert _site(tmp_path) == 0
+    _grid_json(path, [1.0, 0.25])  # a new measurement
+    assert _site(tmp_path, "--check") == 1
+    assert "section 'bench-summary:g' is not what" in capsys.readouterr().err
+    assert _site(tmp_path) == 0
+    summary = _summary((tmp_path / "README.md").read_text())
+    assert "geometric mean 0.50×" in summary and "1 of 2 rows ≥ 1.0× (lowest 0.25×)" in summary
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("0.50×", "1.50×"))  # a figure typed over
+    assert _site(tmp_path, "--check") == 1
+
+
+def test_summary_of_a_missing_file_and_a_table_in_two_docs_are_errors(tmp_path, capsys):
+    _grid_json(tmp_path / "bench" / "g.json", [2.0])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(README.replace("bench-summary:g:", "bench-summary:g,nope:"))
+    (tmp_path / "docs" / "page.md").write_text(PAGE)
+    assert _site(tmp_path, "--check") == 1
+    assert "bench/nope.json is missing" in capsys.readouterr().err
+    (tmp_path / "README.md").write_text(README + PAGE)  # bench:g in both docs
+    assert _site(tmp_path) == 1
+    assert "<!-- bench:g:begin --> is also in" in capsys.readouterr().err
+
+
+def test_every_bench_with_a_renderer_summarises_its_repository_json():
+    """Each family's renderer reads the real files (a format change in a bench would break it here)."""
+    from pipelstm.bench import summary
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    doc = os.path.join(root, "docs", "benchmarks.md")
-    if not os.path.exists(doc):
-        pytest.skip("no docs/benchmarks.md in this checkout")
-    assert docs.main(["--dir", os.path.join(root, "docs", "bench"), "--doc", doc, "--check"]) == 0
+    results = docs.load_results(os.path.join(root, "docs", "bench"))
+    families = set()
+    for name, data in results.items():
+        if data["bench"] in summary.RENDERERS:
+            rows = summary.summary_rows(data, "page.md")
+            assert rows and all(r["result"] and r["setup"] and r["date"] == data["date"][:10] for r in rows), name
+            families.add(data["bench"])
+    assert {"grid", "gpu", "lm", "pipeline", "distributed"} <= families
+
+
+def test_repository_docs_are_up_to_date():
+    """README.md and docs/**/*.md match docs/bench/*.json (run `python -m pipelstm.bench docs` after a bench)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"),
+                                                               recursive=True))
+    if not os.path.exists(os.path.join(root, "docs", "bench")):
+        pytest.skip("no docs/bench in this checkout")
+    argv = ["--dir", os.path.join(root, "docs", "bench"), "--check"]
+    for path in paths:
+        argv += ["--doc", path]
+    assert docs.main(argv) == 0
 
 
 # --- the grid ------------------------------------------------------------------------------------------------
