@@ -1,0 +1,66 @@
+"""The user docs (README.md, docs/**/*.md) carry no issue numbers, commit
+hashes or local paths: history goes in CHANGELOG.md.
+
+Generated benchmark tables (between ``<!-- bench:NAME:begin/end -->``) are
+left out: their heading names the commit and the command a measurement ran
+with, its provenance. The headline summaries are checked like prose.
+"""
+
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GENERATED = re.compile(r"^<!-- bench:(?P<name>[\w.-]+):begin -->\n.*?^<!-- bench:(?P=name):end -->$",
+                       re.MULTILINE | re.DOTALL)
+RULES = [
+    ("an issue number", re.compile(r"\b(?:issue|issues|PR|pull request)s? #?\d+\b", re.IGNORECASE)),
+    ("an issue number", re.compile(r"(?<![\w&/#])#\d+\b")),
+    ("a commit hash", re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")),
+    ("a local path", re.compile(r"(?<![\w.])(?:/work/|/root/|/home/\w|/Users/\w|/tmp/\w|\.\./shared\b|/mnt/\w)")),
+]
+
+
+def user_docs():
+    docs = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                                                  recursive=True))
+    return [d for d in docs if os.path.exists(d)]
+
+
+def problems(text):
+    """(line number, what, the match) of every rule broken outside the generated tables."""
+    text = GENERATED.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # keep line numbers
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for what, rule in RULES:
+            found += [(number, what, m.group(0)) for m in rule.finditer(line)]
+    return found
+
+
+def test_rules_catch_what_they_are_for():
+    bad = ["the aims of issue 11", "see #14 for it", "fixed in 4688b26", "commit c6ad5be's message",
+           "D=/work/shared/data/wikitext-2", "../shared/data", "a /tmp/trace.json", "Issues 3 and 4",
+           "--json /root/out/gpu.json"]
+    for line in bad:
+        assert problems(line), line
+    good = ["## Heading", "[x](#pipelstmops)", "H = 1024, B = 64", "sm_80", "`--timeout` + 12 s",
+            "1.5e-2 (≤ 1e-4 up to batch 40)", "&#8212;", "docs/bench/gpu.json", "0.84–2.26×", "deadbeef",
+            "fp16 1.30×; 21 of 30 rows", "python -m pipelstm.bench docs"]
+    for line in good:
+        assert not problems(line), (line, problems(line))
+
+
+def test_generated_tables_are_left_out_but_summaries_are_not():
+    table = "<!-- bench:x:begin -->\ncommit 4688b26abcde; `--json /root/out/x.json`\n<!-- bench:x:end -->\n"
+    assert not problems(table)
+    summary = table.replace("bench:x:", "bench-summary:x:")
+    assert len(problems(summary)) == 2
+
+
+@pytest.mark.parametrize("path", user_docs(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_user_doc_has_no_issue_numbers_hashes_or_local_paths(path):
+    with open(path) as f:
+        found = problems(f.read())
+    assert not found, "\n".join(f"{os.path.relpath(path, ROOT)}:{n}: {what}: {m!r}" for n, what, m in found)
