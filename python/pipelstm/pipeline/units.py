@@ -59,6 +59,7 @@ class Unit:
         return [None if n is None else getattr(self.module, n) for n in self.param_names]
 
     def num_params(self) -> int:
+        """The number of parameter elements of the unit."""
         return sum(p.numel() for p in self.params() if p is not None)
 
     def element_size(self) -> int:
