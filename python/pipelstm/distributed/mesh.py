@@ -37,10 +37,12 @@ class Mesh:
 
     @property
     def is_first_stage(self) -> bool:
+        """Whether this rank holds its pipeline's first stage (pp rank 0)."""
         return self.pp_rank == 0
 
     @property
     def is_last_stage(self) -> bool:
+        """Whether this rank holds its pipeline's last stage (pp rank pp - 1)."""
         return self.pp_rank == self.pp - 1
 
     def shard(self, batch: torch.Tensor, dim: int = 1) -> torch.Tensor:

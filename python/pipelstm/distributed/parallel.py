@@ -136,6 +136,7 @@ class PipelineParallel(nn.Module):
 
     @property
     def is_last_stage(self) -> bool:
+        """Whether this rank holds the last stage (the one that returns the output or the loss)."""
         return self.mesh.is_last_stage
 
     @property
@@ -277,9 +278,14 @@ class PipelineParallel(nn.Module):
         return None if parts is None else [p for p in parts if p is not None]
 
     def hidden_state(self):
+        """The LSTM state carried to the next step: ``(h, c)``, lists of this
+        stage's layers' detached states, or None before the first step and
+        after :meth:`reset_state`."""
         return self._hidden
 
     def set_hidden_state(self, hidden) -> None:
+        """Set the LSTM state the next step starts from (what
+        :meth:`hidden_state` returned, e.g. after loading a checkpoint)."""
         self._hidden = hidden
 
     # --- timeline --------------------------------------------------------------
