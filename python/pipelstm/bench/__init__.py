@@ -8,5 +8,6 @@ and reports medians of at least 5 runs (fewer only with ``--quick``).
 ``--json PATH`` also writes the rows, the command, the machine (CPU, ISA,
 cores), the versions, the commit and the date (:mod:`.report`);
 ``python -m pipelstm.bench docs`` regenerates the tables of
-docs/benchmarks.md from those files (:mod:`.docs`).
+docs/bench/*.md and the headlines of README.md and docs/benchmarks.md
+from those files (:mod:`.docs`, :mod:`.summary`).
 """

@@ -193,7 +193,7 @@ def generate_docs(texts: Mapping[str, str], results: Mapping[str, Mapping],
     for path, text in texts.items():
         here = os.path.dirname(os.path.abspath(path))
         rel = lambda p: os.path.relpath(os.path.abspath(p), here).replace(os.sep, "/")  # noqa: E731
-        links = {name: rel(paths[0]) for name, paths in home.items()}
+        links = {name: rel(paths[0]) for name, paths in home.items() if paths[0] != path}  # none: this page
         out[path], found = generate(text, results, rel(results_dir), links)
         problems += [f"{path}: {p}" for p in found]
     return out, problems

@@ -11,7 +11,8 @@ Every bench command takes ``--json PATH`` and writes::
 ``columns`` describe how ``rows`` show as a markdown table (see
 :mod:`pipelstm.bench.table`); ``tables`` holds further tables (a summary,
 per-stage memory) in the same form. ``python -m pipelstm.bench docs``
-turns these files into the tables of docs/benchmarks.md.
+turns these files into the tables of docs/bench/*.md and the headlines
+of README.md and docs/benchmarks.md.
 """
 
 import argparse

@@ -200,7 +200,8 @@ RENDERERS: Dict[str, Callable[[Mapping], List[Row]]] = dict(
 
 def summary_rows(data: Mapping, link: Optional[str]) -> List[Row]:
     """The headline rows of one result file, with its date and a link to
-    its full table (``link``: a path relative to the doc, or None).
+    its full table (``link``: a path relative to the doc, or None when the
+    table is on the same page).
 
     Raises:
         KeyError: the file's bench has no summary renderer.
@@ -208,7 +209,7 @@ def summary_rows(data: Mapping, link: Optional[str]) -> List[Row]:
     rows = RENDERERS[data["bench"]](data)
     for row in rows:
         row["date"] = data["date"][:10]
-        row["details"] = f"[table]({link})" if link else "-"
+        row["details"] = f"[table]({link})" if link else "below"
     return rows
 
 
