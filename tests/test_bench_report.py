@@ -310,6 +310,16 @@ def test_every_bench_with_a_renderer_summarises_its_repository_json():
     assert {"grid", "gpu", "lm", "pipeline", "distributed"} <= families
 
 
+def test_an_absolute_json_path_in_a_command_shows_where_the_file_lives():
+    data = dict(command="python -m pipelstm.bench gpu --json /root/out/gpu.json --T 100", date="2026-01-01",
+                machine=dict(cpu="c", cores=1, isa={}), versions={}, commit=None, columns=[], rows=[])
+    text = docs.render(data, "bench/gpu.json", "/repo/docs/bench/gpu.json")
+    assert "`python -m pipelstm.bench gpu --json docs/bench/gpu.json --T 100`" in text and "/root" not in text
+    assert "--json /root/out/gpu.json" in docs.render(data, "bench/gpu.json")  # as recorded without json_path
+    here = dict(data, command="python -m pipelstm.bench gpu --json /repo/docs/bench/gpu.json")
+    assert "--json /repo/docs/bench/gpu.json`" in docs.render(here, "bench/gpu.json", "/repo/docs/bench/gpu.json")
+
+
 def test_repository_docs_are_up_to_date():
     """README.md and docs/**/*.md match docs/bench/*.json (run `python -m pipelstm.bench docs` after a bench)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
