@@ -22,6 +22,9 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# Written by CMake beside the module: the torch it was built against
+# (read by pipelstm/__init__.py before the module is loaded).
+BUILD_INFO = "_build_info.py"
 
 
 class CMakeExtension(Extension):
@@ -52,9 +55,20 @@ class CMakeBuild(build_ext):
         subprocess.run(config, cwd=build_dir, check=True)
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
         # Copied out of the build folder, so builds against different torch
-        # installs (separate build folders) never hand each other a stale file.
+        # installs (separate build folders) never hand each other a stale file;
+        # with it what it was built against (read before it is loaded).
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build_dir / "lib" / target.name, target)
+        shutil.copy2(build_dir / "lib" / BUILD_INFO, target.parent / BUILD_INFO)
+
+    def copy_extensions_to_source(self) -> None:
+        # An editable install (or --inplace) copies the module into the
+        # source tree; its build info goes with it.
+        super().copy_extensions_to_source()
+        for ext in self.extensions:
+            built = Path(self.build_lib, self.get_ext_filename(self.get_ext_fullname(ext.name))).parent
+            package = self.get_finalized_command("build_py").get_package_dir(ext.name.rpartition(".")[0])
+            self.copy_file(str(built / BUILD_INFO), str(Path(package) / BUILD_INFO), level=self.verbose)
 
 
 setup(

@@ -30,6 +30,7 @@
 #include "layer_steps.h"
 #include "lstm_ops.h"
 #include "pointwise_step.h"
+#include "settings.h"
 
 namespace pipelstm {
 
@@ -136,14 +137,9 @@ void check_grads(const char* op, const Tensor& input, const LayerGeometry& s, in
 }
 
 // PIPELSTM_PERSISTENT=1 opts in to the persistent recurrent kernel where the
-// backend has one and it fits (CUDA; opt-in until measured on a GPU).
-bool persistent_kernel_requested() {
-  static const bool requested = [] {
-    const char* v = std::getenv("PIPELSTM_PERSISTENT");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return requested;
-}
+// backend has one and it fits (CUDA; opt-in until measured on a GPU). Read
+// per call (settings.h): cheap beside a launch.
+bool persistent_kernel_requested() { return settings::persistent(); }
 
 // The steps of a PackedSequence whose data is `input`.
 LayerSteps packed_input_steps(const char* op, const Tensor& input, const Tensor& batch_sizes) {

@@ -1,30 +1,95 @@
 // The Python extension module pipelstm._C. Importing it loads the op
 // registrations; the few functions here describe the build.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "cpu/fma_peak.h"
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
+#include "cpu/step_kernels.h"
 #include "graph_replay.h"
+#include "log_sink.h"
+#include "settings.h"
 
 namespace pipelstm {
 bool built_with_cuda();
-namespace cpu {
-const char* fused_loops_isa();
-}
+const char* built_torch_version();
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
 }
 }
 
+namespace {
+
+namespace py = pybind11;
+
+const char* source_name(pipelstm::settings::Source s) {
+  switch (s) {
+    case pipelstm::settings::Source::kPython: return "python";
+    case pipelstm::settings::Source::kEnvironment: return "env";
+    case pipelstm::settings::Source::kDefault: break;
+  }
+  return "default";
+}
+
+// The C++ side's log messages, to logging.getLogger("pipelstm") (log_sink.h).
+void log_to_python(pipelstm::LogLevel level, const std::string& message) {
+  if (!Py_IsInitialized()) return;  // a message at exit
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("logging").attr("getLogger")("pipelstm").attr("log")(static_cast<int>(level), message);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("pipelstm: logging a message from C++");
+  }
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pipelstm native library: fused LSTM ops (torch.ops.pipelstm.*)";
   m.def("built_with_cuda", &pipelstm::built_with_cuda,
         "Whether the CUDA kernels were compiled into this build.");
-  m.def("cpu_isa", &pipelstm::cpu::fused_loops_isa,
-        "The instruction set of the fused CPU kernels in use: avx512, avx2 or generic "
-        "(the widest this CPU runs, capped by PIPELSTM_CPU_ISA).");
+  m.def("_built_torch_version", &pipelstm::built_torch_version,
+        "The version of the torch headers this build was compiled against (major.minor.patch).");
+  m.def("cpu_isa", [] { return pipelstm::cpu::kernels_under(pipelstm::settings::cpu_isa()).isa; },
+        "The instruction set of the fused CPU kernels: avx512, avx2 or generic (the widest this "
+        "CPU runs, capped by PIPELSTM_CPU_ISA); before the first call that runs them, the one it "
+        "will choose.");
+  m.def("_cpu_isa_chosen", &pipelstm::settings::cpu_isa_frozen,
+        "Whether a call has chosen the CPU kernels (the ISA cap is then fixed for the process).");
+  m.def("_switch_names", &pipelstm::settings::names,
+        "Every run-time switch, by its environment variable (settings.h).");
+  m.def("_get_switch", [](const std::string& name) {
+    const auto r = pipelstm::settings::read(name);
+    return py::make_tuple(r.value, source_name(r.source));
+  }, py::arg("name"),
+        "(value, source) of a switch: its canonical value, and where it came from: python, env "
+        "or default. Raises if the variable holds a value the switch does not take.");
+  m.def("_set_switch", &pipelstm::settings::set, py::arg("name"), py::arg("value"),
+        "Sets a switch from Python (None: clears it; the variable or the default applies again). "
+        "Raises ValueError for a value the switch does not take.");
+  m.def("_switch_allowed", &pipelstm::settings::allowed, py::arg("name"),
+        "The values a switch takes, in words.");
+  m.def("_buffer_cache_stats", [] {
+    const auto s = pipelstm::cpu::buffer_cache_stats();
+    py::dict d;
+    d["kept_bytes"] = s.kept_bytes;
+    d["kept_mappings"] = s.kept_mappings;
+    d["in_use_bytes"] = s.in_use_bytes;
+    d["mapped_bytes"] = s.mapped_bytes;
+    d["peak_mapped_bytes"] = s.peak_mapped_bytes;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    return d;
+  }, "The CPU buffer cache's counters (cpu/huge_pages.h).");
+  m.def("_empty_buffer_cache", &pipelstm::cpu::empty_buffer_cache,
+        "Unmaps every freed buffer the CPU buffer cache keeps; returns the bytes unmapped.");
+  pipelstm::set_log_sink(&log_to_python);
+  m.def("_log", [](int level, const std::string& message) {
+    pipelstm::log_message(static_cast<pipelstm::LogLevel>(level), message);
+  }, py::arg("level"), py::arg("message"), py::call_guard<py::gil_scoped_release>(),
+        "Sends a message through the C++ side's log sink, without the GIL (tests).");
   m.def("cpu_gemm", &pipelstm::cpu::gemm_backend,
         "What runs a layer's whole-batch CPU float32 GEMMs of 4 rows and more: own (the "
         "fused kernels' packed-panel GEMM) or aten (at::mm); PIPELSTM_CPU_GEMM picks "

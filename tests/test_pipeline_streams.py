@@ -72,5 +72,5 @@ def test_host_copy_stream_serves_lstm_devices(monkeypatch):
 def test_a_bad_host_copy_stream_setting_is_named(monkeypatch):
     pipe = pipelstm.Pipeline(_model(), devices=["cpu", "cpu"], chunks=2, threads=1)
     monkeypatch.setenv("PIPELSTM_HOST_COPY_STREAM", "soon")
-    with pytest.raises(RuntimeError, match="PIPELSTM_HOST_COPY_STREAM must be a number of microseconds"):
+    with pytest.raises(RuntimeError, match="PIPELSTM_HOST_COPY_STREAM=soon is not a number of microseconds"):
         pipe(torch.randint(0, 23, (4, 2)))

@@ -107,12 +107,11 @@ k::RowSource rows_from(const k::RowSource& s, int64_t r0) {
 // instead). PIPELSTM_ROW_SPLIT=0 never splits rows, =1 whenever there are
 // rows for two blocks (for measuring).
 int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
-  const char* env = std::getenv("PIPELSTM_ROW_SPLIT");  // read per call: cheap beside a loop
-  const int forced = env == nullptr ? -1 : std::atoi(env);
+  const std::optional<bool> forced = settings::row_split();  // read per call: cheap beside a loop
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   const int64_t blocks = std::min<int64_t>(threads, batch / kMinRowsPerBlock);
-  if (forced == 0 || blocks < 2) return 1;
-  if (forced == 1) return blocks;
+  if (forced == false || blocks < 2) return 1;
+  if (forced == true) return blocks;
   return blocks == threads && weights <= max_weights ? blocks : 1;
 }
 
@@ -135,8 +134,8 @@ bool fused_loops_serve(const Tensor& x) {
 const char* fused_loops_isa() { return kernels().isa; }
 
 bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps) {
-  const char* env = std::getenv("PIPELSTM_INPUT_IN_STEPS");  // read per call: cheap beside a loop
-  if (env != nullptr && *env != '\0') return std::atoi(env) != 0;
+  const std::optional<bool> forced = settings::input_in_steps();  // read per call: cheap beside a loop
+  if (forced.has_value()) return *forced;
   // Measured against the GEMM in the avx512 build only, where it is the
   // kernels' own (not on an Intel CPU, whose MKL keeps the GEMMs).
   if (std::strcmp(kernels().isa, "avx512") != 0 || std::strcmp(gemm_backend(), "own") != 0) {

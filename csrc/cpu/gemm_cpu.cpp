@@ -39,13 +39,7 @@ constexpr int64_t kMinOwnRows = 4;
 constexpr int64_t kBlockBytes = int64_t{4} << 20;
 
 // "own", "aten" or "auto" (checked).
-std::string gemm_setting() {
-  const char* env = std::getenv("PIPELSTM_CPU_GEMM");  // read per call: cheap beside a GEMM
-  const std::string v = env != nullptr && *env != '\0' ? env : "auto";
-  TORCH_CHECK(v == "aten" || v == "own" || v == "auto", "pipelstm: PIPELSTM_CPU_GEMM=", v,
-              " is not one of aten, own, auto (the default)");
-  return v;
-}
+std::string gemm_setting() { return settings::cpu_gemm(); }  // read per call: cheap beside a GEMM
 
 // Whether the kernels' vector builds run on a CPU that is not Intel's. On
 // AMD CPUs MKL runs its AVX2 code: at about half the avx512 build's rate
@@ -54,18 +48,14 @@ std::string gemm_setting() {
 // 111-117, dG @ w_ih 95-101 / 104-117, dG^T @ x 89-104 / 107-122 at
 // H = 64..1024; whole layer fwd+bwd 1.05-1.14x, forward 1.03-1.11x as
 // fast). On Intel CPUs MKL is at its best and keeps them.
-bool own_by_cpu() {
-  static const bool by_cpu = [] {
-    const char* isa = step_kernels().isa;
-    return (std::strcmp(isa, "avx512") == 0 || std::strcmp(isa, "avx2") == 0) && !intel_cpu();
-  }();
-  return by_cpu;
+bool own_by_cpu(const char* isa) {
+  return (std::strcmp(isa, "avx512") == 0 || std::strcmp(isa, "avx2") == 0) && !intel_cpu();
 }
 
 bool use_own_gemm(int64_t rows) {
   const std::string v = gemm_setting();
   if (v != "auto") return v == "own";
-  return own_by_cpu() && rows >= kMinOwnRows;
+  return own_by_cpu(step_kernels().isa) && rows >= kMinOwnRows;
 }
 
 bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
@@ -85,8 +75,8 @@ constexpr int64_t kMinSplitDepth = 4096;
 // several threads (for measuring and tests); unset: as above.
 bool split_depth(bool transposed, int64_t K, int64_t threads) {
   if (threads < 2 || !transposed) return false;
-  const char* env = std::getenv("PIPELSTM_SPLIT_DEPTH");  // read per call: cheap beside a GEMM
-  if (env != nullptr && *env != '\0') return std::strcmp(env, "1") == 0;
+  const std::optional<bool> forced = settings::split_depth();  // read per call: cheap beside a GEMM
+  if (forced.has_value()) return *forced;
   return K >= kMinSplitDepth && std::strcmp(step_kernels().isa, "avx512") == 0;
 }
 
@@ -112,7 +102,8 @@ void depth_split_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Te
 const char* gemm_backend() {
   const std::string v = gemm_setting();
   if (v != "auto") return v == "own" ? "own" : "aten";
-  return own_by_cpu() ? "own" : "aten";
+  // Before the first call, by the kernels it will choose, without choosing them.
+  return own_by_cpu(kernels_under(settings::cpu_isa()).isa) ? "own" : "aten";
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {

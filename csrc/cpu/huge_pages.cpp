@@ -10,6 +10,8 @@
 #include <deque>
 #include <mutex>
 
+#include "../settings.h"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -72,18 +74,20 @@ class MappingCache {
         Mapping* m = *it;
         kept_.erase(it);
         bytes_ -= m->length;
+        ++hits_;
         return m;
       }
       if (best == kept_.end() || have < (*best)->length) best = it;
     }
-    if (!large || best == kept_.end()) return nullptr;
+    if (!large || best == kept_.end()) return miss();
     // A mapping of twice the request or more is cut only where a fresh
     // mapping would take the process past the most it has mapped: under
     // that, a fresh one costs no peak, and cutting whole buffers that later
     // calls want again would (their pieces, held by tensors that live on,
     // keep them from joining again). A smaller one is cut in any case:
     // taken whole, its rest would stay resident unused.
-    if (mapped_ + length <= peak_ && (*best)->length >= 2 * length) return nullptr;
+    if (mapped_ + length <= peak_ && (*best)->length >= 2 * length) return miss();
+    ++hits_;
     Mapping* rest = *best;
     const size_t cut = (length + kPage - 1) & ~(kPage - 1);
     if (rest->length - cut < kMinSplitBytes) {  // too little left to keep: take it whole
@@ -130,7 +134,36 @@ class MappingCache {
     peak_ = std::max(peak_, mapped_);
   }
 
+  BufferCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto i = [](size_t v) { return static_cast<int64_t>(v); };
+    return {i(bytes_), i(kept_.size()), i(mapped_ - bytes_), i(mapped_), i(peak_), i(hits_), i(misses_)};
+  }
+
+  // Unmaps every kept mapping; returns their bytes.
+  int64_t empty() {
+    std::deque<Mapping*> drop;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      drop.swap(kept_);
+      mapped_ -= bytes_;
+      bytes_ = 0;
+    }
+    int64_t released = 0;
+    for (Mapping* d : drop) {
+      released += static_cast<int64_t>(d->length);
+      munmap(d->base, d->length);
+      delete d;
+    }
+    return released;
+  }
+
  private:
+  Mapping* miss() {
+    ++misses_;
+    return nullptr;
+  }
+
   // Joins m with the kept pieces of its mapping that end where it starts or
   // start where it ends, taking them out of the cache.
   void merge_neighbours(Mapping* m) {
@@ -151,16 +184,15 @@ class MappingCache {
     }
   }
 
-  static size_t cap_bytes() {
-    const char* env = std::getenv("PIPELSTM_BUFFER_CACHE_MB");  // read per free: cheap beside munmap
-    const long mb = env == nullptr ? 1024 : std::atol(env);
-    return mb <= 0 ? 0 : static_cast<size_t>(mb) << 20;
-  }
+  // Read per free: cheap beside munmap. A free cannot raise: a bad value
+  // keeps nothing (allocate() has raised on it already).
+  static size_t cap_bytes() { return settings::buffer_cache_bytes_or_none(); }
 
   std::mutex mutex_;
   std::deque<Mapping*> kept_;
   size_t bytes_ = 0;  // kept
   size_t mapped_ = 0, peak_ = 0;  // mapped (in use or kept), now and at most
+  size_t hits_ = 0, misses_ = 0;  // requests served by a kept mapping (whole or cut), or not
 };
 
 MappingCache& cache() {
@@ -190,6 +222,7 @@ class HugePageAllocator final : public c10::Allocator {
       // more than half its length only, so the two kinds never mix.
       const bool huge = n >= min_bytes_;
       const size_t length = huge ? n + kHugePage : (n + kPage - 1) & ~(kPage - 1);
+      (void)settings::buffer_cache_bytes();  // raises on a bad PIPELSTM_BUFFER_CACHE_MB (a free cannot)
       Mapping* m = cache().take(length);
       if (m == nullptr) {
         void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -229,6 +262,22 @@ at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options) {
 
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return options.device().is_cpu() ? empty_huge(sizes, options) : at::empty(sizes, options);
+}
+
+BufferCacheStats buffer_cache_stats() {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  return cache().stats();
+#else
+  return {};
+#endif
+}
+
+int64_t empty_buffer_cache() {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  return cache().empty();
+#else
+  return 0;
+#endif
 }
 
 }  // namespace cpu

@@ -36,6 +36,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace pipelstm {
 namespace cpu {
 
@@ -45,6 +47,21 @@ at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // empty_huge on the CPU, at::empty elsewhere.
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
+
+// The cache of freed buffers and the mappings behind empty_huge
+// (pipelstm.memory_stats()). Bytes are whole mappings, alignment room
+// included. Zero where buffers are not mapped (no MADV_HUGEPAGE).
+struct BufferCacheStats {
+  int64_t kept_bytes = 0, kept_mappings = 0;  // freed, kept for the next request
+  int64_t in_use_bytes = 0;                   // held by tensors
+  int64_t mapped_bytes = 0, peak_mapped_bytes = 0;  // in use or kept: now, and the most so far
+  int64_t hits = 0, misses = 0;  // requests served by a kept mapping (whole or cut), or mapped afresh
+};
+BufferCacheStats buffer_cache_stats();
+
+// Unmaps every kept buffer (pipelstm.empty_cache()); buffers in use stay
+// mapped. Returns the bytes unmapped.
+int64_t empty_buffer_cache();
 
 }  // namespace cpu
 }  // namespace pipelstm

@@ -8,8 +8,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <list>
 #include <map>
 #include <memory>
@@ -17,6 +15,8 @@
 #include <vector>
 
 #include "../graph_replay.h"
+#include "../log_sink.h"
+#include "../settings.h"
 
 namespace pipelstm {
 namespace {
@@ -25,12 +25,10 @@ namespace {
 // body's outputs and intermediates in a private memory pool.
 constexpr size_t kMaxGraphs = 16;
 
-// PIPELSTM_CUDA_GRAPHS=1: every call; any other value: none; unset (or
-// empty): the op's choice.
+// PIPELSTM_CUDA_GRAPHS=1: every call; 0: none; auto (or unset): the op's
+// choice (settings.h).
 bool graphs_requested(bool by_default) {
-  const char* env = std::getenv("PIPELSTM_CUDA_GRAPHS");  // read per call: cheap beside a launch
-  if (env == nullptr || *env == '\0') return by_default;
-  return std::strcmp(env, "1") == 0;
+  return settings::cuda_graphs().value_or(by_default);  // read per call: cheap beside a launch
 }
 
 struct Entry {
@@ -187,11 +185,12 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
   key.push_back(static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS()));
   key.push_back(ctx.deterministicAlgorithms());
   const std::shared_ptr<Entry> entry = cache().get(key);
-  std::lock_guard<std::mutex> lock(entry->mutex);
+  std::unique_lock<std::mutex> lock(entry->mutex);
   if (!entry->warmed_up || entry->uncapturable) {
     entry->warmed_up = true;  // this call runs eagerly: cuBLAS and the kernels initialise outside a capture
     return std::nullopt;
   }
+  bool captured = false;
   if (!entry->graph) {
     entry->device = device.index();
     entry->inputs.clear();
@@ -206,9 +205,15 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
       entry->inputs.clear();
       TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph; it runs eagerly (",
                  e.what(), ")");
+      const std::string message = std::string("CUDA graph: capture failed on cuda:") +
+                                  std::to_string(device.index()) +
+                                  "; these calls run eagerly from now on (" + e.what() + ")";
+      lock.unlock();  // the sink takes the GIL (log_sink.h)
+      log_message(LogLevel::kWarning, message);
       return std::nullopt;
     }
     note_graph_capture();
+    captured = true;
   } else {
     for (size_t i = 0; i < inputs.size(); ++i) entry->inputs[i].copy_(inputs[i]);
   }
@@ -217,6 +222,11 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
   std::vector<at::Tensor> out;
   out.reserve(entry->outputs.size());
   for (const auto& t : entry->outputs) out.push_back(t.defined() ? t.clone() : t);
+  lock.unlock();  // the sink takes the GIL (log_sink.h)
+  if (captured) {
+    log_message(LogLevel::kInfo, "CUDA graph: captured a layer op's time loop on cuda:" +
+                                     std::to_string(device.index()) + "; later calls like it replay it");
+  }
   return out;
 }
 

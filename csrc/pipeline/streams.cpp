@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "../settings.h"
 #include "sync.h"
 
 namespace pipelstm::pipeline {
@@ -116,16 +117,7 @@ class HostQueue {
 namespace {
 
 // PIPELSTM_HOST_COPY_STREAM: the delay of the host copy thread, if on.
-std::optional<std::chrono::microseconds> host_copy_delay() {
-  const char* env = std::getenv("PIPELSTM_HOST_COPY_STREAM");
-  if (env == nullptr || *env == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long long us = std::strtoll(env, &end, 10);
-  TORCH_CHECK(*end == '\0' && us >= 0,
-              "pipelstm: PIPELSTM_HOST_COPY_STREAM must be a number of microseconds (0 or "
-              "more), got '", env, "'");
-  return std::chrono::microseconds(us);
-}
+std::optional<std::chrono::microseconds> host_copy_delay() { return settings::host_copy_stream(); }
 
 }  // namespace
 

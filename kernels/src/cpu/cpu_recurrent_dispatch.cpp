@@ -1,8 +1,7 @@
 // Picks the build of the fused CPU step kernels for this CPU: the widest ISA
-// it runs, no wider than PIPELSTM_CPU_ISA allows (as ONEDNN_MAX_CPU_ISA caps
+// it runs, no wider than a cap (PIPELSTM_CPU_ISA, as ONEDNN_MAX_CPU_ISA caps
 // oneDNN), so an AVX-512 machine can measure the AVX2 path.
 #include <cctype>
-#include <cstdlib>
 #include <string>
 
 #include "pipelstm/kernels/cpu_recurrent.h"
@@ -46,35 +45,21 @@ const RecurrentKernels* built(const std::string& isa) {
   return nullptr;
 }
 
-struct Choice {
-  const RecurrentKernels* kernels = nullptr;
-  std::string error;
-};
-
-Choice choose() {
-  Choice c;
-  const char* env = std::getenv("PIPELSTM_CPU_ISA");
-  std::string cap = env != nullptr ? env : "";
-  for (auto& ch : cap) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  bool allowed = cap.empty() || cap == "native";
-  for (const char* isa : kIsas) {
-    allowed = allowed || cap == isa;
-    if (allowed && cpu_runs(isa) && built(isa) != nullptr) {
-      c.kernels = built(isa);
-      return c;
-    }
-  }
-  c.error = "PIPELSTM_CPU_ISA=" + cap +
-            " is not one of avx512, avx2, generic (or native, the default: the widest this CPU runs)";
-  return c;
-}
-
 }  // namespace
 
-const RecurrentKernels* recurrent_kernels(std::string* error) {
-  static const Choice choice = choose();
-  if (choice.kernels == nullptr && error != nullptr) *error = choice.error;
-  return choice.kernels;
+const RecurrentKernels* widest_kernels(const std::string& cap, std::string* error) {
+  std::string c = cap;
+  for (auto& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  bool allowed = c.empty() || c == "native";
+  for (const char* isa : kIsas) {
+    allowed = allowed || c == isa;
+    if (allowed && cpu_runs(isa) && built(isa) != nullptr) return built(isa);
+  }
+  if (error != nullptr) {
+    *error = "the ISA cap '" + cap +
+             "' is not one of avx512, avx2, generic (or native: the widest this CPU runs)";
+  }
+  return nullptr;
 }
 
 const RecurrentKernels* recurrent_kernels_for(const std::string& isa) {

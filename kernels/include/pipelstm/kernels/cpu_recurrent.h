@@ -146,9 +146,10 @@ struct RecurrentKernels {
 // cycles busy, few enough for the 16 registers of AVX2.
 constexpr int kFmaChains = 12;
 
-// The kernels for this CPU, capped by PIPELSTM_CPU_ISA; chosen once. Null,
-// with the reason in *error, if the variable names no known ISA.
-const RecurrentKernels* recurrent_kernels(std::string* error);
+// The kernels of the widest ISA this CPU runs, no wider than `cap`
+// (avx512, avx2, generic; native or empty: no cap). Null, with the reason
+// in *error, if `cap` names no known ISA.
+const RecurrentKernels* widest_kernels(const std::string& cap, std::string* error);
 
 // The kernels of one ISA if this CPU runs it (tests and benchmarks), else null.
 const RecurrentKernels* recurrent_kernels_for(const std::string& isa);
