@@ -49,6 +49,8 @@ def test_each_isa_matches_float64_nn_lstm(isa, in_steps):
     # exactly zero derivative (a polynomial exp that never reaches 0 or inf
     # once gave an input gradient of 1e17 here, nn.LSTM's being 0.5).
     assert report["non_finite_mismatches"] == [], f"{isa}: NaN/inf pattern differs from nn.LSTM's"
+    # A NaN or inf weight with no hx: 0 * inf is NaN in the first step too.
+    assert report["weight_non_finite_mismatches"] == [], f"{isa}: a non-finite weight's NaN/inf pattern differs"
     assert report["saturated_rel_error"] < 1e-5
     # The cell's sigmoid and tanh within a few float32 ulp of float64 (about
     # 4e-7 seen; 1e-6 is some 17 ulp).

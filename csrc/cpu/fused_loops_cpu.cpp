@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -192,8 +193,11 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   const float* c_init = cptr(c0);
 
   // A step that starts every row from a zero h0 (no hx given) has no
-  // recurrent product to compute.
-  const bool zero_h0 = all_zero(h0);
+  // recurrent product to compute, unless w_hh holds an inf or a NaN: then
+  // 0 * w is NaN, as in nn.LSTM and the float64 path (a sum that is not
+  // finite says so in one vectorised pass; one that overflows only costs
+  // the skip).
+  const bool zero_h0 = all_zero(h0) && std::isfinite(w.sum().item<float>());
   const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.gate_panels(H), proj_panels = K.plain_panels(P);
   // Step p's cell (and with w_hr its projection) for rows [r0, r1) of its

@@ -11,7 +11,8 @@ sliced at all (4H = 4160: 1.04 MiB on avx512), packed sequences,
 projections, both directions, given (h0, c0) and 1 or 2 threads.
 
 Then non-finite values: NaN, +-inf and huge values placed in the input and
-the initial state, and saturated gates (w_hh scaled by 1e30). Every output
+the initial state, NaN and inf in each weight with no hx given (dense and
+packed, with and without projection), and saturated gates (w_hh scaled by 1e30). Every output
 and gradient must be NaN / inf exactly where nn.LSTM's (float64) is, and
 the saturated case's input gradient as nn.LSTM's.
 
@@ -25,7 +26,7 @@ import sys
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import pipelstm
 
@@ -111,6 +112,43 @@ def non_finite_mismatches(H: int) -> list:
     return bad
 
 
+def _weight_outputs_and_grads(model, x):
+    x = x.detach().clone().requires_grad_() if not isinstance(x, PackedSequence) else x
+    out, (h, c) = model(x)  # no hx: every row starts from a zero h0
+    data = out.data if isinstance(out, PackedSequence) else out
+    (data.sum() + h.sum() + c.sum()).backward()
+    got = [data, h, c, *(p.grad for p in model.parameters())]
+    model.zero_grad()
+    return got
+
+
+def weight_non_finite_mismatches(H: int) -> list:
+    """The (value, weight, packed, proj) cases, a NaN or inf in one weight and
+    no hx given, whose NaN / inf pattern differs from nn.LSTM's: a zero h0
+    times a non-finite w_hh is NaN, so the first step's recurrent product
+    cannot be skipped then."""
+    bad = []
+    for proj in ((0, 2) if H > 2 else (0,)):
+        for packed in (False, True):
+            torch.manual_seed(H + proj)
+            ref = nn.LSTM(3, H, proj_size=proj).double()
+            ours = pipelstm.LSTM(3, H, proj_size=proj)
+            for value in (float("nan"), float("inf")):
+                for weight in ("weight_hh_l0", "weight_ih_l0", "bias_hh_l0") + (("weight_hr_l0",) if proj else ()):
+                    state = {k: v.clone() for k, v in ref.state_dict().items()}
+                    state[weight].view(-1)[1] = value
+                    ref.load_state_dict(state)
+                    ours.load_state_dict({k: v.float() for k, v in state.items()})
+                    x = torch.randn(4, 3, 3, dtype=torch.float64)
+                    x64, x32 = (pack_padded_sequence(x, [4, 3, 2]), pack_padded_sequence(x.float(), [4, 3, 2])) \
+                        if packed else (x, x.float())
+                    for a, b in zip(_weight_outputs_and_grads(ours, x32), _weight_outputs_and_grads(ref, x64)):
+                        if not (torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())):
+                            bad.append([value, weight, packed, proj])
+                            break
+    return bad
+
+
 def saturated_gradient_error() -> float:
     torch.manual_seed(1)
     ref = nn.LSTM(4, 20).double()
@@ -186,7 +224,9 @@ def main() -> None:
     torch.manual_seed(0)
     results = [dict(case=list(c), rel_error=run_case(*c)) for c in CASES]
     non_finite = [m for H in (1, 19, 40) for m in non_finite_mismatches(H)]
+    weight_non_finite = [m for H in (1, 19, 40) for m in weight_non_finite_mismatches(H)]
     json.dump(dict(isa=pipelstm._C.cpu_isa(), results=results, non_finite_mismatches=non_finite,
+                   weight_non_finite_mismatches=weight_non_finite,
                    saturated_rel_error=saturated_gradient_error(),
                    activation_rel_error=activation_error(), gemm_rel_error=gemm_error()),
               sys.stdout)
