@@ -20,6 +20,7 @@
 #include "schedule.h"
 #include "streams.h"
 #include "units.h"
+#include "profile_range.h"
 #include "weight_tasks.h"
 #include "workers.h"
 
@@ -224,6 +225,7 @@ class ForwardWork final : public StageWork {
     for (j = 0; j < n_units_; ++j) {
       const int64_t gu = first_unit_ + j;
       check_fault(sh_.faults, gu, "forward", m, it.k);
+      const ProfileRange range({"forward", s_, &stage_.units[j], gu, m, it.k});
       x = unit_forward(stage_.units[j], st.params[gu], x, st.training, sh_.keep, state_.h(j, m),
                        state_.c(j, m), item.units[j], dropout_seed(sh_.pass_seed, gu, m, it.k),
                        sh_.targets[grid.index(it)]);
@@ -282,6 +284,7 @@ class BackwardWork final : public StageWork {
     SavedItem& item = st.saved[s_][st.grid.index(it)];
     if (item.recompute) {
       const int64_t tr = now_ns();
+      const ProfileRange range({"recompute", s_, nullptr, -1, m, k});
       replay(stage_.units, st.params, first_unit_, st.training, item);
       trace_.push_back({s_, "recompute", static_cast<int>(m), static_cast<int>(k), tr, now_ns()});
     }
@@ -289,6 +292,7 @@ class BackwardWork final : public StageWork {
     for (j = n_units_ - 1; j >= 0; --j) {
       const int64_t gu = first_unit_ + j;
       check_fault(sh_.faults, gu, "backward", m, k);
+      const ProfileRange range({"backward", s_, &stage_.units[j], gu, m, k});
       g = unit_backward_data(stage_.units[j], st.params[gu], g, item.units[j], grads_.h(j, m),
                              grads_.c(j, m), sh_.pieces[gu][m][k]);
       item.units[j].clear();  // free activations as soon as they are used
@@ -317,6 +321,7 @@ class BackwardWork final : public StageWork {
       const UnitSpec& unit = *sh_.unit_at[gu];
       const int64_t t0 = now_ns();
       try {
+        const ProfileRange range({"weights", s_, &unit, gu});
         unit_weight_grads(unit, sh_.st.params[gu], sh_.pieces[gu], sh_.acc[gu]);
         sh_.pieces[gu].clear();
       } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "engine.h"
+#include "profile_range.h"
 #include "streams.h"
 #include "workers.h"
 
@@ -59,14 +60,17 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
     Courier courier(stage.device);
     std::unique_ptr<StageWork> work = make_work(s);
     auto& trace = io.traces[s];
+    const ProfileRange pass_range({phase, s});
     for (const Item it : item_order(io.direction, grid.K, grid.M)) {
       const int64_t i = grid.index(it);
       Slot& in = inbox[i];
       if (!receives && !sync.wait(in)) return;
       int64_t unit = -1;
       try {
+        const ProfileRange item_range({phase, s, nullptr, -1, it.m, it.k});
         Tensor x;
         if (receives) {
+          const ProfileRange recv_range({"receive", s, nullptr, -1, it.m, it.k});
           x = io.from->wait_recv(*io.recvs[i], io.traffic);
           io.recvs[i].reset();
         } else {
@@ -77,10 +81,12 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
         x = work->run(it, std::move(x), unit);
         unit = -1;
         if (sends) {
+          const ProfileRange send_range({"send", s, nullptr, -1, it.m, it.k});
           io.to->send(io.traffic, it.m, it.k, grid.K, work->for_remote(it, std::move(x)));
           continue;
         }
         const int64_t t1 = now_ns();
+        const ProfileRange transfer_range({"transfer", s, nullptr, -1, it.m, it.k});
         Courier::Delivery out = courier.send(x, out_device);
         if (out.copied) {
           trace.push_back({s, "transfer", static_cast<int>(it.m), static_cast<int>(it.k), t1, now_ns()});
