@@ -1,6 +1,8 @@
 """Running examples/train_lm.py under torchrun from the tests, and the
 single-process reference it is compared with."""
 
+import contextlib
+import datetime
 import os
 import queue
 import re
@@ -252,3 +254,19 @@ def reference_parameters(steps: int, argv: List[str]) -> Dict[str, torch.Tensor]
 def max_difference(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
     assert set(a) == set(b), (sorted(a), sorted(b))
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@contextlib.contextmanager
+def one_process_mesh(folder: Path, **init_mesh_kwargs):
+    """A gloo process group of one (this process, a file store in ``folder``)
+    and its ``init_mesh(**init_mesh_kwargs)``; destroyed on exit."""
+    import torch.distributed as dist
+
+    from pipelstm.distributed import init_mesh
+
+    store = dist.FileStore(str(folder / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield init_mesh(**init_mesh_kwargs)
+    finally:
+        dist.destroy_process_group()

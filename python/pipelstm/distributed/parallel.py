@@ -153,12 +153,25 @@ class PipelineParallel(nn.Module):
         indices, the same tensor, or at least the same shape, on every stage).
         Returns the model output on the last stage (with ``loss_fn``: the loss
         of ``target`` [T, B], which only the last stage reads), an empty
-        placeholder (that ``backward`` starts from) elsewhere."""
+        placeholder (that ``backward`` starts from) elsewhere.
+
+        Raises:
+            ValueError, RuntimeError: before any work, on the rank that
+                reads it: an input the model's first unit cannot take (dims,
+                feature size, dtype; checked on the first stage), a target
+                that is missing or not int64 indices of the input's shape
+                (the last stage, with ``loss_fn``). The other stages then
+                fail waiting for it (an error naming that stage and rank).
+        """
         if not isinstance(input, Tensor) or input.dim() < 2:
             raise ValueError(f"PipelineParallel: expected input of shape [T, B, ...], got "
                              f"{getattr(input, 'shape', type(input).__name__)}")
         T, B = input.shape[0], input.shape[1]
         local = self._local
+        if self.mesh.is_first_stage:  # what the model's first unit reads (the others use only T and B)
+            local.core.check_input(input)
+        if self._loss is not None and self.mesh.is_last_stage:
+            local.core.check_target(target, T, B)
         if self.mesh.is_first_stage:
             x = input.to(self.devices[0])
         else:  # only the shape: the activations come from the previous stage
@@ -172,8 +185,6 @@ class PipelineParallel(nn.Module):
                                  "while carrying the LSTM state; call reset_state() first")
             h0, c0 = list(self._hidden[0]), list(self._hidden[1])
         if self._loss is not None and self.mesh.is_last_stage:
-            if target is None:
-                raise ValueError("PipelineParallel: built with a loss_fn, the last stage needs the target")
             out, h_n, c_n = self.stage(x, h0, c0, target.to(self.devices[-1]))
         else:
             out, h_n, c_n = self.stage(x, h0, c0)
@@ -225,9 +236,13 @@ class PipelineParallel(nn.Module):
         if value is not None:
             t.fill_(float(value))
         if mesh.pp > 1:
-            dist.broadcast(t, src=mesh.pp_ranks[-1], group=mesh.pp_group)
+            last = mesh.pp_ranks[-1]
+            what = "the loss broadcast to" if mesh.is_last_stage else "the loss broadcast from"
+            with mesh.waiting_for(what, mesh.others(mesh.pp_ranks) if mesh.is_last_stage else [last]):
+                dist.broadcast(t, src=last, group=mesh.pp_group)
         if mesh.dp > 1:
-            dist.all_reduce(t, group=mesh.dp_group)
+            with mesh.waiting_for("the loss all-reduce with", mesh.others(mesh.dp_ranks)):
+                dist.all_reduce(t, group=mesh.dp_group)
             t /= mesh.dp
         return t.cpu()
 
@@ -274,7 +289,9 @@ class PipelineParallel(nn.Module):
         global rank 0 (None elsewhere); a collective over all ranks."""
         mine = make() if self.mesh.dp_rank == 0 else None
         parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        peers = self.mesh.others(range(self.mesh.world_size)) if self.mesh.rank == 0 else [0]
+        with self.mesh.waiting_for("the gather of the first replica's stages with", peers):
+            dist.gather_object(mine, parts, dst=0)
         return None if parts is None else [p for p in parts if p is not None]
 
     def hidden_state(self):
@@ -335,7 +352,8 @@ def _check_same_everywhere(model: nn.Sequential, units, balance, chunks: int, mi
         local_stages=local_stages,
     )
     everyone: List[dict] = [None] * mesh.world_size  # type: ignore[list-item]
-    dist.all_gather_object(everyone, mine)
+    with mesh.waiting_for("every rank's model and plan from", mesh.others(range(mesh.world_size))):
+        dist.all_gather_object(everyone, mine)
     ref = everyone[0]
     for r, other in enumerate(everyone):
         for what in ("model", "units", "plan"):

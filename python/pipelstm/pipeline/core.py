@@ -104,6 +104,7 @@ class PipelineCore:
         self.loss = loss
         self.sample_shape = sample_shape
         self.saved_activation_bytes = 0
+        self.who = who
         self._links: Optional[tuple] = None
         place(self.units, self.balance, self.devices)
         self._build_engine()
@@ -154,9 +155,100 @@ class PipelineCore:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("who", "Pipeline")  # pickled before the core kept it
         self.__dict__.update(state)
         self.threads = cap_threads(self.threads, self.devices)
         self._build_engine()
+
+    # --- what a run takes, checked before any work ----------------------------------
+
+    def check_input(self, x: Tensor, batch_first: bool = False, on_device: bool = False) -> None:
+        """Checks the time-major input of a run against the first unit that
+        reads it: ``[T, B]`` integer indices for an Embedding, else
+        ``[T, B, I]`` features of the unit's width and dtype. Pointwise units
+        (dropout, activations) before it pass their input through.
+
+        Args:
+            x: the input, time-major (``[T, B, ...]``).
+            batch_first: the caller got it as ``[B, T, ...]`` (the messages say so).
+            on_device: it must already be on the first stage's device (else
+                the engine copies it there; it must hold data, not be meta).
+
+        Raises:
+            ValueError: ``x`` is not a tensor, has the wrong number of
+                dimensions or the wrong dtype.
+            RuntimeError: the wrong feature size, or the wrong device.
+        """
+        layout = "[B, T" if batch_first else "[T, B"
+        unit = next((u for u in self.units if u.kind not in ("dropout", "activation")), None)
+        indices = unit is not None and unit.kind == "embedding"
+        dims, shape = (2, f"{layout}] indices") if indices else (3, f"{layout}, I] features")
+        if not isinstance(x, Tensor) or x.dim() != dims and (indices or unit is not None or x.dim() < 2):
+            got = f"a {x.dim()}-D tensor of shape {_shape(x, batch_first)}" if isinstance(x, Tensor) \
+                else type(x).__name__
+            raise ValueError(f"{self.who}: expected input of shape {shape}, got {got}")
+        if indices:
+            if x.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"{self.who}: the first unit, {unit.name!r}, is an Embedding: expected input of "
+                                 f"integer indices (torch.int64 or torch.int32), got {x.dtype}")
+        elif unit is not None:
+            dtype = next((p.dtype for p in unit.params() if p is not None), x.dtype)
+            if x.size(-1) != unit.input_size:
+                raise RuntimeError(f"{self.who}: expected input of shape {shape} with I={unit.input_size} (the "
+                                   f"input size of the first unit, {unit.name!r}), got {_shape(x, batch_first)}")
+            if x.dtype != dtype:
+                raise ValueError(f"{self.who}: expected input of dtype {dtype} (that of the first unit, "
+                                 f"{unit.name!r}), got {x.dtype}; convert it: input.to({dtype})")
+        first = self.devices[0]
+        if on_device and x.device != first or x.device.type == "meta":
+            raise RuntimeError(f"{self.who}: the input is on {x.device}, but the first pipeline stage runs on "
+                               f"{first}: move the input to {first}")
+
+    def check_states(self, h0: Sequence[Optional[Tensor]], c0: Sequence[Optional[Tensor]], batch: int) -> None:
+        """Checks the initial states of a run (as ``run`` takes them, per LSTM
+        layer, None for zeros): ``h0[l]`` ``[B, P]`` and ``c0[l]`` ``[B, H]`` in
+        the layer's dtype, on any device (the engine moves them).
+
+        Raises:
+            RuntimeError: a state of the wrong type, shape or dtype.
+        """
+        lstms = [u for u in self.units if u.has_state]
+        for states, name, width in ((h0, "h_0", "out_size"), (c0, "c_0", "hidden_size")):
+            for l, (u, t) in enumerate(zip(lstms, states)):
+                if t is None:
+                    continue
+                expected = [batch, getattr(u, width)]
+                if not isinstance(t, Tensor) or list(t.shape) != expected:
+                    got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                    raise RuntimeError(f"{self.who}: expected {name}[{l}] of shape {expected} (batch {batch}, "
+                                       f"LSTM layer {u.name!r}), got {got}")
+                dtype = u.params()[0].dtype
+                if t.dtype != dtype:
+                    raise RuntimeError(f"{self.who}: expected {name}[{l}] of dtype {dtype} (that of LSTM layer "
+                                       f"{u.name!r}), got {t.dtype}")
+
+    def check_target(self, target: Optional[Tensor], T: int, B: int, batch_first: bool = False) -> None:
+        """Checks a run's target (time-major ``[T, B]``): given exactly when the
+        core computes a loss, int64 class indices of the input's shape.
+
+        Raises:
+            ValueError: a target without a loss or none with one, or not a
+                2-D int64 tensor.
+            RuntimeError: a shape other than the input's.
+        """
+        if (target is None) != (self.loss is None):
+            raise ValueError(f"{self.who}: pass target= exactly when the pipeline was built with a loss_fn")
+        if target is None:
+            return
+        layout = "[B, T] with batch_first" if batch_first else "[T, B]"
+        if not isinstance(target, Tensor) or target.dim() != 2 or target.dtype != torch.int64:
+            got = type(target).__name__ if not isinstance(target, Tensor) else \
+                f"{target.dtype} {_shape(target, batch_first) if target.dim() == 2 else list(target.shape)}"
+            raise ValueError(f"{self.who}: expected target of dtype torch.int64 and shape {layout}, got {got}")
+        if tuple(target.shape) != (T, B):
+            expected = [B, T] if batch_first else [T, B]
+            raise RuntimeError(f"{self.who}: expected target of shape {expected} (the input's), got "
+                               f"{_shape(target, batch_first)}")
 
     # --- running -------------------------------------------------------------------
 
@@ -315,6 +407,14 @@ class _PipelineFunction(torch.autograd.Function):
         for unit_grads, count in zip(gparams, unit_counts):
             flat.extend(g for g, present in zip(unit_grads, count) if present)
         return (None, None, None, None, grad_input, *states, *flat)
+
+
+def _shape(x: Tensor, batch_first: bool) -> List[int]:
+    """The shape of time-major ``x`` as the caller wrote it."""
+    shape = list(x.shape)
+    if batch_first and len(shape) >= 2:
+        shape[0], shape[1] = shape[1], shape[0]
+    return shape
 
 
 def _unflatten(flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:

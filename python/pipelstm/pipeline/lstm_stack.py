@@ -92,12 +92,8 @@ class LSTMPipeline:
         return x, h_n, c_n
 
     def _check_placement(self, data: Tensor) -> None:
-        devices = self.core.devices
-        if data.device != devices[0]:
-            raise RuntimeError(
-                f"LSTM: the input is on {data.device}, but the first pipeline stage runs on {devices[0]}: "
-                f"move the input to {devices[0]} (devices={[str(d) for d in devices]})"
-            )
+        # pipelstm.LSTM ran nn.LSTM's checks of the input; the core's adds its device.
+        self.core.check_input(data, on_device=True)
         for u in self.core.units:
             for name, p in zip(u.param_names, u.params()):
                 if name is not None and p.device != u.device:

@@ -119,19 +119,13 @@ class Pipeline(nn.Module):
     # --- running -----------------------------------------------------------------
 
     def forward(self, input: Tensor, hx=None, target: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-        if not isinstance(input, Tensor) or input.dim() < 2:
-            raise ValueError("Pipeline: expected input of shape [T, B] (indices) or [T, B, I] "
-                             "([B, T, ...] with batch_first)")
-        x = input.transpose(0, 1) if self._batch_first else input
-        if (target is None) != (self.core.loss is None):
-            raise ValueError("Pipeline: pass target= exactly when the pipeline was built with a loss_fn")
-        if target is not None:
-            if not isinstance(target, Tensor) or target.dim() != 2 or target.dtype != torch.int64:
-                raise ValueError("Pipeline: expected target of dtype torch.int64 and shape [T, B] ([B, T] with "
-                                 f"batch_first), got {getattr(target, 'dtype', type(target).__name__)} "
-                                 f"{tuple(getattr(target, 'shape', ()))}")
-            if self._batch_first:
-                target = target.t()
+        # Every argument is checked here, before any work (pipeline/core.py's checks).
+        bf = self._batch_first
+        x = input.transpose(0, 1) if bf and isinstance(input, Tensor) and input.dim() >= 2 else input
+        self.core.check_input(x, bf)
+        if bf and isinstance(target, Tensor) and target.dim() == 2:
+            target = target.t()
+        self.core.check_target(target, x.shape[0], x.shape[1], bf)
         L = self.core.num_layers
         h0: List[Optional[Tensor]] = [None] * L
         c0: List[Optional[Tensor]] = [None] * L
@@ -143,6 +137,7 @@ class Pipeline(nn.Module):
                     raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
                 for l in range(L):
                     states[l] = given[l]
+            self.core.check_states(h0, c0, x.shape[1])
         out, h_n, c_n = self.core.run(x, h0, c0, self.training, target)
         if self._batch_first and target is None:
             out = out.transpose(0, 1)
