@@ -58,3 +58,58 @@ def test_the_example_asked_for_a_gpu_it_does_not_have_says_why_without_a_traceba
     assert result.returncode == 1
     assert "train_lm.py: pipelstm.distributed.init_mesh: device='cuda', but no GPU is visible here" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- the DeviceMesh behind the mesh ---------------------------------------------------
+
+class _MeshLayout:
+    """A Group workload: init_mesh(pp=2) on 4 processes, and what its groups hold."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        import torch.distributed as dist
+
+        self.mesh = mesh.init_mesh(pp=2, timeout=60)
+        m, dm = self.mesh, self.mesh.device_mesh
+        self.found = dict(
+            shape=tuple(dm.shape), names=dm.mesh_dim_names, layout=dm.mesh.tolist(),
+            pp_is_mesh_group=dm.get_group("pp") is m.pp_group, dp_is_mesh_group=dm.get_group("dp") is m.dp_group,
+            pp_group_ranks=dist.get_process_group_ranks(m.pp_group), pp_ranks=m.pp_ranks,
+            dp_group_ranks=dist.get_process_group_ranks(m.dp_group), dp_ranks=m.dp_ranks,
+            coordinate=tuple(dm.get_coordinate()), dp_rank=m.dp_rank, pp_rank=m.pp_rank,
+        )
+        self.sums = None
+
+    def step(self) -> None:
+        import torch.distributed as dist
+
+        sums = []
+        for group in (self.mesh.pp_group, self.mesh.dp_group):
+            t = torch.tensor([float(self.mesh.rank)])
+            dist.all_reduce(t, group=group)
+            sums.append(t.item())
+        self.sums = sums
+
+    def info(self) -> dict:
+        return dict(self.found, sums=self.sums)
+
+
+def setup_mesh_layout(rank: int, world: int) -> _MeshLayout:
+    return _MeshLayout(rank, world)
+
+
+def test_the_mesh_is_a_dp_by_pp_device_mesh_whose_groups_it_uses():
+    from pipelstm.bench.groups import Group
+
+    with Group("dp=2 x pp=2", 4, setup_mesh_layout, timeout=300) as g:
+        g.step()
+        infos = g.last
+    for rank, info in enumerate(infos):
+        dp_rank, pp_rank = divmod(rank, 2)
+        assert info["shape"] == (2, 2) and info["names"] == ("dp", "pp")
+        assert info["layout"] == [[0, 1], [2, 3]]  # global rank dp_rank * pp + pp_rank
+        assert info["pp_is_mesh_group"] and info["dp_is_mesh_group"]
+        assert info["pp_group_ranks"] == info["pp_ranks"] == [2 * dp_rank, 2 * dp_rank + 1]
+        assert info["dp_group_ranks"] == info["dp_ranks"] == [pp_rank, pp_rank + 2]
+        assert info["coordinate"] == (dp_rank, pp_rank) and (info["dp_rank"], info["pp_rank"]) == (dp_rank, pp_rank)
+        # each group's collectives reach exactly its members (its timeout: tests/test_distributed_timeouts.py)
+        assert info["sums"] == [float(4 * dp_rank + 1), float(2 * pp_rank + 2)], (rank, info["sums"])

@@ -1,12 +1,19 @@
-"""The 2-D layout of data-parallel x pipeline ranks, from torchrun's environment."""
+"""The 2-D layout of data-parallel x pipeline ranks, from torchrun's environment.
 
+The layout is a ``torch.distributed.device_mesh.DeviceMesh`` of shape
+``(dp, pp)``, dimensions ``("dp", "pp")``: its ``"pp"`` groups are the
+pipelines, its ``"dp"`` groups the replicas of each stage.
+"""
+
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["Mesh", "init_mesh"]
 
@@ -17,7 +24,10 @@ class Mesh:
 
     ``pp_group`` holds the ``pp`` stages of this process's pipeline (its
     group rank is the stage index); ``dp_group`` holds the ``dp`` replicas of
-    this process's stage, over which gradients are averaged.
+    this process's stage, over which gradients are averaged. Both are the
+    groups of ``device_mesh``, the ``(dp, pp)`` DeviceMesh with dimensions
+    ``("dp", "pp")`` (``device_mesh["pp"]``, ``device_mesh["dp"]``), for
+    torch's own parallelisms (DTensor, FSDP) over the same layout.
     """
 
     rank: int
@@ -34,6 +44,7 @@ class Mesh:
     device: torch.device
     backend: str
     timeout: float  # seconds, for every collective and point-to-point operation
+    device_mesh: Optional[DeviceMesh] = None  # the (dp, pp) DeviceMesh whose groups these are
 
     @property
     def is_first_stage(self) -> bool:
@@ -44,6 +55,39 @@ class Mesh:
     def is_last_stage(self) -> bool:
         """Whether this rank holds its pipeline's last stage (pp rank pp - 1)."""
         return self.pp_rank == self.pp - 1
+
+    def peer_name(self, rank: int) -> str:
+        """A global rank as the pipeline's errors name it, e.g. ``"stage 1 (rank 1)"``."""
+        return f"stage {rank % self.pp} (rank {rank})"
+
+    @contextlib.contextmanager
+    def waiting_for(self, what: str, peers: Sequence[int]) -> Iterator[None]:
+        """Runs a collective (the ``with`` body) that waits on the global
+        ranks ``peers``; its failure becomes an error naming this stage, the
+        operation, the peers and the timeout, as the pipeline's point-to-point
+        transfers name theirs. E.g. ``with mesh.waiting_for("the loss broadcast
+        from", [1]): dist.broadcast(...)``.
+
+        Raises:
+            RuntimeError: the collective failed (a dead peer) or timed out (a
+                stopped one): ``"pipelstm.distributed: stage 0 (rank 0) timed
+                out after 30 s waiting for the loss broadcast from stage 1
+                (rank 1); is it alive? (<the backend's words>)"``.
+        """
+        try:
+            yield
+        except RuntimeError as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            peers_named = ", ".join(self.peer_name(r) for r in peers)
+            head = f"pipelstm.distributed: {self.peer_name(self.rank)} "
+            if "imed out" in why:  # gloo: "Timed out waiting ..."; NCCL's watchdog: "timed out"
+                raise RuntimeError(f"{head}timed out after {self.timeout:g} s waiting for {what} {peers_named}; "
+                                   f"is it alive? ({why})") from e
+            raise RuntimeError(f"{head}failed waiting for {what} {peers_named} ({why})") from e
+
+    def others(self, ranks: Sequence[int]) -> List[int]:
+        """``ranks`` without this process's."""
+        return [r for r in ranks if r != self.rank]
 
     def shard(self, batch: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This replica's part of a global batch (``torch.tensor_split`` along
@@ -111,6 +155,10 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
         timeout: seconds any collective or point-to-point operation may wait
             before the run fails (instead of hanging on a dead or stopped peer).
 
+    Returns:
+        This process's :class:`Mesh`; its ``device_mesh`` is the ``(dp, pp)``
+        DeviceMesh (dimensions ``"dp"``, ``"pp"``) whose groups it uses.
+
     Every process checks the layout before anything is exchanged, so a bad
     one stops every rank with the same message.
     """
@@ -144,18 +192,20 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
         store = dist.PrefixStore(f"pipelstm/attempt-{attempt}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td,
                                 device_id=device if backend == "nccl" else None)
-    # Every process creates every group, in the same order.
-    pp_group = dp_group = None
-    for d in range(dp):
-        ranks = [d * pp + s for s in range(pp)]
-        group = dist.new_group(ranks, timeout=td, backend=backend)
-        if rank in ranks:
-            pp_group, pp_ranks = group, ranks
-    for s in range(pp):
-        ranks = [d * pp + s for d in range(dp)]
-        group = dist.new_group(ranks, timeout=td, backend=backend)
-        if rank in ranks:
-            dp_group, dp_ranks = group, ranks
-    return Mesh(rank=rank, world_size=world, local_rank=local_rank, dp=dp, pp=pp, dp_rank=rank // pp,
-                pp_rank=rank % pp, pp_group=pp_group, dp_group=dp_group, pp_ranks=pp_ranks, dp_ranks=dp_ranks,
-                device=device, backend=backend, timeout=float(timeout))
+    # Global rank dp_rank * pp + pp_rank: row dp_rank, column pp_rank. Every
+    # group gets the backend and timeout asked for (DeviceMesh would reuse the
+    # default group for a dimension spanning the world, or use its defaults).
+    options = {name: (backend, _group_options(backend, td)) for name in ("dp", "pp")}
+    device_mesh = init_device_mesh(device.type, (dp, pp), mesh_dim_names=("dp", "pp"), backend_override=options)
+    dp_rank, pp_rank = rank // pp, rank % pp
+    return Mesh(rank=rank, world_size=world, local_rank=local_rank, dp=dp, pp=pp, dp_rank=dp_rank,
+                pp_rank=pp_rank, pp_group=device_mesh.get_group("pp"), dp_group=device_mesh.get_group("dp"),
+                pp_ranks=[dp_rank * pp + s for s in range(pp)], dp_ranks=[d * pp + pp_rank for d in range(dp)],
+                device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh)
+
+
+def _group_options(backend: str, timeout: datetime.timedelta):
+    """The backend's process group options with ``timeout``."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    return options
