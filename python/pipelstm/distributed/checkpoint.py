@@ -13,9 +13,15 @@ Every file is written to a temporary name, flushed to disk and renamed, and
 ``latest`` moves only after every rank has written its file, so a crash
 while saving leaves the previous checkpoint intact and ``latest`` pointing
 at it.
+
+A rank's file holds only what ``torch.load(weights_only=True)`` reads back
+(tensors, numbers, strings, None, lists, tuples, sets and dicts of them,
+dtypes and devices), checked before it is written, and it is loaded so: a
+file whose pickle would build anything else (run code) is refused.
 """
 
 import os
+import pickle
 import shutil
 from typing import Any, Dict, Optional
 
@@ -63,6 +69,30 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# What torch.load(weights_only=True) rebuilds (torch.Size is a tuple).
+_SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype, torch.device)
+
+
+def _check_loadable(obj: Any, where: str) -> None:
+    """Raises TypeError naming the first value under ``obj`` that
+    ``torch.load(weights_only=True)`` would refuse (``where``: its path)."""
+    if isinstance(obj, _SAFE_LEAVES):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _check_loadable(k, f"{where} (a key)")
+            _check_loadable(v, f"{where}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(obj):
+            _check_loadable(v, f"{where}[{i}]")
+        return
+    raise TypeError(f"pipelstm.distributed.save_checkpoint: {where} is a {type(obj).__module__}."
+                    f"{type(obj).__qualname__}, which a checkpoint cannot hold (it is loaded with "
+                    "torch.load(weights_only=True)); keep to tensors, numbers, strings, None, and lists, tuples, "
+                    "sets and dicts of them")
+
+
 def _step_dir(directory: str, step: int) -> str:
     return os.path.join(directory, f"step-{step:08d}")
 
@@ -82,14 +112,16 @@ def save_checkpoint(directory: str, step: int, pipe: PipelineParallel, optimizer
                     scheduler: Optional[Any] = None, extra: Optional[Dict[str, Any]] = None,
                     keep: int = 2) -> str:
     """Saves step ``step`` (a collective: every rank calls it). ``extra`` is
-    any picklable state of the training loop (e.g. the epoch). The ``keep``
-    most recent checkpoints are kept. Returns the checkpoint's folder."""
+    state of the training loop (e.g. the epoch): tensors, numbers, strings,
+    None, and lists, tuples, sets and dicts of them. The ``keep`` most recent
+    checkpoints are kept. Returns the checkpoint's folder.
+
+    Raises:
+        TypeError: ``extra`` (or the optimizer's or scheduler's state) holds
+            another kind of object, which ``torch.load(weights_only=True)``
+            would refuse; raised on that rank before anything is written.
+    """
     mesh = pipe.mesh
-    folder = _step_dir(directory, step)
-    if mesh.rank == 0:
-        os.makedirs(folder, exist_ok=True)
-    dist.barrier()
-    os.makedirs(folder, exist_ok=True)  # other machines (no shared file system)
     state = dict(
         step=step, world_size=mesh.world_size, pp=mesh.pp, dp=mesh.dp,
         model=pipe.state_dict(), optimizer=optimizer.state_dict(),
@@ -98,13 +130,21 @@ def save_checkpoint(directory: str, step: int, pipe: PipelineParallel, optimizer
         cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         extra=extra,
     )
+    _check_loadable(state, "the checkpoint")  # before the first collective: every rank stops here
+    folder = _step_dir(directory, step)
+    if mesh.rank == 0:
+        os.makedirs(folder, exist_ok=True)
+    with mesh.waiting_for("the checkpoint's start with", mesh.others(range(mesh.world_size))):
+        dist.barrier()
+    os.makedirs(folder, exist_ok=True)  # other machines (no shared file system)
     atomic_save(state, os.path.join(folder, f"rank-{mesh.rank:05d}.pt"))
     full = pipe.consolidated_state_dict()  # also a barrier: every rank has written its file
     if mesh.rank == 0:
         atomic_save(full, os.path.join(folder, "model.pt"))
         _atomic_write_text(os.path.basename(folder), os.path.join(directory, _LATEST))
         _prune(directory, keep)
-    dist.barrier()
+    with mesh.waiting_for("the checkpoint's end with", mesh.others(range(mesh.world_size))):
+        dist.barrier()
     return folder
 
 
@@ -118,21 +158,34 @@ def load_checkpoint(directory: str, pipe: PipelineParallel, optimizer: torch.opt
                     scheduler: Optional[Any] = None) -> Optional[Dict[str, Any]]:
     """Restores this rank from the last complete checkpoint in ``directory``:
     stage parameters, optimizer, scheduler, carried LSTM state and RNG
-    state. Returns ``{"step": ..., "extra": ...}``, or None when there is no
-    checkpoint (start from scratch)."""
+    state. Returns ``{"step": ..., "extra": ..., "folder": ...}``, or None
+    when there is no checkpoint (start from scratch).
+
+    Raises:
+        RuntimeError: the rank's file holds anything but tensors and plain
+            data (``torch.load(weights_only=True)`` refuses it: nothing in
+            it runs), or the checkpoint was written by another layout.
+    """
     mesh = pipe.mesh
     folder = latest_checkpoint(directory)
     # Every rank must agree (a rank on another machine may not see the folder).
     found = [folder is not None]
     everyone = [None] * mesh.world_size
-    dist.all_gather_object(everyone, found[0])
+    with mesh.waiting_for("every rank's checkpoint folder from", mesh.others(range(mesh.world_size))):
+        dist.all_gather_object(everyone, found[0])
     if not any(everyone):
         return None
     if not all(everyone):
         missing = [r for r, f in enumerate(everyone) if not f]
         raise RuntimeError(f"pipelstm.distributed.load_checkpoint: ranks {missing} find no checkpoint in "
                            f"{directory!r}; the others do")
-    state = torch.load(os.path.join(folder, f"rank-{mesh.rank:05d}.pt"), map_location="cpu", weights_only=False)
+    path = os.path.join(folder, f"rank-{mesh.rank:05d}.pt")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise RuntimeError(f"pipelstm.distributed.load_checkpoint: {path} holds objects that torch.load("
+                           "weights_only=True) refuses to build, so it was not loaded (save_checkpoint writes "
+                           f"none; was the file replaced?): {str(e).splitlines()[0]}") from e
     if (state["world_size"], state["pp"], state["dp"]) != (mesh.world_size, mesh.pp, mesh.dp):
         raise RuntimeError(f"pipelstm.distributed.load_checkpoint: {folder} was written by world size "
                            f"{state['world_size']} (pp={state['pp']}, dp={state['dp']}), this run has "
@@ -146,7 +199,8 @@ def load_checkpoint(directory: str, pipe: PipelineParallel, optimizer: torch.opt
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     steps = [None] * mesh.world_size
-    dist.all_gather_object(steps, state["step"])
+    with mesh.waiting_for("every rank's resumed step from", mesh.others(range(mesh.world_size))):
+        dist.all_gather_object(steps, state["step"])
     if len(set(steps)) != 1:
         raise RuntimeError(f"pipelstm.distributed.load_checkpoint: the ranks resumed different steps {steps}")
     return dict(step=state["step"], extra=state["extra"], folder=folder)
