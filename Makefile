@@ -10,7 +10,8 @@ export MAX_JOBS
 
 .PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan demo demo-word-lm bench clean
 
-# Optional fragments (for example mk/cuda.mk: the CUDA-build variant).
+# Optional fragments (for example mk/cuda.mk: the CUDA-build variant,
+# mk/wheel.mk: the wheel installed into a fresh environment).
 -include mk/*.mk
 
 all: build
@@ -43,7 +44,7 @@ indexing-harness:
 pytest-host-streams: build
 	PIPELSTM_HOST_COPY_STREAM=300 $(PY) -m pytest -q tests/test_pipeline*.py tests/test_lstm_devices.py
 
-test: pytest pytest-host-streams check-cuda indexing-harness test-cuda-build
+test: pytest pytest-host-streams check-cuda indexing-harness test-cuda-build test-wheel
 
 # ASan + UBSan over the C++ core, running the op, fuzz and pipeline tests
 # (not part of `make test`: see docs/testing.md for its last result).

@@ -1,17 +1,34 @@
 """pipelstm: fused, pipelined, distributed stacked LSTMs for PyTorch."""
 
+import logging
+
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C  # noqa: F401  (registers torch.ops.pipelstm.*)
-from . import ops
-from .lstm import LSTM, LSTMCell
-from .pipeline import Pipeline
-from . import serialization  # noqa: F401  (torch.load(weights_only=True) of pipelstm's modules)
-
-__all__ = ["LSTM", "LSTMCell", "Pipeline", "ops", "built_with_cuda"]
 __version__ = "0.1.0"
+
+# Quiet unless the application configures logging (the library convention).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+from ._build_check import check_build  # noqa: E402
+
+check_build()  # before the loader, whose error for another torch names no version
+
+from . import _C  # noqa: E402,F401  (registers torch.ops.pipelstm.*)
+from . import ops  # noqa: E402
+from .lstm import LSTM, LSTMCell  # noqa: E402
+from .pipeline import Pipeline  # noqa: E402
+from . import serialization  # noqa: E402,F401  (torch.load(weights_only=True) of pipelstm's modules)
+from . import backends  # noqa: E402
+from .config import config_info, log_choices, show_config  # noqa: E402
+from .memory import empty_cache, memory_stats  # noqa: E402
+
+__all__ = ["LSTM", "LSTMCell", "Pipeline", "ops", "backends", "built_with_cuda", "config_info", "show_config",
+           "empty_cache", "memory_stats"]
 
 
 def built_with_cuda() -> bool:
     """Whether this build contains the CUDA kernels."""
     return _C.built_with_cuda()
+
+
+log_choices()  # the CPU kernels' ISA and GEMMs, at DEBUG

@@ -1,18 +1,57 @@
+"""``python -m pipelstm.bench <command> [options]``: the benchmarks, one command each.
+
+``python -m pipelstm.bench --help`` lists the commands; ``python -m
+pipelstm.bench <command> --help`` gives a command's options.
+"""
+
 import sys
+from typing import List, Optional
 
 from . import distributed, docs, floors, gpu, grid, layer, lm, module, peak, pipeline, pipelining_peer, wavefront
 
-# docs: the tables of docs/benchmarks.md from the JSON results
-COMMANDS = {"floors": floors.main, "gpu": gpu.main, "layer": layer.main, "module": module.main, "grid": grid.main,
-              "pipeline": pipeline.main, "lm": lm.main, "pipelining": pipelining_peer.main,
-              "distributed": distributed.main, "wavefront": wavefront.main, "peak": peak.main, "docs": docs.main}
+# name: (entry point, one line for the command list)
+COMMANDS = {
+    "layer": (layer.main, "the layer op against torch.nn.LSTM, forward + backward"),
+    "module": (module.main, "pipelstm.LSTM against torch.nn.LSTM, the whole module"),
+    "grid": (grid.main, "pipelstm.LSTM against torch.nn.LSTM over a grid of sizes"),
+    "wavefront": (wavefront.main, "where the layer wavefront beats intra-op threads"),
+    "peak": (peak.main, "the cores' FMA peak, the ceiling of every rate"),
+    "pipeline": (pipeline.main, "the in-process pipeline on the CPU"),
+    "pipelining": (pipelining_peer.main, "torch.distributed.pipelining as a peer of the pipeline"),
+    "distributed": (distributed.main, "pp=2 over 2 processes against 1 process and its peers"),
+    "lm": (lm.main, "a language model's training step at equal cores"),
+    "gpu": (gpu.main, "pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid"),
+    "floors": (floors.main, "lower bounds for a GPU run, on paper"),
+    "docs": (docs.main, "the benchmark tables of the docs, from the JSON results (--check: compare)"),
+}
 
 
-def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        sys.exit(f"usage: python -m pipelstm.bench {{{','.join(COMMANDS)}}} [options]")
-    status = COMMANDS[sys.argv[1]](sys.argv[2:])
-    if isinstance(status, int):  # docs: 1 when the doc is out of date
+def usage() -> str:
+    """The command list, one line each."""
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: python -m pipelstm.bench <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items()]
+    lines += ["", "python -m pipelstm.bench <command> --help: that command's options"]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Runs the command named by ``argv[0]`` (default: ``sys.argv[1:]``).
+
+    Exits with 0 after ``-h`` / ``--help`` (the command list), with 2 and
+    the command list for a missing or unknown command, and with the
+    command's status where it returns one (docs: 1 when a doc is out of date).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        sys.exit(0)
+    if not argv or argv[0] not in COMMANDS:
+        what = f"unknown command {argv[0]!r}" if argv else "no command given"
+        print(f"{usage()}\n\npython -m pipelstm.bench: error: {what}", file=sys.stderr)
+        sys.exit(2)
+    status = COMMANDS[argv[0]][0](argv[1:])
+    if isinstance(status, int):
         sys.exit(status)
 
 

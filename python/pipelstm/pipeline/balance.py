@@ -6,6 +6,7 @@ timing its forward and backward (the profiler). ``partition`` then splits
 the costs into contiguous stages, minimising the slowest.
 """
 
+import logging
 import math
 import time
 from typing import List, Optional, Sequence, Tuple, Union
@@ -16,6 +17,8 @@ from torch import Tensor
 from .units import Unit
 
 __all__ = ["partition", "resolve_balance", "estimate_costs", "profile", "kept_bytes"]
+
+logger = logging.getLogger(__name__)
 
 
 def partition(costs: Sequence[float], stages: int) -> List[int]:
@@ -64,14 +67,32 @@ def resolve_balance(balance: Union[str, Sequence[int]], units: Sequence[Unit], s
     if isinstance(balance, str):
         if balance != "auto":
             raise ValueError(f"{who}: balance must be 'auto' or a list of unit counts, got {balance!r}")
-        return partition([u.cost for u in units], stages)
+        sizes = partition([u.cost for u in units], stages)
+        _log_plan(who, "by the units' costs", sizes, units)
+        return sizes
     balance = list(balance)
     if len(balance) != stages or any(not isinstance(b, int) or b < 1 for b in balance):
         raise ValueError(f"{who}: balance {balance} must give a positive unit count for each of the {stages} stages")
     if sum(balance) != n:
         raise ValueError(f"{who}: balance {balance} sums to {sum(balance)}, but the model has {n} units "
                          f"({', '.join(u.name for u in units)})")
+    _log_plan(who, "as given", balance, units)
     return balance
+
+
+def _log_plan(who: str, how: str, sizes: Sequence[int], units: Sequence[Unit]) -> None:
+    """Logs (INFO) the units of each stage and its share of the estimated cost."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    costs = [float(getattr(u, "cost", 0.0) or 0.0) for u in units]
+    total = sum(costs)
+    stages, start = [], 0
+    for s, size in enumerate(sizes):
+        names = ", ".join(u.name for u in units[start:start + size])
+        share = f"{100 * sum(costs[start:start + size]) / total:.0f}% of the cost" if total > 0 else "cost unknown"
+        stages.append(f"stage {s}: {names} ({share})")
+        start += size
+    logger.info("%s: %d units in %d stages, %s; %s", who, len(units), len(sizes), how, "; ".join(stages))
 
 
 def estimate_costs(units: Sequence[Unit], sample: Optional[Tensor] = None) -> Optional[Tuple[int, int]]:

@@ -1,5 +1,6 @@
 """Placement: the stages' devices and thread budgets, and the parameters on them."""
 
+import logging
 import os
 from typing import List, Sequence, Union
 
@@ -8,6 +9,8 @@ import torch
 from .units import Unit
 
 __all__ = ["stage_devices", "check_stage_count", "thread_budgets", "cap_threads", "place"]
+
+logger = logging.getLogger(__name__)
 
 
 def stage_devices(who: str, devices) -> List[torch.device]:
@@ -77,6 +80,7 @@ def thread_budgets(threads: Union[None, int, Sequence[int]], devices: Sequence[t
                              f"(this machine's CPUs)")
         if device.type != "cpu" and n < 0:
             raise ValueError(f"{who}: threads[{stage}] = {n}: expected a count >= 0")
+    logger.info("%s: intra-op threads per stage %s", who, threads)
     return threads
 
 
@@ -93,6 +97,7 @@ def place(units: Sequence[Unit], balance: Sequence[int], devices: Sequence[torch
     Parameter objects: an optimizer made before or after steps them there),
     and records the device in ``Unit.device``."""
     stage_of = [s for s, b in enumerate(balance) for _ in range(b)]
+    logger.info("placement: %s", "; ".join(f"stage {s} on {d}" for s, d in enumerate(devices)))
     with torch.no_grad():
         for u, s in zip(units, stage_of):
             u.device = devices[s]

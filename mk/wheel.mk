@@ -1,0 +1,27 @@
+# The wheel (`make test-wheel`, part of `make test`): `python -m build
+# --wheel` from this tree (the extension from the same CMake folder as
+# `make build`, so nothing is compiled again), installed into a fresh
+# virtual environment with the torch .venv holds (same version; pip takes it
+# from its cache or the configured index, not from .venv), where pipelstm
+# must import from that environment and match nn.LSTM forward and backward
+# (tests/scripts/wheel_check.py). About 1.5 minutes, most of it installing
+# torch.
+#
+# WHEEL_DIR and WHEEL_VENV override the folders (both under build/).
+
+WHEEL_DIR ?= build/wheel-dist
+WHEEL_VENV ?= build/wheel-venv
+
+.PHONY: test-wheel wheel
+
+wheel: build
+	$(PY) -m pip install --quiet build
+	rm -rf $(WHEEL_DIR)
+	$(PY) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)
+
+test-wheel: wheel
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet $(WHEEL_DIR)/pipelstm-*.whl \
+	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	cd $(WHEEL_VENV) && bin/python $(CURDIR)/tests/scripts/wheel_check.py

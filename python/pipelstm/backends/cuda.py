@@ -1,0 +1,39 @@
+"""The CUDA switches of pipelstm (as ``torch.backends.cudnn`` is torch's).
+
+Attributes (each overrides its environment variable while set; ``del``
+drops the override; docs/configuration.md has the whole table):
+
+* ``graphs`` (``PIPELSTM_CUDA_GRAPHS``): replay each layer op's time loop
+  as a captured CUDA graph: ``True`` every call, ``False`` never, ``None``
+  (the default) where a step's launches, not its arithmetic, set the time.
+* ``persistent`` (``PIPELSTM_PERSISTENT``): run a dense layer direction's
+  forward as one persistent kernel where it fits (default ``False``).
+
+Both are read at each call. Functions: :func:`graph_counts`, and
+``flags(**values)``, a context manager that sets switches for a ``with``
+block.
+"""
+
+import sys
+from typing import Tuple
+
+from .. import _C
+from ._switch import Switch, SwitchModule, flag, tristate
+
+__all__ = ["graphs", "persistent", "graph_counts", "flags"]
+
+
+class _CudaModule(SwitchModule):
+    graphs = Switch("PIPELSTM_CUDA_GRAPHS", tristate,
+                    "Replay layer ops as CUDA graphs: True (every call), False (never), None (default: "
+                    "where launches set the time).")
+    persistent = Switch("PIPELSTM_PERSISTENT", flag,
+                        "Run a dense layer's forward as one persistent kernel where it fits (default False).")
+
+
+def graph_counts() -> Tuple[int, int]:
+    """(captures, replays) of the layer ops' CUDA graphs in this process."""
+    return tuple(_C._graph_counts())
+
+
+sys.modules[__name__].__class__ = _CudaModule

@@ -1,0 +1,48 @@
+"""``python -m pipelstm.bench``: -h / --help list every command with a line
+each and exit 0; a missing or unknown command exits non-zero with the list."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pipelstm.bench.__main__ import COMMANDS
+
+# Every module of pipelstm.bench with a main(argv) is a command.
+EXPECTED = {"layer", "module", "grid", "wavefront", "peak", "pipeline", "pipelining", "distributed", "lm", "gpu",
+            "floors", "docs"}
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelstm.bench", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_lists_every_command_and_exits_0(flag):
+    done = _bench(flag)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m pipelstm.bench <command> [options]")
+    assert set(COMMANDS) == EXPECTED
+    listed = {}
+    for line in done.stdout.splitlines():
+        words = line.split(maxsplit=1)
+        if line.startswith("  ") and words and words[0] in COMMANDS:
+            listed[words[0]] = words[1] if len(words) > 1 else ""
+    assert set(listed) == EXPECTED
+    assert all(len(text) > 10 for text in listed.values()), listed
+
+
+@pytest.mark.parametrize("args, what", [(["bogus"], "unknown command 'bogus'"), ([], "no command given")])
+def test_a_missing_or_unknown_command_exits_non_zero_with_the_list(args, what):
+    done = _bench(*args)
+    assert done.returncode == 2
+    assert "usage: python -m pipelstm.bench <command>" in done.stderr
+    assert "  layer " in done.stderr
+    assert done.stderr.rstrip().endswith(f"error: {what}")
+
+
+def test_a_command_gets_its_own_help():
+    done = _bench("peak", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout and "peak" in done.stdout
