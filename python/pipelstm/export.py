@@ -10,11 +10,13 @@ order, ``_flat_weights``), so during an ONNX export the modules run
 exported graph, its results and its errors are nn.LSTM's.
 
 The one departure: an LSTM with ``proj_size > 0`` under the dynamo exporter.
-ONNX's ``LSTM`` op has no projection; the TorchScript exporter refuses it for
-nn.LSTM ("Unsupported: ONNX export of operator LSTM, LSTMs with projections"),
-which pipelstm inherits, while the dynamo exporter writes a graph for nn.LSTM
-that drops the projection and that onnxruntime refuses to load. pipelstm
-refuses it at export time instead.
+ONNX's ``LSTM`` op has no projection and torch's translation of ``aten::lstm``
+drops it (for nn.LSTM it writes a graph onnxruntime refuses to load). There
+pipelstm traces torch's own decomposition of ``aten::lstm`` instead (one
+step after another in ATen ops, projection included), which the dynamo
+exporter's fixed sequence length allows. The TorchScript exporter keeps
+nn.LSTM's error ("Unsupported: ONNX export of operator LSTM, LSTMs with
+projections"): its graphs take any sequence length, an unrolled one would not.
 
 ``torch.export.export`` (and so AOTInductor) is not an ONNX export: there the
 modules keep their fused ops, which trace through their fake kernels.
@@ -24,7 +26,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch._decomp.decompositions import lstm_impl
 from torch.nn.utils.rnn import PackedSequence
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["in_onnx_export", "lstm_forward", "lstm_cell_forward"]
 
@@ -48,6 +52,9 @@ def lstm_forward(
 ) -> Tuple[Union[Tensor, PackedSequence], _State]:
     """``pipelstm.LSTM.forward`` during ``torch.onnx.export``: ``torch.nn.LSTM.forward``.
 
+    With ``proj_size > 0`` under the dynamo exporter, torch's decomposition
+    of ``aten::lstm`` stands in for the op (see the module's docstring).
+
     Args:
         lstm: a ``pipelstm.LSTM``.
         input, hx: as ``torch.nn.LSTM.forward``.
@@ -56,19 +63,22 @@ def lstm_forward(
         ``output, (h_n, c_n)`` as ``torch.nn.LSTM.forward``.
 
     Raises:
-        RuntimeError: ``lstm.proj_size > 0`` under the dynamo exporter (ONNX's
-            LSTM op has no projection). Everything else nn.LSTM raises, as it
-            raises it.
+        What ``torch.nn.LSTM.forward`` raises under the same exporter, as it raises it.
     """
     if lstm.proj_size > 0 and torch.compiler.is_exporting():
-        raise RuntimeError(
-            f"LSTM: an LSTM with proj_size={lstm.proj_size} has no ONNX form: ONNX's LSTM op has no projection "
-            "(torch.onnx.export(dynamo=True) of a torch.nn.LSTM with a projection writes a graph without it, which "
-            "onnxruntime refuses to load; the TorchScript exporter raises 'Unsupported: ONNX export of operator "
-            "LSTM, LSTMs with projections'). Export with proj_size=0, or deploy with torch.export and AOTInductor, "
-            "which keep the projection"
-        )
+        with _DecomposedLSTM():
+            return nn.LSTM.forward(lstm, input, hx)
     return nn.LSTM.forward(lstm, input, hx)
+
+
+class _DecomposedLSTM(TorchFunctionMode):
+    """Calls of ``torch.lstm`` on a padded batch run torch's decomposition of ``aten::lstm.input``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.lstm and not kwargs and len(args) == 9:  # lstm.input; lstm.data (packed) has 10
+            return lstm_impl(*args)
+        return func(*args, **kwargs)
 
 
 def lstm_cell_forward(cell: nn.RNNCellBase, input: Tensor, hx: Optional[_State] = None) -> _State:
