@@ -187,3 +187,11 @@ def test_the_isa_is_set_before_the_first_call_and_refused_after_it():
     assert done.returncode == 0, done.stderr
     assert ("pipelstm.backends.cpu.isa: pipelstm: PIPELSTM_CPU_ISA is read once, by the first call that runs "
             "the CPU kernels, and was 'generic'; it cannot change in this process") in done.stdout
+
+
+def test_every_switch_is_documented_in_one_place():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for name in SWITCHES:
+        assert f"| `{name}` |" in doc, name
+    for env, attribute in pipelstm.backends.attributes().items():
+        assert f"| `{env}` | `{attribute}` |" in doc, env
