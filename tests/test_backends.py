@@ -104,9 +104,10 @@ def test_a_bad_variable_is_an_error_where_it_is_read(monkeypatch):
     monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "maybe")
     with pytest.raises(RuntimeError, match=r"PIPELSTM_CUDA_GRAPHS=maybe is not one of 0 \(never\), 1"):
         cuda.graphs
-    monkeypatch.setenv("PIPELSTM_BUFFER_CACHE_MB", "lots")
-    with pytest.raises(RuntimeError, match="PIPELSTM_BUFFER_CACHE_MB=lots is not a whole number of MiB"):
-        _C._empty_buffer(1 << 20)  # checked where a buffer is taken (a free cannot raise)
+    for bad in ("lots", "-5"):
+        monkeypatch.setenv("PIPELSTM_BUFFER_CACHE_MB", bad)
+        with pytest.raises(RuntimeError, match=f"PIPELSTM_BUFFER_CACHE_MB={bad} is not a whole number of MiB"):
+            _C._empty_buffer(1 << 20)  # checked where a buffer is taken (a free cannot raise)
     cpu.buffer_cache_mb = 16  # a value from Python is used instead of the variable
     assert _C._empty_buffer(1 << 20).numel() == 1 << 20
 
