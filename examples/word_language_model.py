@@ -2,7 +2,8 @@
 
 Embedding -> LSTM -> Linear, truncated backpropagation through time with the
 hidden state detached between batches, gradient clipping, plain SGD,
-evaluation under torch.no_grad(), torch.save of the model. The only switch
+evaluation under torch.no_grad(), torch.save of the model and, with
+``--onnx-export PATH``, its export to ONNX as pytorch/examples does it. The only switch
 between nn.LSTM and pipelstm.LSTM is ``--lstm``; everything else, including
 the random number stream, is the same, so two runs with one seed can be
 compared loss for loss.
@@ -127,6 +128,16 @@ def evaluate(model, data, bptt, eval_batch_size, criterion, max_batches=None) ->
     return total / count
 
 
+def export_onnx(model, path: str, batch_size: int, seq_len: int) -> None:
+    """The model in ONNX format, as pytorch/examples exports it: one batch of
+    ``seq_len`` token ids and the hidden state in, logits and the hidden state out."""
+    print(f"The model is also exported in ONNX format at {os.path.realpath(path)}.", flush=True)
+    model.eval()
+    dummy_input = torch.zeros(seq_len, batch_size, dtype=torch.int64)
+    hidden = model.init_hidden(batch_size)
+    torch.onnx.export(model, (dummy_input, hidden), path)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="folder with train/valid/test.txt (default: embedded corpus)")
@@ -150,6 +161,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--save", default=None, help="where to torch.save the model")
+    p.add_argument("--onnx-export", default="", help="path to export the final model in ONNX format")
     p.add_argument("--loss-log", default=None, help="write every batch's training loss here as JSON")
     args = p.parse_args(argv)
     if args.lstm_dropout is None:
@@ -208,6 +220,8 @@ def main(argv=None) -> dict:
         torch.save(model, args.save)
         reloaded = torch.load(args.save, weights_only=False)
         assert evaluate(reloaded, val_data, args.bptt, 10, criterion, args.eval_batches) == val_losses[-1]
+    if args.onnx_export:
+        export_onnx(model, args.onnx_export, batch_size=1, seq_len=args.bptt)
     if args.loss_log:
         with open(args.loss_log, "w") as f:
             json.dump(dict(losses=losses, val_losses=val_losses, train_seconds=train_seconds), f)

@@ -162,8 +162,10 @@ def test_dense_lstm_exports_and_onnxruntime_matches_eager(tmp_path, kw, with_hx,
 def test_unbatched_input(tmp_path, exporter, with_hx):
     ours, ref = lstm_pair(num_layers=2)
     args = inputs(dict(num_layers=2), with_hx, batched=False)
-    path = export(Flat(ours), args, tmp_path / "m.onnx", exporter, ["x", "h0", "c0"][: len(args)])
+    path = export(Flat(ours), args, tmp_path / "m.onnx", exporter, ["x", "h0", "c0"][: len(args)], {"x": {0: "T"}})
     assert_matches(path, inputs(dict(num_layers=2), with_hx, batched=False), Flat(ours), Flat(ref))
+    if exporter == "torchscript":
+        assert_matches(path, inputs(dict(num_layers=2), with_hx, steps=T + 4, batched=False), Flat(ours), Flat(ref))
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(num_layers=2, bidirectional=True)], ids=["default", "2-layer-bidir"])

@@ -133,3 +133,32 @@ def test_lockstep_comparison(tmp_path):
     summary = result["summary"]
     assert summary["batches"] == 5
     assert summary["max_loss_rel"] <= 1e-5 and summary["max_grad_rel"] <= 1e-4
+
+
+def test_onnx_export_runs_in_onnxruntime_as_eager(example, tmp_path, capsys):
+    # --onnx-export as in pytorch/examples: with pipelstm.LSTM the model
+    # exports, and onnxruntime computes what the eager model computes (and
+    # what the same weights in nn.LSTM compute).
+    ort = pytest.importorskip("onnxruntime", reason="the ONNX export check needs onnxruntime (requirements-dev.txt)")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript (requirements-dev.txt)")
+    corpus = write_corpus(tmp_path)
+    onnx_path, saved = tmp_path / "model.onnx", tmp_path / "model.pt"
+    example.main(["--data", str(corpus), "--lstm", "pipelstm", *SMALL, "--max-batches", "3", "--eval-batches", "1",
+                  "--save", str(saved), "--onnx-export", str(onnx_path)])
+    assert f"exported in ONNX format at {onnx_path}" in capsys.readouterr().out
+
+    model = torch.load(saved, weights_only=False).eval()
+    assert type(model.rnn).__module__ == "pipelstm.lstm"
+    ref = example.RNNModel(torch.nn.LSTM, model.encoder.num_embeddings, 16, 24, 2, 0.2, 0.2).eval()
+    ref.load_state_dict(model.state_dict())
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    bptt = 10  # SMALL's --bptt: the exported sequence length, batch 1
+    tokens = torch.randint(0, model.encoder.num_embeddings, (bptt, 1))
+    hidden = (torch.randn(2, 1, 24), torch.randn(2, 1, 24))
+    feed = dict(zip([i.name for i in session.get_inputs()], (tokens.numpy(), hidden[0].numpy(), hidden[1].numpy())))
+    got = session.run(None, feed)
+    for eager in (model, ref):
+        with torch.no_grad():
+            logits, (h, c) = eager(tokens, hidden)
+        for g, w in zip(got, (logits, h, c)):
+            torch.testing.assert_close(torch.from_numpy(g), w, atol=1e-5, rtol=1e-4)
