@@ -1,11 +1,13 @@
-# The wheel (`make test-wheel`, part of `make test`): `python -m build
-# --wheel` from this tree (the extension from the same CMake folder as
-# `make build`, so nothing is compiled again), installed into a fresh
-# virtual environment with the torch .venv holds (same version; pip takes it
-# from its cache or the configured index, not from .venv), where pipelstm
-# must import from that environment and match nn.LSTM forward and backward
-# (tests/scripts/wheel_check.py). About 1.5 minutes, most of it installing
-# torch.
+# The packages (`make test-wheel`, part of `make test`): the source
+# distribution must hold every tracked file the build reads and no build
+# output (tests/scripts/sdist_check.py); the wheel, `python -m build --wheel`
+# from this tree (the extension from the same CMake folder as `make build`,
+# so nothing is compiled again), is installed into a fresh virtual
+# environment with the torch .venv holds (same version; pip takes it from its
+# cache or the configured index, not from .venv), where pipelstm must import
+# from that environment and match nn.LSTM forward and backward
+# (tests/scripts/wheel_check.py). About 1.5-2.5 minutes, most of it
+# installing torch.
 #
 # WHEEL_DIR and WHEEL_VENV override the folders (both under build/).
 
@@ -17,6 +19,8 @@ WHEEL_VENV ?= build/wheel-venv
 wheel: build
 	$(PY) -m pip install --quiet build
 	rm -rf $(WHEEL_DIR)
+	$(PY) -m build --sdist --no-isolation --outdir $(WHEEL_DIR)
+	$(PY) tests/scripts/sdist_check.py $(WHEEL_DIR)/pipelstm-*.tar.gz
 	$(PY) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)
 
 test-wheel: wheel
