@@ -9,7 +9,10 @@ Environment:
   PIPELSTM_BUILD_DIR  the CMake build folder (default build/cmake-pyXY).
 
 Build without isolation (``pip install --no-build-isolation .``) so the
-extension is compiled against the torch it will run with.
+extension is compiled against the torch it will run with. The build writes
+pipelstm/_build_info.py beside the extension (the torch it was compiled
+against, its CUDA architectures); importing pipelstm with another torch
+release stops with a message naming both.
 """
 
 import os
