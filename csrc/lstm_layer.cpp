@@ -26,6 +26,7 @@
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
 #include "graph_replay.h"
+#include "layer_gemm.h"
 #include "layer_geometry.h"
 #include "layer_steps.h"
 #include "lstm_ops.h"
@@ -226,7 +227,7 @@ void aten_forward_loop(const LayerSteps& steps, const LayerGeometry& s, const Te
     } else {
       h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
     }
-    const Tensor hidden_gates = at::mm(h_prev, w_hh.t());
+    const Tensor hidden_gates = layer_mm(h_prev, w_hh.t());
     const Tensor& h_out = s.projected ? ws.raw_h : r.output;
     const int64_t h_width = s.projected ? H : P;
     for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
@@ -245,7 +246,7 @@ void aten_forward_loop(const LayerSteps& steps, const LayerGeometry& s, const Te
     }
     if (s.projected) {
       Tensor out_t = r.output.narrow(0, row0, rows);
-      at::mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
+      layer_mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
     }
     // Sequences that end at this step leave their final state.
     const int64_t on = steps.going_on(p, reverse);
@@ -335,7 +336,13 @@ ForwardResult forward_eager(const LayerSteps& steps, const LayerGeometry& s,
                             r.c_n);
     return r;
   }
-  const Tensor input_gates = bias.defined() ? at::addmm(bias, x, w_ih.t()) : at::mm(x, w_ih.t());
+  Tensor input_gates;
+  if (bias.defined()) {
+    input_gates = bias.expand({x.size(0), bias.size(0)}).contiguous();
+    layer_mm_out(input_gates, x, w_ih.t(), /*accumulate=*/true);
+  } else {
+    input_gates = layer_mm(x, w_ih.t());
+  }
 
   PIPELSTM_DISPATCH_STEP_TYPES(x.scalar_type(), "lstm_layer_forward", [&] {
     aten_forward_loop<scalar_t>(steps, s, input_gates, h_init, c_init, w_hh, w_hr, reverse, ws, r);
@@ -375,12 +382,12 @@ void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
   const int64_t T = steps.steps(), B = steps.max_batch;
   if (steps.dense) {
     const int64_t first = LayerSteps::step_at(0, T, reverse);
-    cpu::layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0, add);
+    layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0, add);
     if (T > 1) {
       const int64_t rest = (T - 1) * B;
       const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
       const Tensor h = reverse ? output.narrow(0, B, rest) : output.narrow(0, 0, rest);
-      cpu::layer_mm_out(grad, dg.t(), h, /*accumulate=*/true);
+      layer_mm_out(grad, dg.t(), h, /*accumulate=*/true);
     }
     return;
   }
@@ -394,7 +401,7 @@ void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
     if (rows > cont) dst.narrow(0, cont, rows - cont).copy_(h0.narrow(0, cont, rows - cont));
     prev = t;
   }
-  cpu::layer_mm_out(grad, grad_gates.t(), h_prev, add);
+  layer_mm_out(grad, grad_gates.t(), h_prev, add);
 }
 
 // The data part of backward: the time loop and the input gradient.
@@ -455,7 +462,7 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& 
         grad_h.copy_(grad_h_rec);
       }
       Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
-      if (s.projected) at::mm_out(grad_raw, grad_h, *w_hr);
+      if (s.projected) layer_mm_out(grad_raw, grad_h, *w_hr);
       for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
         if (end <= begin) continue;
         kernels::PointwiseBackwardArgs<scalar_t> step;
@@ -471,12 +478,12 @@ LayerDataGrads backward_data_core(const LayerSteps& steps, const LayerGeometry& 
         step.grad_c_prev = mutable_row_of<scalar_t>(grad_c_state, begin, H);
         pointwise.backward(step);
       }
-      at::mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
+      layer_mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
     }
   });
 
   LayerDataGrads r;
-  r.grad_input = at::mm(grad_gates, w_ih);
+  r.grad_input = layer_mm(grad_gates, w_ih);
   r.grad_h0 = grad_h_state;
   r.grad_c0 = grad_c_state;
   r.grad_gates = grad_gates;
@@ -498,7 +505,7 @@ void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Te
     acc.w_ih = cpu::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
     acc.w_hh = cpu::empty_buffer({d.grad_gates.size(1), h0.size(1)}, h0.options());
   }
-  cpu::layer_mm_out(acc.w_ih, d.grad_gates.t(), x, add);
+  layer_mm_out(acc.w_ih, d.grad_gates.t(), x, add);
   recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse, acc.w_hh, add);
   if (add) {
     acc.bias.add_(d.grad_gates.sum(0));
@@ -507,10 +514,9 @@ void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Te
   }
   if (!d.grad_h.defined()) {
     if (!add) acc.w_hr = at::empty({0}, x.options());
-  } else if (add) {
-    acc.w_hr.addmm_(d.grad_h.t(), d.raw_h);
   } else {
-    acc.w_hr = at::mm(d.grad_h.t(), d.raw_h);
+    if (!add) acc.w_hr = at::empty({d.grad_h.size(1), d.raw_h.size(1)}, x.options());
+    layer_mm_out(acc.w_hr, d.grad_h.t(), d.raw_h, add);
   }
 }
 

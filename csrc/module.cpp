@@ -8,7 +8,9 @@
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
 #include "cpu/step_kernels.h"
+#include "column_major_gemm.h"
 #include "graph_replay.h"
+#include "layer_gemm.h"
 #include "log_sink.h"
 #include "settings.h"
 
@@ -118,5 +120,21 @@ PYBIND11_MODULE(_C, m) {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);
   }, "(captures, replays) of the layer ops' CUDA graphs in this process (graph_replay.h).");
+  m.def("_layer_gemm_tf32", [](const std::string& device, at::ScalarType dtype) {
+    return pipelstm::layer_gemm_tf32(c10::Device(device).type(), dtype);
+  }, pybind11::arg("device"), pybind11::arg("dtype"),
+        "Whether an LSTM layer's GEMMs of `dtype` on `device` (a device type such as 'cuda') "
+        "use TF32: float32 on CUDA while torch.backends.cudnn.allow_tf32 allows it (layer_gemm.h).");
+  m.def("_column_major_gemm", [](int64_t M, int64_t N, int64_t K, std::vector<int64_t> out,
+                                 std::vector<int64_t> a, std::vector<int64_t> b) -> pybind11::object {
+    // Strides in; the cuBLAS call for out = a @ b out, or None where an operand must be copied.
+    const auto lo = pipelstm::blas_layout(M, N, out[0], out[1]);
+    const auto la = pipelstm::blas_layout(M, K, a[0], a[1]);
+    const auto lb = pipelstm::blas_layout(K, N, b[0], b[1]);
+    if (!lo || !lo->row_major || !la || !lb) return pybind11::none();
+    const auto g = pipelstm::column_major_gemm(M, N, K, *lo, *la, *lb);
+    return pybind11::make_tuple(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
+  }, "The column-major (cuBLAS) call a CUDA layer GEMM makes for out = a @ b of these "
+     "strides (column_major_gemm.h; tests).");
   pipelstm::pipeline::init_bindings(m);
 }

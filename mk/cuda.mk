@@ -32,6 +32,7 @@ cuda-build: $(VENV_CUDA)/.deps
 	  $(PY_CUDA) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
 
 test-cuda-build: cuda-build
-	$(PY_CUDA) -c "import pipelstm; assert pipelstm.built_with_cuda(); print('pipelstm from', pipelstm.__file__)"
+	# LD_BIND_NOW: every symbol the build calls (cuBLAS's too) must resolve at import.
+	LD_BIND_NOW=1 $(PY_CUDA) -c "import pipelstm; assert pipelstm.built_with_cuda(); print('pipelstm from', pipelstm.__file__)"
 	$(PY_CUDA) tools/check_cuda_build.py
 	$(PY_CUDA) -m pytest -q -p no:cacheprovider tests

@@ -180,6 +180,7 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
   // user changed one would run the old choice.
   const auto& ctx = at::globalContext();
   key.push_back(ctx.allowTF32CuBLAS());
+  key.push_back(ctx.allowTF32CuDNN(at::Float32Op::RNN));  // the layers' GEMMs follow it (layer_gemm.h)
   key.push_back(static_cast<int64_t>(ctx.float32MatmulPrecision()));
   key.push_back(static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS()));
   key.push_back(static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS()));
