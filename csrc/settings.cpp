@@ -109,13 +109,8 @@ Index index_of(const std::string& name) {
   return static_cast<Index>(i);
 }
 
-// The value from Python, else the variable (checked), else the default.
-Reading lookup(Index i) {
-  Overrides& o = overrides();
-  if (o.overridden[i].load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(o.mutex);
-    if (o.values[i].has_value()) return {*o.values[i], Source::kPython};
-  }
+// The variable (checked), else the default.
+Reading from_environment(Index i) {
   const Switch& s = kSwitches[i];
   const char* env = std::getenv(s.name);
   if (env != nullptr && *env != '\0') {
@@ -124,6 +119,16 @@ Reading lookup(Index i) {
     return {*v, Source::kEnvironment};
   }
   return {s.default_value, Source::kDefault};
+}
+
+// The value from Python, else the variable, else the default.
+Reading lookup(Index i) {
+  Overrides& o = overrides();
+  if (o.overridden[i].load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(o.mutex);
+    if (o.values[i].has_value()) return {*o.values[i], Source::kPython};
+  }
+  return from_environment(i);
 }
 
 std::optional<bool> tristate(Index i) {
@@ -190,13 +195,13 @@ std::string cpu_isa() { return isa_reading().value; }
 
 std::string freeze_cpu_isa() {
   Overrides& o = overrides();
-  {
-    std::lock_guard<std::mutex> lock(o.mutex);
-    if (o.frozen_isa.has_value()) return o.frozen_isa->value;
-  }
-  const Reading r = lookup(kCpuIsa);  // raises on a bad variable: nothing is kept
+  // Under the lock throughout: a value set from Python meanwhile is either
+  // the one kept, or refused by set().
   std::lock_guard<std::mutex> lock(o.mutex);
-  if (!o.frozen_isa.has_value()) o.frozen_isa = r;
+  if (!o.frozen_isa.has_value()) {
+    o.frozen_isa = o.values[kCpuIsa].has_value() ? Reading{*o.values[kCpuIsa], Source::kPython}
+                                                 : from_environment(kCpuIsa);  // raises on a bad variable: nothing kept
+  }
   return o.frozen_isa->value;
 }
 
