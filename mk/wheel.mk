@@ -6,8 +6,8 @@
 # environment with the torch .venv holds (same version; pip takes it from its
 # cache or the configured index, not from .venv), where pipelstm must import
 # from that environment and match nn.LSTM forward and backward
-# (tests/scripts/wheel_check.py). About 1.5-2.5 minutes, most of it
-# installing torch.
+# (tests/scripts/wheel_check.py). About a minute on 2 cores with torch from
+# a local wheel, most of it installing torch.
 #
 # WHEEL_DIR and WHEEL_VENV override the folders (both under build/).
 
@@ -23,9 +23,10 @@ wheel: build
 	$(PY) tests/scripts/sdist_check.py $(WHEEL_DIR)/pipelstm-*.tar.gz
 	$(PY) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)
 
+# The environment from .venv's Python: the wheel is built for its version.
 test-wheel: wheel
 	rm -rf $(WHEEL_VENV)
-	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(PY) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install --quiet $(WHEEL_DIR)/pipelstm-*.whl \
 	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	cd $(WHEEL_VENV) && bin/python $(CURDIR)/tests/scripts/wheel_check.py
