@@ -46,3 +46,15 @@ def test_a_command_gets_its_own_help():
     done = _bench("peak", "--help")
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout and "peak" in done.stdout
+
+
+def test_every_bench_module_with_a_main_is_a_command():
+    import importlib
+    import pkgutil
+
+    import pipelstm.bench
+
+    mains = {importlib.import_module(f"pipelstm.bench.{m.name}").main
+             for m in pkgutil.iter_modules(pipelstm.bench.__path__) if m.name != "__main__"
+             if hasattr(importlib.import_module(f"pipelstm.bench.{m.name}"), "main")}
+    assert mains == {entry for entry, _ in COMMANDS.values()}
