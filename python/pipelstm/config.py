@@ -65,12 +65,13 @@ def config_info() -> Dict[str, Any]:
 
 def _render(info: Dict[str, Any]) -> str:
     cuda = f"yes ({', '.join(info['cuda_archs']) or 'archs not recorded'})" if info["cuda_built"] else "no"
+    isa = info["cpu_isa"] + ("" if info["cpu_isa_chosen"] else " (what the first call will choose)")
     lines = [
         f"pipelstm {info['version']}",
         f"  torch built against: {info['torch_built'] or 'not recorded'}",
         f"  torch running:       {info['torch_running']}",
         f"  CUDA kernels:        {cuda}",
-        f"  CPU kernels' ISA:    {info['cpu_isa']}" + ("" if info["cpu_isa_chosen"] else " (chosen at the first call)"),
+        f"  CPU kernels' ISA:    {isa}",
         f"  CPU GEMMs:           {info['cpu_gemm']}",
         "  switches (value, from where; Python attribute):",
     ]
