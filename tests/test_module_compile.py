@@ -57,3 +57,25 @@ def test_export_with_dynamic_sequence_and_batch():
     program = torch.export.export(ours, (torch.randn(5, 2, 4),), dynamic_shapes=({0: T, 1: B},))
     x = torch.randn(9, 3, 4)
     assert rel_error(program.module()(x)[0], ref(x)[0]) <= 1e-5
+
+
+def _ops_in_compiled_graph(module, *args):
+    """The pipelstm ops TorchDynamo puts in the graph of module(*args)."""
+    seen = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "pipelstm" in str(n.target))
+        return gm.forward
+
+    torch.compile(module, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+def test_compiled_module_runs_the_fused_op_and_a_compiled_transform_the_composition():
+    # The composition (an ATen step loop) is for torch.func transforms only;
+    # a plain compiled model must keep the fused kernels.
+    _, ours = pair()
+    x = torch.randn(5, 2, 4)
+    assert _ops_in_compiled_graph(ours, x) == {"pipelstm.lstm_layer_forward"}
+    per_sample = torch.func.vmap(lambda xi: ours(xi.unsqueeze(1))[0].sum(), in_dims=1)
+    assert _ops_in_compiled_graph(per_sample, x) == {"pipelstm.lstm_layer_composite"}

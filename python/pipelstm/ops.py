@@ -23,6 +23,15 @@ __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 _ops = torch.ops.pipelstm
 
 
+@torch._dynamo.assume_constant_result
+def _under_functorch_transform() -> bool:
+    """Whether a torch.func transform is active. Under torch.compile this is
+    evaluated once while the frame is traced: TorchDynamo models
+    ``peek_interpreter_stack()`` as an object even where it is None, which
+    would send every compiled call to the composition."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _composed(*tensors: Optional[Tensor]) -> bool:
     """Whether this call must run on the ATen composition of the op
     (csrc/lstm_composite.cpp) rather than the fused kernels.
@@ -32,7 +41,7 @@ def _composed(*tensors: Optional[Tensor]) -> bool:
     dual tensors, the composition gives the exact result (autograd, forward
     AD and vmap know all of its ops), where the fused op would raise or, worse,
     be treated as a constant (a zero tangent)."""
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    if _under_functorch_transform():
         return True
     return fwAD._current_level >= 0 and any(
         t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors
