@@ -8,7 +8,8 @@ size runs in every setting:
 * ``fp32``: both modules fp32, TF32 off on both sides
   (``torch.backends.cuda.matmul.allow_tf32`` and ``cudnn.allow_tf32``);
 * ``default``: both modules fp32 in torch's default settings, as a user
-  gets them (cuDNN then uses TF32; cuBLAS, hence pipelstm, does not);
+  gets them (``cudnn.allow_tf32`` on: cuDNN uses TF32, and so do
+  pipelstm's LSTM GEMMs, which follow the same switch);
 * ``bf16``, ``fp16``: both modules in that dtype (cuDNN in the same dtype;
   a row says so where cuDNN refuses it).
 
@@ -203,8 +204,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print(header(SUMMARY_COLUMNS))
     for s in summary:
         print(row_line(SUMMARY_COLUMNS, s))
-    notes = ["Settings: fp32 = TF32 off on both sides; default = torch's defaults (cuDNN uses TF32, cuBLAS does "
-             "not); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
+    notes = ["Settings: fp32 = TF32 off on both sides; default = torch's defaults (TF32 on both sides: "
+             "pipelstm follows cudnn.allow_tf32, as nn.LSTM does); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
              "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
              f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
     if args.json:
