@@ -17,7 +17,6 @@ WHEEL_VENV ?= build/wheel-venv
 .PHONY: test-wheel wheel
 
 wheel: build
-	$(PY) -m pip install --quiet build
 	rm -rf $(WHEEL_DIR)
 	$(PY) -m build --sdist --no-isolation --outdir $(WHEEL_DIR)
 	$(PY) tests/scripts/sdist_check.py $(WHEEL_DIR)/pipelstm-*.tar.gz
