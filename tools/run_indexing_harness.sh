@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and run the host harness of the CUDA work-item indexing (g++ only, no
-# CUDA or torch): kernels/tests/indexing_harness.cpp against the CPU loops.
+# CUDA or torch): kernels/tests/*_harness.cpp against the CPU loops.
 # Run from the repository root.
 set -euo pipefail
 
@@ -18,3 +18,10 @@ trap 'rm -rf "$tmp"' EXIT
   kernels/tests/persistent_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
   -o "$tmp/persistent_harness"
 "$tmp/persistent_harness"
+
+# The persistent tensor-core kernel's per-warp body, with a scalar mma.sync of
+# the PTX ISA's m16n8k16 fragment layout; also the backward recurrent product.
+"$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
+  kernels/tests/persistent_tc_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
+  -o "$tmp/persistent_tc_harness"
+"$tmp/persistent_tc_harness"

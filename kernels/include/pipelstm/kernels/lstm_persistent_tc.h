@@ -1,0 +1,315 @@
+// The persistent tensor-core LSTM kernels (fp16 / bf16 in, fp32 accumulate):
+// the fragment arithmetic, tiling and shared-memory layout as plain
+// __host__ __device__ functions, so that a host harness
+// (kernels/tests/persistent_tc_harness.cpp) can drive the per-warp body on
+// the CPU with a scalar mma.sync of the documented fragment layout.
+//
+// Forward, one launch per sequence (kernels/src/cuda/lstm_persistent_tc.cu):
+//   gates_t^T [4H, B] = w_hh [4H, H] @ h_{t-1}^T [H, B] + input_gates_t^T
+// computed as mma.m16n8k16 tiles with the weights as the A operand (rows:
+// gate rows, 16 per M-tile) and h_{t-1} as the B operand (columns: batch
+// rows, 8 per N-tile). Block g owns unit tiles of 8 hidden units each; a
+// unit tile is two M-tiles whose rows are
+//   M-tile 0: rows 0-7 gate i, rows 8-15 gate f of units u0 .. u0 + 7
+//   M-tile 1: rows 0-7 gate g, rows 8-15 gate o of the same units
+// so the accumulators of one lane (rows g and g + 8 of both M-tiles, the
+// same two columns) are the four gates of two (unit, batch) cells: the cell
+// update needs nothing from another lane, warp or block.
+//
+// The block's weights stay in shared memory for the whole sequence, stored
+// in fragment order: the four 32-bit A registers of one lane for one
+// (unit tile, K-tile, M-tile) are one 16-byte slot, and the 32 lanes' slots
+// of a fragment are consecutive, so a warp's fragment load is one
+// conflict-free 128-bit load per lane (no swizzle needed).
+//
+// Per step the block's work is split into items: a (unit tile, N-tile) pair
+// and a slice of the K-tiles. With fewer pairs than warps the K dimension is
+// split so that every warp has work; the slices' partial accumulators meet
+// in shared memory and one warp per pair sums them and applies the gate
+// math. Steps are separated by a grid-wide barrier.
+//
+// Backward recurrent product (design; see docs/cuda.md):
+//   grad_h_{t-1}^T [H, B] = w_hh^T [H, 4H] @ grad_gates_t^T [4H, B]
+// as the same mma tiles with w_hh^T as A (rows: 16 hidden units per
+// M-tile, K: the 4H gate rows) and grad_gates_t as B; the accumulator of a
+// lane is grad_h of (unit, batch) cells whose gates and grad_c the block
+// owns, so the cell backward is local too.
+#pragma once
+
+#include <cstdint>
+
+#include "pipelstm/kernels/lstm_persistent.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace tc {
+
+constexpr int kLanes = 32;
+constexpr int kTileM = 16, kTileN = 8, kTileK = 16;
+constexpr int kUnitsPerTile = 8;   // forward: 8 units x 4 gates = two M-tiles
+constexpr int kWarps = 8;          // warps per block
+constexpr int kThreads = kWarps * kLanes;
+constexpr int64_t kMaxBatch = 64;  // bounds the partial-sum buffer
+
+// A position in a fragment's matrix: A is M x K (row, col = k), B is K x N
+// (row = k, col = n), C/D is M x N.
+struct Coord {
+  int row, col;
+};
+
+// mma.m16n8k16 with 16-bit A/B and f32 C/D, after the PTX ISA's "Matrix
+// Fragments for mma.m16n8k16 with floating point type". groupID = lane / 4,
+// threadID_in_group = lane % 4. A: 8 elements (4 registers of two, the
+// lower index in the low half), B: 4 elements (2 registers), C/D: 4 floats.
+PIPELSTM_HD Coord a_elem(int lane, int i) {
+  const int g = lane >> 2, q = lane & 3;
+  return {g + ((i >> 1) & 1) * 8, q * 2 + (i & 1) + (i >> 2) * 8};
+}
+
+PIPELSTM_HD Coord b_elem(int lane, int i) {
+  const int g = lane >> 2, q = lane & 3;
+  return {q * 2 + (i & 1) + (i >> 1) * 8, g};
+}
+
+PIPELSTM_HD Coord c_elem(int lane, int i) {
+  const int g = lane >> 2, q = lane & 3;
+  return {g + (i >> 1) * 8, q * 2 + (i & 1)};
+}
+
+// Forward: row r of M-tile m of a unit tile is gate `gate` of unit `unit`
+// (0 .. 7 within the tile).
+struct GateRow {
+  int gate, unit;
+};
+
+PIPELSTM_HD GateRow fwd_row(int m, int r) { return {2 * m + (r >> 3), r & 7}; }
+
+// The launch geometry of one forward call.
+struct ForwardPlan {
+  int64_t batch = 0, hidden = 0;
+  int64_t k_tiles = 0;     // ceil(H / 16)
+  int64_t unit_tiles = 0;  // unit tiles per block
+  int64_t blocks = 0;
+  int64_t n_tiles = 0;     // ceil(B / 8)
+  int64_t pairs = 0;       // (unit tile, N-tile) pairs per block
+  int64_t slices = 0;      // K slices per pair
+};
+
+PIPELSTM_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// `unit_tiles` unit tiles per block (the caller picks it: the fewest for
+// which every block has a multiprocessor, see default_unit_tiles).
+PIPELSTM_HD ForwardPlan make_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles) {
+  ForwardPlan p;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.k_tiles = ceil_div(hidden, kTileK);
+  p.unit_tiles = unit_tiles;
+  p.blocks = ceil_div(ceil_div(hidden, kUnitsPerTile), unit_tiles);
+  p.n_tiles = ceil_div(batch, kTileN);
+  p.pairs = unit_tiles * p.n_tiles;
+  const int64_t split = kWarps / p.pairs;
+  p.slices = split < 1 ? 1 : (split > p.k_tiles ? p.k_tiles : split);
+  return p;
+}
+
+// The fewest unit tiles per block that need at most `sms` blocks.
+inline int64_t default_unit_tiles(int64_t hidden, int64_t sms) {
+  return ceil_div(ceil_div(hidden, kUnitsPerTile), sms);
+}
+
+// Shared memory: the weight slab (16-byte slots), then the partial sums.
+PIPELSTM_HD int64_t slab_slots(const ForwardPlan& p) { return p.unit_tiles * p.k_tiles * 2 * kLanes; }
+
+PIPELSTM_HD int64_t partial_floats(const ForwardPlan& p) {
+  return p.slices > 1 ? p.slices * p.pairs * 8 * kLanes : 0;
+}
+
+inline int64_t forward_smem_bytes(const ForwardPlan& p) {
+  return slab_slots(p) * 16 + partial_floats(p) * 4;
+}
+
+// The slot of lane `lane`'s A fragment of (unit tile, K-tile, M-tile).
+PIPELSTM_HD int64_t slab_slot(const ForwardPlan& p, int64_t tau, int64_t kt, int m, int lane) {
+  return ((tau * p.k_tiles + kt) * 2 + m) * kLanes + lane;
+}
+
+// Where element i (0 .. 7) of slab slot `slot` of block `block` comes from:
+// an index into w_hh [4H, H], or -1 for the zero padding of the tails.
+PIPELSTM_HD int64_t fwd_slab_source(const ForwardPlan& p, int64_t block, int64_t slot, int i) {
+  const int lane = static_cast<int>(slot % kLanes);
+  const int m = static_cast<int>((slot / kLanes) % 2);
+  const int64_t kt = (slot / (kLanes * 2)) % p.k_tiles;
+  const int64_t tau = slot / (kLanes * 2 * p.k_tiles);
+  const Coord c = a_elem(lane, i);
+  const GateRow r = fwd_row(m, c.row);
+  const int64_t H = p.hidden;
+  const int64_t j = (block * p.unit_tiles + tau) * kUnitsPerTile + r.unit;
+  const int64_t col = kt * kTileK + c.col;
+  if (j >= H || col >= H) return -1;
+  return (r.gate * H + j) * H + col;
+}
+
+// One warp's work item of a step.
+struct Item {
+  int64_t pair, tau, n_tile, slice, kt_begin, kt_end;
+};
+
+PIPELSTM_HD int64_t item_count(const ForwardPlan& p) { return p.pairs * p.slices; }
+
+PIPELSTM_HD Item item_at(const ForwardPlan& p, int64_t it) {
+  Item w;
+  w.pair = it % p.pairs;
+  w.slice = it / p.pairs;
+  w.tau = w.pair / p.n_tiles;
+  w.n_tile = w.pair % p.n_tiles;
+  w.kt_begin = w.slice * p.k_tiles / p.slices;
+  w.kt_end = (w.slice + 1) * p.k_tiles / p.slices;
+  return w;
+}
+
+// Element i (0 .. 3) of lane `lane`'s B fragment for (N-tile, K-tile):
+// batch row n and column k of h_{t-1}; out of range (n >= B or k >= H)
+// the element is zero.
+struct BSource {
+  int64_t n, k;
+  bool valid;
+};
+
+PIPELSTM_HD BSource fwd_b_source(const ForwardPlan& p, int64_t n_tile, int64_t kt, int lane,
+                                 int i) {
+  const Coord c = b_elem(lane, i);
+  BSource s;
+  s.n = n_tile * kTileN + c.col;
+  s.k = kt * kTileK + c.row;
+  s.valid = s.n < p.batch && s.k < p.hidden;
+  return s;
+}
+
+// The partial accumulators of slice s of a pair: [slice][pair][8][lane]
+// floats, lane innermost (conflict-free).
+PIPELSTM_HD int64_t partial_index(const ForwardPlan& p, int64_t slice, int64_t pair, int e,
+                                  int lane) {
+  return ((slice * p.pairs + pair) * 8 + e) * kLanes + lane;
+}
+
+// The gate math of a lane's accumulators: acc[m * 4 + i] is C element i of
+// M-tile m, that is gate fwd_row(m, row).gate of unit fwd_row(m, row).unit
+// for batch column col (row, col = c_elem(lane, i)). A lane holds two
+// columns, each with all four gates of one unit; persistent::finish_unit
+// writes h, c and the activated gates of each (unit, batch row) in range.
+template <typename T, typename Load, typename Store>
+PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan& p,
+                            int64_t block, const Item& w, int lane, int64_t t, int64_t step_pos,
+                            const float (&acc)[8], Load load, Store store) {
+  float dot[2][4] = {};
+  int unit[2] = {0, 0}, col[2] = {0, 0};
+  const int col0 = c_elem(lane, 0).col;
+  for (int e = 0; e < 8; ++e) {
+    const Coord c = c_elem(lane, e & 3);
+    const GateRow r = fwd_row(e >> 2, c.row);
+    const int cell = c.col == col0 ? 0 : 1;
+    dot[cell][r.gate] = acc[e];
+    unit[cell] = r.unit;
+    col[cell] = c.col;
+  }
+  for (int cell = 0; cell < 2; ++cell) {
+    const int64_t j = (block * p.unit_tiles + w.tau) * kUnitsPerTile + unit[cell];
+    const int64_t b = w.n_tile * kTileN + col[cell];
+    if (j < p.hidden && b < p.batch) persistent::finish_unit(a, t, step_pos, b, j, dot[cell], load, store);
+  }
+}
+
+// ---- Backward recurrent product: grad_h^T = w_hh^T @ grad_gates^T ----
+
+// Geometry: blocks own M-tiles of 16 hidden units; K runs over the 4H gate
+// rows (the K-tiles of one gate never straddle another only when H % 16 ==
+// 0; nothing here relies on it).
+struct BackwardPlan {
+  int64_t batch = 0, hidden = 0;
+  int64_t k_tiles = 0;     // ceil(4H / 16)
+  int64_t unit_tiles = 0;  // M-tiles (16 units) per block
+  int64_t blocks = 0;
+  int64_t n_tiles = 0;
+  int64_t pairs = 0;       // (M-tile, N-tile) pairs per block
+  int64_t slices = 0;
+};
+
+PIPELSTM_HD BackwardPlan make_backward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles) {
+  BackwardPlan p;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.k_tiles = ceil_div(4 * hidden, kTileK);
+  p.unit_tiles = unit_tiles;
+  p.blocks = ceil_div(ceil_div(hidden, kTileM), unit_tiles);
+  p.n_tiles = ceil_div(batch, kTileN);
+  p.pairs = unit_tiles * p.n_tiles;
+  const int64_t split = kWarps / p.pairs;
+  p.slices = split < 1 ? 1 : (split > p.k_tiles ? p.k_tiles : split);
+  return p;
+}
+
+PIPELSTM_HD int64_t bwd_slab_slots(const BackwardPlan& p) { return p.unit_tiles * p.k_tiles * kLanes; }
+
+PIPELSTM_HD int64_t bwd_slab_slot(const BackwardPlan& p, int64_t mt, int64_t kt, int lane) {
+  return (mt * p.k_tiles + kt) * kLanes + lane;
+}
+
+// Where element i of backward slab slot `slot` of block `block` comes from:
+// A[row = unit j][col = gate row k] = w_hh[k, j], an index into w_hh
+// [4H, H], or -1 (padding).
+PIPELSTM_HD int64_t bwd_slab_source(const BackwardPlan& p, int64_t block, int64_t slot, int i) {
+  const int lane = static_cast<int>(slot % kLanes);
+  const int64_t kt = (slot / kLanes) % p.k_tiles;
+  const int64_t mt = slot / (kLanes * p.k_tiles);
+  const Coord c = a_elem(lane, i);
+  const int64_t H = p.hidden;
+  const int64_t j = (block * p.unit_tiles + mt) * kTileM + c.row;
+  const int64_t k = kt * kTileK + c.col;
+  if (j >= H || k >= 4 * H) return -1;
+  return k * H + j;
+}
+
+PIPELSTM_HD Item bwd_item_at(const BackwardPlan& p, int64_t it) {
+  Item w;
+  w.pair = it % p.pairs;
+  w.slice = it / p.pairs;
+  w.tau = w.pair / p.n_tiles;
+  w.n_tile = w.pair % p.n_tiles;
+  w.kt_begin = w.slice * p.k_tiles / p.slices;
+  w.kt_end = (w.slice + 1) * p.k_tiles / p.slices;
+  return w;
+}
+
+// Element i of a lane's B fragment: batch row n, gate column k of
+// grad_gates [B, 4H].
+PIPELSTM_HD BSource bwd_b_source(const BackwardPlan& p, int64_t n_tile, int64_t kt, int lane,
+                                 int i) {
+  const Coord c = b_elem(lane, i);
+  BSource s;
+  s.n = n_tile * kTileN + c.col;
+  s.k = kt * kTileK + c.row;
+  s.valid = s.n < p.batch && s.k < 4 * p.hidden;
+  return s;
+}
+
+// The (hidden unit, batch row) of accumulator i (0 .. 3) of a lane; valid
+// only where both are in range.
+struct Cell {
+  int64_t j, b;
+  bool valid;
+};
+
+// The (unit, batch row) of accumulator i (0 .. 3) of a lane.
+PIPELSTM_HD Cell bwd_cell(const BackwardPlan& p, int64_t block, const Item& w, int lane, int i) {
+  const Coord c = c_elem(lane, i);
+  Cell r;
+  r.j = (block * p.unit_tiles + w.tau) * kTileM + c.row;
+  r.b = w.n_tile * kTileN + c.col;
+  r.valid = r.j < p.hidden && r.b < p.batch;
+  return r;
+}
+
+}  // namespace tc
+}  // namespace kernels
+}  // namespace pipelstm

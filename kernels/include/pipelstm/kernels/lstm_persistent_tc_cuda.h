@@ -1,0 +1,49 @@
+// CUDA entry points of the persistent tensor-core LSTM kernels (see
+// lstm_persistent_tc.h). Plain C++, like lstm_persistent_cuda.h.
+// Instantiated for __half and __nv_bfloat16 (mma.sync m16n8k16, fp32
+// accumulate and gate math); fp32 input is not taken (see docs/cuda.md).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "pipelstm/kernels/lstm_persistent.h"
+#include "pipelstm/kernels/lstm_persistent_tc.h"
+
+namespace pipelstm {
+namespace kernels {
+
+// Whether the kernel can run a shape on a device, and if not, why.
+enum class TcFit : int {
+  kFits = 0,
+  kBadShape,             // batch, hidden or unit_tiles not positive, steps negative
+  kBatchTooLarge,        // batch > tc::kMaxBatch
+  kNoCooperativeLaunch,  // the device cannot launch cooperative kernels
+  kSharedMemory,         // the block's weight slab does not fit in shared memory
+  kCoResidency,          // not every block can be resident at once
+};
+
+// A sentence saying what `fit` means, for an error message or a log.
+const char* tc_fit_message(TcFit fit);
+
+// The launch geometry for (batch, hidden) on `device`: `unit_tiles` unit
+// tiles of 8 hidden units per block, or 0 for the fewest that give every
+// block its own multiprocessor. Sets *fit; *plan is meaningful only where
+// *fit is kFits. Returns a CUDA error of the device queries (then *fit is
+// not kFits).
+template <typename T>
+cudaError_t tc_persistent_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
+                                       int device, tc::ForwardPlan* plan, TcFit* fit);
+
+// Runs the forward of one layer direction (PersistentForwardArgs's layouts,
+// no projection) on `stream`, asynchronously, as one cooperative launch.
+// Where the shape does not fit, sets *fit to the reason, launches nothing
+// and returns cudaSuccess: the caller runs its step loop instead. Returns
+// the error of the device queries or of the launch.
+template <typename T>
+cudaError_t tc_persistent_forward_cuda(const PersistentForwardArgs<T>& args, int64_t unit_tiles,
+                                       cudaStream_t stream, TcFit* fit);
+
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,233 @@
+// The persistent tensor-core LSTM forward (lstm_persistent_tc.h): one
+// cooperative launch per sequence, each block's slice of w_hh resident in
+// shared memory in mma fragment order, mma.sync m16n8k16 per step, the gate
+// math on the accumulators, a grid-wide barrier between steps.
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "pipelstm/kernels/lstm_persistent_tc_cuda.h"
+#include "pipelstm/kernels/lstm_pointwise_indexing.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace {
+
+namespace cg = cooperative_groups;
+
+template <typename T>
+struct Load {
+  __device__ float operator()(T v) const { return indexing::Storage<T>::load(v); }
+};
+
+template <typename T>
+struct Store {
+  __device__ T operator()(float v) const { return indexing::Storage<T>::store(v); }
+};
+
+// d[0..3] += A @ B for one 16 x 8 x 16 tile (fragments as in lstm_persistent_tc.h).
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  }
+};
+
+// Register r (0 or 1) of a lane's B fragment: elements 2r (low half) and
+// 2r + 1 (high half), consecutive columns k, k + 1 of one h row. h_{t-1}
+// was written by other blocks before the last grid barrier: read through L2
+// (__ldcg), never from a line this SM's L1 might hold from earlier.
+template <typename T>
+__device__ __forceinline__ uint32_t load_b(const PersistentForwardArgs<T>& a,
+                                           const tc::ForwardPlan& p, int64_t pos,
+                                           const tc::Item& w, int64_t kt, int lane, int r,
+                                           bool paired) {
+  const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+  if (!lo.valid) return 0u;  // then the high element is out of range too
+  const tc::BSource hi = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r + 1);
+  const auto* row =
+      reinterpret_cast<const unsigned short*>(persistent::h_prev_row(a, pos, lo.n));
+  if (paired) return __ldcg(reinterpret_cast<const unsigned int*>(row + lo.k));
+  uint32_t v = __ldcg(row + lo.k);
+  if (hi.valid) v |= static_cast<uint32_t>(__ldcg(row + hi.k)) << 16;
+  return v;
+}
+
+// `paired`: H is even and h0 / output are 4-byte aligned, so both elements of
+// a B register are one aligned 32-bit load.
+template <typename T>
+__global__ void __launch_bounds__(tc::kThreads, 1)
+    tc_forward_kernel(const PersistentForwardArgs<T> a, const tc::ForwardPlan p,
+                      const bool paired) {
+  extern __shared__ uint4 smem[];
+  uint4* slab = smem;                                                   // weights, fragment order
+  float* partial = reinterpret_cast<float*>(smem + tc::slab_slots(p));  // K-slice sums
+  cg::grid_group grid = cg::this_grid();
+  const int64_t block = blockIdx.x;
+  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
+  const Load<T> load;
+  const Store<T> store;
+
+  // Stage this block's weights once: slot by slot, two 16-bit elements per
+  // register, the lower index in the low half (as mma.sync reads them).
+  const auto* w_bits = reinterpret_cast<const unsigned short*>(a.w_hh);
+  for (int64_t slot = threadIdx.x; slot < tc::slab_slots(p); slot += tc::kThreads) {
+    uint32_t reg[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t lo = tc::fwd_slab_source(p, block, slot, 2 * r);
+      const int64_t hi = tc::fwd_slab_source(p, block, slot, 2 * r + 1);
+      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
+               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
+    }
+    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
+  }
+  __syncthreads();
+
+  const int64_t items = tc::item_count(p);
+  for (int64_t pos = 0; pos < a.steps; ++pos) {
+    const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
+    for (int64_t it = warp; it < items; it += tc::kWarps) {
+      const tc::Item w = tc::item_at(p, it);
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+        const uint4 a0 = slab[tc::slab_slot(p, w.tau, kt, 0, lane)];
+        const uint4 a1 = slab[tc::slab_slot(p, w.tau, kt, 1, lane)];
+        const uint32_t b0 = load_b(a, p, pos, w, kt, lane, 0, paired);
+        const uint32_t b1 = load_b(a, p, pos, w, kt, lane, 1, paired);
+        Mma<T>::run(acc, a0, b0, b1);
+        Mma<T>::run(acc + 4, a1, b0, b1);
+      }
+      if (p.slices == 1) {
+        tc::fwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) partial[tc::partial_index(p, w.slice, w.pair, e, lane)] = acc[e];
+      }
+    }
+    if (p.slices > 1) {
+      __syncthreads();  // every slice's partial sums are in shared memory
+      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int64_t s = 0; s < p.slices; ++s) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += partial[tc::partial_index(p, s, pair, e, lane)];
+        }
+        tc::fwd_finish(a, p, block, tc::item_at(p, pair), lane, t, pos, acc, load, store);
+      }
+    }
+    // h_t and c_t of every unit are visible to every block before step
+    // pos + 1; the barrier also orders this step's reads of `partial` before
+    // the next step's writes.
+    grid.sync();
+  }
+}
+
+bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+}  // namespace
+
+const char* tc_fit_message(TcFit fit) {
+  switch (fit) {
+    case TcFit::kFits:
+      return "the persistent tensor-core kernel fits";
+    case TcFit::kBadShape:
+      return "batch, hidden and unit tiles per block must be positive and steps non-negative";
+    case TcFit::kBatchTooLarge:
+      return "the persistent tensor-core kernel takes a batch of at most 64";
+    case TcFit::kNoCooperativeLaunch:
+      return "the device cannot launch cooperative kernels";
+    case TcFit::kSharedMemory:
+      return "a block's slice of w_hh does not fit in shared memory";
+    case TcFit::kCoResidency:
+      return "not every block of the persistent tensor-core kernel can be resident at once";
+  }
+  return "unknown TcFit value";
+}
+
+template <typename T>
+cudaError_t tc_persistent_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
+                                       int device, tc::ForwardPlan* plan, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (batch <= 0 || hidden <= 0 || unit_tiles < 0) return cudaSuccess;
+  if (batch > tc::kMaxBatch) {
+    *fit = TcFit::kBatchTooLarge;
+    return cudaSuccess;
+  }
+  cudaDeviceProp prop;
+  cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) return err;
+  if (!prop.cooperativeLaunch) {
+    *fit = TcFit::kNoCooperativeLaunch;
+    return cudaSuccess;
+  }
+  if (unit_tiles == 0) unit_tiles = tc::default_unit_tiles(hidden, prop.multiProcessorCount);
+  *plan = tc::make_forward_plan(batch, hidden, unit_tiles);
+  const int64_t smem = tc::forward_smem_bytes(*plan);
+  if (smem > static_cast<int64_t>(prop.sharedMemPerBlockOptin)) {
+    *fit = TcFit::kSharedMemory;
+    return cudaSuccess;
+  }
+  err = cudaFuncSetAttribute(tc_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tc_forward_kernel<T>, tc::kThreads,
+                                                      static_cast<size_t>(smem));
+  if (err != cudaSuccess) return err;
+  *fit = static_cast<int64_t>(per_sm) * prop.multiProcessorCount >= plan->blocks
+             ? TcFit::kFits
+             : TcFit::kCoResidency;
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t tc_persistent_forward_cuda(const PersistentForwardArgs<T>& args, int64_t unit_tiles,
+                                       cudaStream_t stream, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (args.steps < 0) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  tc::ForwardPlan plan;
+  err = tc_persistent_forward_plan<T>(args.batch, args.hidden, unit_tiles, device, &plan, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
+  PersistentForwardArgs<T> a = args;
+  bool paired = args.hidden % 2 == 0 && aligned4(args.h0) && aligned4(args.output);
+  void* params[] = {&a, &plan, &paired};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(tc_forward_kernel<T>),
+                                     dim3(static_cast<unsigned>(plan.blocks)), dim3(tc::kThreads),
+                                     params, static_cast<size_t>(tc::forward_smem_bytes(plan)),
+                                     stream);
+}
+
+template cudaError_t tc_persistent_forward_plan<__half>(int64_t, int64_t, int64_t, int,
+                                                        tc::ForwardPlan*, TcFit*);
+template cudaError_t tc_persistent_forward_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int,
+                                                               tc::ForwardPlan*, TcFit*);
+template cudaError_t tc_persistent_forward_cuda<__half>(const PersistentForwardArgs<__half>&,
+                                                        int64_t, cudaStream_t, TcFit*);
+template cudaError_t tc_persistent_forward_cuda<__nv_bfloat16>(
+    const PersistentForwardArgs<__nv_bfloat16>&, int64_t, cudaStream_t, TcFit*);
+
+}  // namespace kernels
+}  // namespace pipelstm

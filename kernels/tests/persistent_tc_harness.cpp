@@ -1,0 +1,276 @@
+// Drives the persistent tensor-core kernel's per-warp body
+// (lstm_persistent_tc.h) on the host: every block's shared-memory slab
+// built slot by slot as the kernel stages it, every work item's fragments
+// gathered lane by lane through the header's fragment functions, and
+// mma.sync replaced by a scalar one written here, independently, from the
+// PTX ISA's fragment tables for mma.m16n8k16. Steps run in the order the
+// grid barrier imposes; h, c and the activated gates of every step are
+// compared with the CPU pointwise loops fed by a plain recurrent GEMM.
+// The backward recurrent product (grad_h = grad_gates @ w_hh) is checked the
+// same way against a plain GEMM.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "pipelstm/kernels/lstm_persistent_tc.h"
+#include "pipelstm/kernels/lstm_pointwise.h"
+
+using namespace pipelstm::kernels;
+
+namespace {
+
+struct Identity {
+  float operator()(float v) const { return v; }
+};
+
+// d += A @ B for one warp, fragments per lane as the PTX ISA lays them out
+// for mma.m16n8k16 (16-bit A/B, f32 C/D): groupID g = lane / 4,
+// threadID_in_group q = lane % 4;
+//   A: a0,a1 (g, 2q..2q+1)  a2,a3 (g+8, 2q..)  a4,a5 (g, 2q+8..)  a6,a7 (g+8, 2q+8..)
+//   B: b0,b1 (k = 2q..2q+1, n = g)  b2,b3 (k = 2q+8.., n = g)
+//   C: c0,c1 (g, 2q..2q+1)  c2,c3 (g+8, 2q..2q+1)
+void mma_m16n8k16(const float (&a)[32][8], const float (&b)[32][4], float (&d)[32][4]) {
+  float A[16][16] = {}, B[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, q = lane % 4;
+    A[g][2 * q] = a[lane][0];
+    A[g][2 * q + 1] = a[lane][1];
+    A[g + 8][2 * q] = a[lane][2];
+    A[g + 8][2 * q + 1] = a[lane][3];
+    A[g][2 * q + 8] = a[lane][4];
+    A[g][2 * q + 9] = a[lane][5];
+    A[g + 8][2 * q + 8] = a[lane][6];
+    A[g + 8][2 * q + 9] = a[lane][7];
+    B[2 * q][g] = b[lane][0];
+    B[2 * q + 1][g] = b[lane][1];
+    B[2 * q + 8][g] = b[lane][2];
+    B[2 * q + 9][g] = b[lane][3];
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, q = lane % 4;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
+    for (int i = 0; i < 4; ++i) {
+      float s = 0.0f;
+      for (int k = 0; k < 16; ++k) s += A[rows[i]][k] * B[k][cols[i]];
+      d[lane][i] += s;
+    }
+  }
+}
+
+// The forward kernel's schedule on the host.
+void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
+  const tc::ForwardPlan p = tc::make_forward_plan(a.batch, a.hidden, unit_tiles);
+  // Each block's slab, as the kernel stages it: 8 elements per 16-byte slot.
+  std::vector<std::vector<float>> slab(p.blocks);
+  for (int64_t g = 0; g < p.blocks; ++g) {
+    slab[g].resize(tc::slab_slots(p) * 8);
+    for (int64_t slot = 0; slot < tc::slab_slots(p); ++slot)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t src = tc::fwd_slab_source(p, g, slot, i);
+        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
+      }
+  }
+  std::vector<float> partial(std::max<int64_t>(tc::partial_floats(p), 1), NAN);
+  for (int64_t pos = 0; pos < a.steps; ++pos) {
+    const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
+    for (int64_t g = 0; g < p.blocks; ++g) {
+      std::fill(partial.begin(), partial.end(), NAN);  // a slot not written shows up
+      for (int64_t it = 0; it < tc::item_count(p); ++it) {
+        const tc::Item w = tc::item_at(p, it);
+        float acc[2][32][4] = {};
+        for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+          float af[2][32][8], bf[32][4];
+          for (int lane = 0; lane < 32; ++lane) {
+            for (int m = 0; m < 2; ++m)
+              for (int i = 0; i < 8; ++i)
+                af[m][lane][i] = slab[g][tc::slab_slot(p, w.tau, kt, m, lane) * 8 + i];
+            for (int i = 0; i < 4; ++i) {
+              const tc::BSource s = tc::fwd_b_source(p, w.n_tile, kt, lane, i);
+              bf[lane][i] = s.valid ? persistent::h_prev_row(a, pos, s.n)[s.k] : 0.0f;
+            }
+          }
+          mma_m16n8k16(af[0], bf, acc[0]);
+          mma_m16n8k16(af[1], bf, acc[1]);
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          float lane_acc[8];
+          for (int e = 0; e < 8; ++e) lane_acc[e] = acc[e / 4][lane][e % 4];
+          if (p.slices == 1) {
+            tc::fwd_finish(a, p, g, w, lane, t, pos, lane_acc, Identity(), Identity());
+          } else {
+            for (int e = 0; e < 8; ++e)
+              partial[tc::partial_index(p, w.slice, w.pair, e, lane)] = lane_acc[e];
+          }
+        }
+      }
+      if (p.slices == 1) continue;
+      // __syncthreads(), then one warp per pair sums the slices.
+      for (int64_t pair = 0; pair < p.pairs; ++pair) {
+        const tc::Item w = tc::item_at(p, pair);
+        for (int lane = 0; lane < 32; ++lane) {
+          float lane_acc[8] = {};
+          for (int64_t s = 0; s < p.slices; ++s)
+            for (int e = 0; e < 8; ++e) lane_acc[e] += partial[tc::partial_index(p, s, pair, e, lane)];
+          tc::fwd_finish(a, p, g, w, lane, t, pos, lane_acc, Identity(), Identity());
+        }
+      }
+    }
+  }
+}
+
+// Reference: per step a plain GEMM into the gates, then the CPU loops.
+void run_reference(const PersistentForwardArgs<float>& a) {
+  const int64_t H = a.hidden, B = a.batch;
+  std::vector<float> gates(B * 4 * H);
+  for (int64_t pos = 0; pos < a.steps; ++pos) {
+    const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* h = persistent::h_prev_row(a, pos, b);
+      for (int64_t r = 0; r < 4 * H; ++r) {
+        double acc = 0;
+        for (int64_t i = 0; i < H; ++i) acc += double(a.w_hh[r * H + i]) * h[i];
+        gates[b * 4 * H + r] = a.input_gates[(t * B + b) * 4 * H + r] + float(acc);
+      }
+    }
+    const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, a.steps, a.reverse);
+    PointwiseForwardArgs<float> s;
+    s.gates = gates.data();
+    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
+    s.act_gates = a.act_gates + t * B * 4 * H;
+    s.c = a.cells + t * B * H;
+    s.h = a.output + t * B * H;
+    s.batch = B;
+    s.hidden = H;
+    pointwise_forward_cpu<float>(s, 0, B);
+  }
+}
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::isnan(got[i]) ? INFINITY
+                                               : std::fabs(double(got[i]) - want[i]) /
+                                                     std::max(1.0, std::fabs(double(want[i]))));
+  return worst;
+}
+
+std::mt19937 rng(0);
+
+std::vector<float> random_vec(int64_t n) {
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// One forward case; returns whether every output matches.
+bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool reverse) {
+  const auto xg = random_vec(T * B * 4 * H), h0 = random_vec(B * H), c0 = random_vec(B * H);
+  auto w = random_vec(4 * H * H);
+  for (auto& x : w) x /= std::sqrt(float(H));  // keeps the gates out of saturation
+  std::vector<float> out[2], act[2], cells[2];
+  for (int run = 0; run < 2; ++run) {
+    out[run].assign(T * B * H, NAN);
+    act[run].assign(T * B * 4 * H, NAN);
+    cells[run].assign(T * B * H, NAN);
+    PersistentForwardArgs<float> a;
+    a.input_gates = xg.data();
+    a.w_hh = w.data();
+    a.h0 = h0.data();
+    a.c0 = c0.data();
+    a.output = out[run].data();
+    a.act_gates = act[run].data();
+    a.cells = cells[run].data();
+    a.steps = T;
+    a.batch = B;
+    a.hidden = H;
+    a.reverse = reverse;
+    if (run == 0) run_tc_forward(a, unit_tiles); else run_reference(a);
+  }
+  const double worst = std::max({rel_error(out[0], out[1]), rel_error(act[0], act[1]),
+                                 rel_error(cells[0], cells[1])});
+  const tc::ForwardPlan p = tc::make_forward_plan(B, H, unit_tiles);
+  const bool ok = worst <= 1e-5;
+  if (!ok)
+    std::printf("FAIL forward T=%ld B=%ld H=%ld unit_tiles=%ld (blocks %ld, slices %ld) reverse=%d: "
+                "error %g\n", long(T), long(B), long(H), long(unit_tiles), long(p.blocks),
+                long(p.slices), int(reverse), worst);
+  return ok;
+}
+
+// The backward recurrent product grad_h [B, H] = grad_gates [B, 4H] @ w_hh
+// [4H, H] through the backward slab and fragments, against a plain GEMM.
+bool check_backward_product(int64_t B, int64_t H, int64_t unit_tiles) {
+  const auto gg = random_vec(B * 4 * H), w = random_vec(4 * H * H);
+  const tc::BackwardPlan p = tc::make_backward_plan(B, H, unit_tiles);
+  std::vector<float> got(B * H, NAN);
+  for (int64_t g = 0; g < p.blocks; ++g) {
+    std::vector<float> slab(tc::bwd_slab_slots(p) * 8);
+    for (int64_t slot = 0; slot < tc::bwd_slab_slots(p); ++slot)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t src = tc::bwd_slab_source(p, g, slot, i);
+        slab[slot * 8 + i] = src < 0 ? 0.0f : w[src];
+      }
+    std::vector<float> sum(p.pairs * 32 * 4, 0.0f);  // the slices meet here
+    for (int64_t it = 0; it < p.pairs * p.slices; ++it) {
+      const tc::Item wi = tc::bwd_item_at(p, it);
+      float acc[32][4] = {};
+      for (int64_t kt = wi.kt_begin; kt < wi.kt_end; ++kt) {
+        float af[32][8], bf[32][4];
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < 8; ++i) af[lane][i] = slab[tc::bwd_slab_slot(p, wi.tau, kt, lane) * 8 + i];
+          for (int i = 0; i < 4; ++i) {
+            const tc::BSource s = tc::bwd_b_source(p, wi.n_tile, kt, lane, i);
+            bf[lane][i] = s.valid ? gg[s.n * 4 * H + s.k] : 0.0f;
+          }
+        }
+        mma_m16n8k16(af, bf, acc);
+      }
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < 4; ++i) sum[(wi.pair * 32 + lane) * 4 + i] += acc[lane][i];
+    }
+    for (int64_t pair = 0; pair < p.pairs; ++pair) {
+      const tc::Item wi = tc::bwd_item_at(p, pair);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < 4; ++i) {
+          const tc::Cell c = tc::bwd_cell(p, g, wi, lane, i);
+          if (c.valid) got[c.b * H + c.j] = sum[(pair * 32 + lane) * 4 + i];
+        }
+    }
+  }
+  std::vector<float> want(B * H);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < H; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < 4 * H; ++k) acc += double(gg[b * 4 * H + k]) * w[k * H + j];
+      want[b * H + j] = float(acc);
+    }
+  const double worst = rel_error(got, want);
+  const bool ok = worst <= 1e-4;
+  if (!ok)
+    std::printf("FAIL backward product B=%ld H=%ld unit_tiles=%ld (blocks %ld, slices %ld): error %g\n",
+                long(B), long(H), long(unit_tiles), long(p.blocks), long(p.slices), worst);
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  int passed = 0, failed = 0;
+  // {T, B, H, unit tiles per block}: tails in B (not a multiple of 8) and in
+  // H (not a multiple of 8 or 16), one and several N-tiles, K split in 1 to
+  // 8 slices, several unit tiles per block and a last block with fewer.
+  const int64_t forward[][4] = {{1, 1, 1, 1},   {3, 1, 16, 1},  {4, 3, 7, 1},   {3, 8, 33, 1},
+                                {5, 9, 20, 1},  {3, 17, 40, 2}, {2, 64, 24, 1}, {4, 5, 72, 3},
+                                {3, 2, 130, 2}, {2, 13, 48, 4}, {6, 1, 256, 1}};
+  for (const auto& s : forward)
+    for (bool reverse : {false, true})
+      (check_forward(s[0], s[1], s[2], s[3], reverse) ? passed : failed)++;
+  const int64_t backward[][3] = {{1, 1, 1}, {3, 7, 1}, {8, 16, 1}, {9, 33, 2},
+                                 {17, 20, 1}, {5, 100, 3}, {64, 48, 2}};
+  for (const auto& s : backward) (check_backward_product(s[0], s[1], s[2]) ? passed : failed)++;
+  std::printf("persistent tensor-core: %d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
