@@ -6,8 +6,8 @@
 // PTX ISA's fragment tables for mma.m16n8k16. Steps run in the order the
 // grid barrier imposes; h, c and the activated gates of every step are
 // compared with the CPU pointwise loops fed by a plain recurrent GEMM.
-// The backward recurrent product (grad_h = grad_gates @ w_hh) is checked the
-// same way against a plain GEMM.
+// The backward (grad_gates of every step, grad_h0, grad_c0) is checked the
+// same way against the CPU pointwise backward loop and a plain GEMM.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -200,58 +200,154 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
   return ok;
 }
 
-// The backward recurrent product grad_h [B, H] = grad_gates [B, 4H] @ w_hh
-// [4H, H] through the backward slab and fragments, against a plain GEMM.
-bool check_backward_product(int64_t B, int64_t H, int64_t unit_tiles) {
-  const auto gg = random_vec(B * 4 * H), w = random_vec(4 * H * H);
-  const tc::BackwardPlan p = tc::make_backward_plan(B, H, unit_tiles);
-  std::vector<float> got(B * H, NAN);
+// The backward kernel's schedule on the host: positions in reverse, each
+// block's items through the slab and fragments, the K slices meeting in the
+// partial buffer, then the cell backward (or grad_h0 in the last phase).
+void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles) {
+  const tc::BackwardPlan p = tc::make_backward_plan(a.batch, a.hidden, unit_tiles);
+  std::vector<std::vector<float>> slab(p.blocks);
   for (int64_t g = 0; g < p.blocks; ++g) {
-    std::vector<float> slab(tc::bwd_slab_slots(p) * 8);
+    slab[g].resize(tc::bwd_slab_slots(p) * 8);
     for (int64_t slot = 0; slot < tc::bwd_slab_slots(p); ++slot)
       for (int i = 0; i < 8; ++i) {
         const int64_t src = tc::bwd_slab_source(p, g, slot, i);
-        slab[slot * 8 + i] = src < 0 ? 0.0f : w[src];
+        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
       }
-    std::vector<float> sum(p.pairs * 32 * 4, 0.0f);  // the slices meet here
-    for (int64_t it = 0; it < p.pairs * p.slices; ++it) {
-      const tc::Item wi = tc::bwd_item_at(p, it);
-      float acc[32][4] = {};
-      for (int64_t kt = wi.kt_begin; kt < wi.kt_end; ++kt) {
-        float af[32][8], bf[32][4];
-        for (int lane = 0; lane < 32; ++lane) {
-          for (int i = 0; i < 8; ++i) af[lane][i] = slab[tc::bwd_slab_slot(p, wi.tau, kt, lane) * 8 + i];
-          for (int i = 0; i < 4; ++i) {
-            const tc::BSource s = tc::bwd_b_source(p, wi.n_tile, kt, lane, i);
-            bf[lane][i] = s.valid ? gg[s.n * 4 * H + s.k] : 0.0f;
+  }
+  std::vector<float> partial(std::max<int64_t>(tc::bwd_partial_floats(p), 1));
+  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
+    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
+    for (int64_t g = 0; g < p.blocks; ++g) {
+      std::vector<float> sum(p.pairs * 32 * 4, 0.0f);  // per (pair, lane): the summed slices
+      if (pos < a.steps - 1) {
+        std::fill(partial.begin(), partial.end(), NAN);
+        for (int64_t it = 0; it < p.pairs * p.slices; ++it) {
+          const tc::Item w = tc::bwd_item_at(p, it);
+          float acc[32][4] = {};
+          for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+            float af[32][8], bf[32][4];
+            for (int lane = 0; lane < 32; ++lane) {
+              for (int i = 0; i < 8; ++i)
+                af[lane][i] = slab[g][tc::bwd_slab_slot(p, w.tau, kt, lane) * 8 + i];
+              for (int i = 0; i < 4; ++i) {
+                const tc::BSource s = tc::bwd_b_source(p, w.n_tile, kt, lane, i);
+                bf[lane][i] = s.valid ? tc::bwd_b_row(a, pos, s.n)[s.k] : 0.0f;
+              }
+            }
+            mma_m16n8k16(af, bf, acc);
           }
+          for (int lane = 0; lane < 32; ++lane)
+            for (int e = 0; e < 4; ++e) {
+              if (p.slices == 1) sum[(w.pair * 32 + lane) * 4 + e] = acc[lane][e];
+              else partial[tc::bwd_partial_index(p, w.slice, w.pair, e, lane)] = acc[lane][e];
+            }
         }
-        mma_m16n8k16(af, bf, acc);
+        if (p.slices > 1)
+          for (int64_t pair = 0; pair < p.pairs; ++pair)
+            for (int lane = 0; lane < 32; ++lane)
+              for (int e = 0; e < 4; ++e)
+                for (int64_t s = 0; s < p.slices; ++s)
+                  sum[(pair * 32 + lane) * 4 + e] += partial[tc::bwd_partial_index(p, s, pair, e, lane)];
       }
-      for (int lane = 0; lane < 32; ++lane)
-        for (int i = 0; i < 4; ++i) sum[(wi.pair * 32 + lane) * 4 + i] += acc[lane][i];
-    }
-    for (int64_t pair = 0; pair < p.pairs; ++pair) {
-      const tc::Item wi = tc::bwd_item_at(p, pair);
-      for (int lane = 0; lane < 32; ++lane)
-        for (int i = 0; i < 4; ++i) {
-          const tc::Cell c = tc::bwd_cell(p, g, wi, lane, i);
-          if (c.valid) got[c.b * H + c.j] = sum[(pair * 32 + lane) * 4 + i];
+      for (int64_t pair = 0; pair < p.pairs; ++pair) {
+        const tc::Item w = tc::bwd_item_at(p, pair);
+        for (int lane = 0; lane < 32; ++lane) {
+          float acc[4];
+          for (int e = 0; e < 4; ++e) acc[e] = sum[(pair * 32 + lane) * 4 + e];
+          if (pos >= 0) tc::bwd_finish(a, p, g, w, lane, t, pos, acc, Identity(), Identity());
+          else tc::bwd_write_h0(a, p, g, w, lane, acc, Identity());
         }
+      }
     }
   }
-  std::vector<float> want(B * H);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < H; ++j) {
-      double acc = 0;
-      for (int64_t k = 0; k < 4 * H; ++k) acc += double(gg[b * 4 * H + k]) * w[k * H + j];
-      want[b * H + j] = float(acc);
-    }
-  const double worst = rel_error(got, want);
-  const bool ok = worst <= 1e-4;
+}
+
+// Reference: the step loop's backward, the CPU pointwise loop and a plain GEMM.
+void run_backward_reference(const PersistentBackwardArgs<float>& a) {
+  const int64_t H = a.hidden, B = a.batch, T = a.steps;
+  std::vector<float> grad_h_rec(B * H, 0.0f), grad_h(B * H);
+  for (int64_t i = 0; i < B * H; ++i) {
+    if (a.grad_h_n) grad_h_rec[i] = a.grad_h_n[i];
+    a.grad_c0[i] = a.grad_c_n ? a.grad_c_n[i] : 0.0f;
+  }
+  for (int64_t pos = T - 1; pos >= 0; --pos) {
+    const int64_t t = persistent::step_at(pos, T, a.reverse);
+    const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, T, a.reverse);
+    for (int64_t i = 0; i < B * H; ++i)
+      grad_h[i] = grad_h_rec[i] + (a.grad_output ? a.grad_output[t * B * H + i] : 0.0f);
+    PointwiseBackwardArgs<float> s;
+    s.grad_h = grad_h.data();
+    s.grad_c = a.grad_c0;
+    s.act_gates = a.act_gates + t * B * 4 * H;
+    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
+    s.c = a.cells + t * B * H;
+    s.grad_gates = a.grad_gates + t * B * 4 * H;
+    s.grad_c_prev = a.grad_c0;
+    s.batch = B;
+    s.hidden = H;
+    pointwise_backward_cpu<float>(s, 0, B);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < H; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < 4 * H; ++k) acc += double(s.grad_gates[b * 4 * H + k]) * a.w_hh[k * H + j];
+        grad_h_rec[b * H + j] = float(acc);
+      }
+  }
+  std::copy(grad_h_rec.begin(), grad_h_rec.end(), a.grad_h0);
+}
+
+// One backward case on a real forward workspace (from the reference
+// forward); `optional` selects which of grad_output, grad_h_n, grad_c_n exist.
+bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool reverse,
+                    int optional) {
+  const auto xg = random_vec(T * B * 4 * H), h0 = random_vec(B * H), c0 = random_vec(B * H);
+  auto w = random_vec(4 * H * H);
+  for (auto& x : w) x /= std::sqrt(float(H));
+  std::vector<float> out(T * B * H), act(T * B * 4 * H), cells(T * B * H);
+  PersistentForwardArgs<float> f;
+  f.input_gates = xg.data();
+  f.w_hh = w.data();
+  f.h0 = h0.data();
+  f.c0 = c0.data();
+  f.output = out.data();
+  f.act_gates = act.data();
+  f.cells = cells.data();
+  f.steps = T;
+  f.batch = B;
+  f.hidden = H;
+  f.reverse = reverse;
+  run_reference(f);
+  const auto go = random_vec(T * B * H), ghn = random_vec(B * H), gcn = random_vec(B * H);
+  std::vector<float> gg[2], gh0[2], gc0[2];
+  for (int run = 0; run < 2; ++run) {
+    gg[run].assign(T * B * 4 * H, NAN);
+    gh0[run].assign(B * H, NAN);
+    gc0[run].assign(B * H, NAN);
+    PersistentBackwardArgs<float> a;
+    a.grad_output = optional & 1 ? go.data() : nullptr;
+    a.grad_h_n = optional & 2 ? ghn.data() : nullptr;
+    a.grad_c_n = optional & 4 ? gcn.data() : nullptr;
+    a.w_hh = w.data();
+    a.c0 = c0.data();
+    a.act_gates = act.data();
+    a.cells = cells.data();
+    a.grad_gates = gg[run].data();
+    a.grad_h0 = gh0[run].data();
+    a.grad_c0 = gc0[run].data();
+    a.steps = T;
+    a.batch = B;
+    a.hidden = H;
+    a.reverse = reverse;
+    if (run == 0) run_tc_backward(a, unit_tiles); else run_backward_reference(a);
+  }
+  const double worst = std::max({rel_error(gg[0], gg[1]), rel_error(gh0[0], gh0[1]),
+                                 rel_error(gc0[0], gc0[1])});
+  const tc::BackwardPlan p = tc::make_backward_plan(B, H, unit_tiles);
+  const bool ok = worst <= 1e-5;
   if (!ok)
-    std::printf("FAIL backward product B=%ld H=%ld unit_tiles=%ld (blocks %ld, slices %ld): error %g\n",
-                long(B), long(H), long(unit_tiles), long(p.blocks), long(p.slices), worst);
+    std::printf("FAIL backward T=%ld B=%ld H=%ld unit_tiles=%ld (blocks %ld, slices %ld) reverse=%d "
+                "optional=%d: error %g\n", long(T), long(B), long(H), long(unit_tiles),
+                long(p.blocks), long(p.slices), int(reverse), optional, worst);
   return ok;
 }
 
@@ -268,9 +364,16 @@ int main() {
   for (const auto& s : forward)
     for (bool reverse : {false, true})
       (check_forward(s[0], s[1], s[2], s[3], reverse) ? passed : failed)++;
-  const int64_t backward[][3] = {{1, 1, 1}, {3, 7, 1}, {8, 16, 1}, {9, 33, 2},
-                                 {17, 20, 1}, {5, 100, 3}, {64, 48, 2}};
-  for (const auto& s : backward) (check_backward_product(s[0], s[1], s[2]) ? passed : failed)++;
+  // Backward: M-tiles of 16 units, K = 4H; every combination of the
+  // optional gradients on some shape.
+  const int64_t backward[][4] = {{1, 1, 1, 1},  {3, 3, 7, 1},  {4, 8, 16, 1}, {3, 9, 33, 2},
+                                 {2, 17, 20, 1}, {3, 5, 100, 3}, {2, 64, 48, 2}, {5, 2, 256, 1}};
+  int optional = 7;
+  for (const auto& s : backward)
+    for (bool reverse : {false, true}) {
+      (check_backward(s[0], s[1], s[2], s[3], reverse, optional) ? passed : failed)++;
+      optional = (optional + 3) % 8;
+    }
   std::printf("persistent tensor-core: %d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -1,6 +1,6 @@
-// The persistent tensor-core LSTM forward (lstm_persistent_tc.h): one
-// cooperative launch per sequence, each block's slice of w_hh resident in
-// shared memory in mma fragment order, mma.sync m16n8k16 per step, the gate
+// The persistent tensor-core LSTM forward and backward (lstm_persistent_tc.h):
+// one cooperative launch per sequence, each block's slice of w_hh resident in
+// shared memory in mma fragment order, mma.sync m16n8k16 per step, the cell
 // math on the accumulators, a grid-wide barrier between steps.
 #include <cooperative_groups.h>
 
@@ -142,7 +142,135 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   }
 }
 
+// Register r of a lane's backward B fragment: gate columns k, k + 1 (k
+// even, 4H even: both in range or neither) of a grad_gates row written by
+// other blocks before the last grid barrier, read through L2.
+template <typename T>
+__device__ __forceinline__ uint32_t load_bwd_b(const PersistentBackwardArgs<T>& a,
+                                               const tc::BackwardPlan& p, int64_t pos,
+                                               const tc::Item& w, int64_t kt, int lane, int r,
+                                               bool paired) {
+  const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+  if (!lo.valid) return 0u;
+  const auto* row = reinterpret_cast<const unsigned short*>(tc::bwd_b_row(a, pos, lo.n));
+  if (paired) return __ldcg(reinterpret_cast<const unsigned int*>(row + lo.k));
+  return static_cast<uint32_t>(__ldcg(row + lo.k)) |
+         static_cast<uint32_t>(__ldcg(row + lo.k + 1)) << 16;
+}
+
+// Positions steps - 1 .. 0 run the cell backward, position -1 writes
+// grad_h0; every position but the first takes the product of the grad_gates
+// the previous position wrote. `paired`: grad_gates is 4-byte aligned.
+template <typename T>
+__global__ void __launch_bounds__(tc::kThreads, 1)
+    tc_backward_kernel(const PersistentBackwardArgs<T> a, const tc::BackwardPlan p,
+                       const bool paired) {
+  extern __shared__ uint4 smem[];
+  uint4* slab = smem;
+  float* partial = reinterpret_cast<float*>(smem + tc::bwd_slab_slots(p));
+  cg::grid_group grid = cg::this_grid();
+  const int64_t block = blockIdx.x;
+  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
+  const Load<T> load;
+  const Store<T> store;
+
+  const auto* w_bits = reinterpret_cast<const unsigned short*>(a.w_hh);
+  for (int64_t slot = threadIdx.x; slot < tc::bwd_slab_slots(p); slot += tc::kThreads) {
+    uint32_t reg[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t lo = tc::bwd_slab_source(p, block, slot, 2 * r);
+      const int64_t hi = tc::bwd_slab_source(p, block, slot, 2 * r + 1);
+      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
+               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
+    }
+    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
+  }
+  __syncthreads();
+
+  const int64_t items = p.pairs * p.slices;
+  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
+    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
+    if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
+      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+        const float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        tc::bwd_finish(a, p, block, tc::bwd_item_at(p, pair), lane, t, pos, acc, load, store);
+      }
+      grid.sync();
+      continue;
+    }
+    for (int64_t it = warp; it < items; it += tc::kWarps) {
+      const tc::Item w = tc::bwd_item_at(p, it);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+        const uint4 av = slab[tc::bwd_slab_slot(p, w.tau, kt, lane)];
+        const uint32_t b0 = load_bwd_b(a, p, pos, w, kt, lane, 0, paired);
+        const uint32_t b1 = load_bwd_b(a, p, pos, w, kt, lane, 1, paired);
+        Mma<T>::run(acc, av, b0, b1);
+      }
+      if (p.slices == 1) {
+        if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+        else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial[tc::bwd_partial_index(p, w.slice, w.pair, e, lane)] = acc[e];
+      }
+    }
+    if (p.slices > 1) {
+      __syncthreads();
+      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t s = 0; s < p.slices; ++s) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[e] += partial[tc::bwd_partial_index(p, s, pair, e, lane)];
+        }
+        const tc::Item w = tc::bwd_item_at(p, pair);
+        if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+        else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+      }
+    }
+    if (pos >= 0) grid.sync();  // this step's grad_gates before the next product
+  }
+}
+
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+// Whether `blocks` blocks of `kernel` with `smem` bytes each fit on the
+// device at once; sets the kernel's shared-memory limit on the way.
+cudaError_t check_fit(const void* kernel, int64_t smem, int64_t blocks,
+                      const cudaDeviceProp& prop, TcFit* fit) {
+  if (smem > static_cast<int64_t>(prop.sharedMemPerBlockOptin)) {
+    *fit = TcFit::kSharedMemory;
+    return cudaSuccess;
+  }
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tc::kThreads,
+                                                      static_cast<size_t>(smem));
+  if (err != cudaSuccess) return err;
+  *fit = static_cast<int64_t>(per_sm) * prop.multiProcessorCount >= blocks ? TcFit::kFits
+                                                                            : TcFit::kCoResidency;
+  return cudaSuccess;
+}
+
+// The checks both directions share before the geometry; *prop is set where
+// *fit is still kFits.
+cudaError_t check_shape(int64_t batch, int64_t hidden, int64_t unit_tiles, int device,
+                        cudaDeviceProp* prop, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (batch <= 0 || hidden <= 0 || unit_tiles < 0) return cudaSuccess;
+  if (batch > tc::kMaxBatch) {
+    *fit = TcFit::kBatchTooLarge;
+    return cudaSuccess;
+  }
+  const cudaError_t err = cudaGetDeviceProperties(prop, device);
+  if (err != cudaSuccess) return err;
+  *fit = prop->cooperativeLaunch ? TcFit::kFits : TcFit::kNoCooperativeLaunch;
+  return cudaSuccess;
+}
 
 }  // namespace
 
@@ -167,37 +295,13 @@ const char* tc_fit_message(TcFit fit) {
 template <typename T>
 cudaError_t tc_persistent_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
                                        int device, tc::ForwardPlan* plan, TcFit* fit) {
-  *fit = TcFit::kBadShape;
-  if (batch <= 0 || hidden <= 0 || unit_tiles < 0) return cudaSuccess;
-  if (batch > tc::kMaxBatch) {
-    *fit = TcFit::kBatchTooLarge;
-    return cudaSuccess;
-  }
   cudaDeviceProp prop;
-  cudaError_t err = cudaGetDeviceProperties(&prop, device);
-  if (err != cudaSuccess) return err;
-  if (!prop.cooperativeLaunch) {
-    *fit = TcFit::kNoCooperativeLaunch;
-    return cudaSuccess;
-  }
+  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
   if (unit_tiles == 0) unit_tiles = tc::default_unit_tiles(hidden, prop.multiProcessorCount);
   *plan = tc::make_forward_plan(batch, hidden, unit_tiles);
-  const int64_t smem = tc::forward_smem_bytes(*plan);
-  if (smem > static_cast<int64_t>(prop.sharedMemPerBlockOptin)) {
-    *fit = TcFit::kSharedMemory;
-    return cudaSuccess;
-  }
-  err = cudaFuncSetAttribute(tc_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  int per_sm = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tc_forward_kernel<T>, tc::kThreads,
-                                                      static_cast<size_t>(smem));
-  if (err != cudaSuccess) return err;
-  *fit = static_cast<int64_t>(per_sm) * prop.multiProcessorCount >= plan->blocks
-             ? TcFit::kFits
-             : TcFit::kCoResidency;
-  return cudaSuccess;
+  return check_fit(reinterpret_cast<const void*>(tc_forward_kernel<T>),
+                   tc::forward_smem_bytes(*plan), plan->blocks, prop, fit);
 }
 
 template <typename T>
@@ -220,6 +324,39 @@ cudaError_t tc_persistent_forward_cuda(const PersistentForwardArgs<T>& args, int
                                      stream);
 }
 
+template <typename T>
+cudaError_t tc_persistent_backward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
+                                        int device, tc::BackwardPlan* plan, TcFit* fit) {
+  cudaDeviceProp prop;
+  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
+  if (unit_tiles == 0)
+    unit_tiles = tc::default_backward_unit_tiles(hidden, prop.multiProcessorCount);
+  *plan = tc::make_backward_plan(batch, hidden, unit_tiles);
+  return check_fit(reinterpret_cast<const void*>(tc_backward_kernel<T>),
+                   tc::backward_smem_bytes(*plan), plan->blocks, prop, fit);
+}
+
+template <typename T>
+cudaError_t tc_persistent_backward_cuda(const PersistentBackwardArgs<T>& args,
+                                        int64_t unit_tiles, cudaStream_t stream, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (args.steps <= 0) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  tc::BackwardPlan plan;
+  err = tc_persistent_backward_plan<T>(args.batch, args.hidden, unit_tiles, device, &plan, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
+  PersistentBackwardArgs<T> a = args;
+  bool paired = aligned4(args.grad_gates);
+  void* params[] = {&a, &plan, &paired};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(tc_backward_kernel<T>),
+                                     dim3(static_cast<unsigned>(plan.blocks)), dim3(tc::kThreads),
+                                     params, static_cast<size_t>(tc::backward_smem_bytes(plan)),
+                                     stream);
+}
+
 template cudaError_t tc_persistent_forward_plan<__half>(int64_t, int64_t, int64_t, int,
                                                         tc::ForwardPlan*, TcFit*);
 template cudaError_t tc_persistent_forward_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int,
@@ -228,6 +365,14 @@ template cudaError_t tc_persistent_forward_cuda<__half>(const PersistentForwardA
                                                         int64_t, cudaStream_t, TcFit*);
 template cudaError_t tc_persistent_forward_cuda<__nv_bfloat16>(
     const PersistentForwardArgs<__nv_bfloat16>&, int64_t, cudaStream_t, TcFit*);
+template cudaError_t tc_persistent_backward_plan<__half>(int64_t, int64_t, int64_t, int,
+                                                         tc::BackwardPlan*, TcFit*);
+template cudaError_t tc_persistent_backward_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int,
+                                                                tc::BackwardPlan*, TcFit*);
+template cudaError_t tc_persistent_backward_cuda<__half>(const PersistentBackwardArgs<__half>&,
+                                                         int64_t, cudaStream_t, TcFit*);
+template cudaError_t tc_persistent_backward_cuda<__nv_bfloat16>(
+    const PersistentBackwardArgs<__nv_bfloat16>&, int64_t, cudaStream_t, TcFit*);
 
 }  // namespace kernels
 }  // namespace pipelstm

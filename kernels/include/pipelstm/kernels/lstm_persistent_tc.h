@@ -28,12 +28,15 @@
 // in shared memory and one warp per pair sums them and applies the gate
 // math. Steps are separated by a grid-wide barrier.
 //
-// Backward recurrent product (design; see docs/cuda.md):
+// Backward, one launch per sequence, positions in the reverse of the
+// forward's order:
 //   grad_h_{t-1}^T [H, B] = w_hh^T [H, 4H] @ grad_gates_t^T [4H, B]
 // as the same mma tiles with w_hh^T as A (rows: 16 hidden units per
-// M-tile, K: the 4H gate rows) and grad_gates_t as B; the accumulator of a
-// lane is grad_h of (unit, batch) cells whose gates and grad_c the block
-// owns, so the cell backward is local too.
+// M-tile, K: the 4H gate rows) and grad_gates_t as B. A lane's four
+// accumulators are grad_h of four (unit, batch) cells whose activated gates,
+// cells and running grad_c the block owns, so the cell backward is local
+// too; a last product phase gives grad_h0. The weight and input gradients
+// stay one GEMM each over all steps, outside.
 #pragma once
 
 #include <cstdint>
@@ -223,8 +226,8 @@ PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan
 // ---- Backward recurrent product: grad_h^T = w_hh^T @ grad_gates^T ----
 
 // Geometry: blocks own M-tiles of 16 hidden units; K runs over the 4H gate
-// rows (the K-tiles of one gate never straddle another only when H % 16 ==
-// 0; nothing here relies on it).
+// rows as one dimension (a K-tile may hold rows of two gates when H is not a
+// multiple of 16; nothing depends on where the gates meet).
 struct BackwardPlan {
   int64_t batch = 0, hidden = 0;
   int64_t k_tiles = 0;     // ceil(4H / 16)
@@ -308,6 +311,100 @@ PIPELSTM_HD Cell bwd_cell(const BackwardPlan& p, int64_t block, const Item& w, i
   r.b = w.n_tile * kTileN + c.col;
   r.valid = r.j < p.hidden && r.b < p.batch;
   return r;
+}
+
+// The partial accumulators of the backward's K slices: [slice][pair][4][lane].
+PIPELSTM_HD int64_t bwd_partial_floats(const BackwardPlan& p) {
+  return p.slices > 1 ? p.slices * p.pairs * 4 * kLanes : 0;
+}
+
+PIPELSTM_HD int64_t bwd_partial_index(const BackwardPlan& p, int64_t slice, int64_t pair, int e,
+                                      int lane) {
+  return ((slice * p.pairs + pair) * 4 + e) * kLanes + lane;
+}
+
+inline int64_t backward_smem_bytes(const BackwardPlan& p) {
+  return bwd_slab_slots(p) * 16 + bwd_partial_floats(p) * 4;
+}
+
+inline int64_t default_backward_unit_tiles(int64_t hidden, int64_t sms) {
+  return ceil_div(ceil_div(hidden, kTileM), sms);
+}
+
+}  // namespace tc
+
+// The backward of one layer direction without projection, as the step loop
+// computes it: per step (in the reverse of the forward's order) grad_h is
+// grad_output + the recurrent gradient (grad_h_n at the first), the cell
+// backward gives grad_gates and the running grad_c, and grad_gates @ w_hh is
+// the next recurrent gradient. Layouts as PersistentForwardArgs.
+template <typename T>
+struct PersistentBackwardArgs {
+  const T* grad_output = nullptr;  // optional [T, B, H]: gradient of every step's h
+  const T* grad_h_n = nullptr;     // optional [B, H]
+  const T* grad_c_n = nullptr;     // optional [B, H]
+  const T* w_hh = nullptr;         // [4H, H]
+  const T* c0 = nullptr;           // [B, H]
+  const T* act_gates = nullptr;    // [T, B, 4H]: the forward's activated gates
+  const T* cells = nullptr;        // [T, B, H]: the forward's c of every step
+  T* grad_gates = nullptr;         // [T, B, 4H] out: pre-activation gradients
+  T* grad_h0 = nullptr;            // [B, H] out
+  T* grad_c0 = nullptr;            // [B, H] out; holds the running grad_c meanwhile
+  int64_t steps = 0, batch = 0, hidden = 0;
+  bool reverse = false;
+};
+
+namespace tc {
+
+// The cell backward of a lane's four cells at step position `pos` (step t):
+// acc[i] is the recurrent gradient of cell i (ignored at the first position
+// processed, pos == steps - 1, where grad_h_n stands in for it). Each cell's
+// running grad_c is read and written by this lane only.
+template <typename T, typename Load, typename Store>
+PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BackwardPlan& p,
+                            int64_t block, const Item& w, int lane, int64_t t, int64_t pos,
+                            const float (&acc)[4], Load load, Store store) {
+  const int64_t H = a.hidden, B = a.batch;
+  const bool first = pos == a.steps - 1;
+  const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, a.steps, a.reverse);
+  for (int i = 0; i < 4; ++i) {
+    const Cell c = bwd_cell(p, block, w, lane, i);
+    if (!c.valid) continue;
+    const int64_t s = c.b * H + c.j, ts = (t * B + c.b) * H + c.j;
+    const int64_t g0 = (t * B + c.b) * 4 * H + c.j;
+    float grad_h = first ? (a.grad_h_n ? load(a.grad_h_n[s]) : 0.0f) : acc[i];
+    if (a.grad_output) grad_h += load(a.grad_output[ts]);
+    const float grad_c = first ? (a.grad_c_n ? load(a.grad_c_n[s]) : 0.0f) : load(a.grad_c0[s]);
+    const float c_prev = prev < 0 ? load(a.c0[s]) : load(a.cells[(prev * B + c.b) * H + c.j]);
+    const auto r = math::cell_backward(grad_h, grad_c, load(a.act_gates[g0]),
+                                       load(a.act_gates[g0 + H]), load(a.act_gates[g0 + 2 * H]),
+                                       load(a.act_gates[g0 + 3 * H]), c_prev, load(a.cells[ts]));
+    a.grad_gates[g0] = store(r.d_i);
+    a.grad_gates[g0 + H] = store(r.d_f);
+    a.grad_gates[g0 + 2 * H] = store(r.d_g);
+    a.grad_gates[g0 + 3 * H] = store(r.d_o);
+    a.grad_c0[s] = store(r.d_c_prev);
+  }
+}
+
+// The last phase: the product of the last step processed is grad_h0.
+template <typename T, typename Store>
+PIPELSTM_HD void bwd_write_h0(const PersistentBackwardArgs<T>& a, const BackwardPlan& p,
+                              int64_t block, const Item& w, int lane, const float (&acc)[4],
+                              Store store) {
+  for (int i = 0; i < 4; ++i) {
+    const Cell c = bwd_cell(p, block, w, lane, i);
+    if (c.valid) a.grad_h0[c.b * a.hidden + c.j] = store(acc[i]);
+  }
+}
+
+// The grad_gates row that the product at position pos reads: that of the
+// step processed before it (pos + 1), or of the last one (pos == -1, the
+// grad_h0 phase). Valid for pos < steps - 1.
+template <typename T>
+PIPELSTM_HD const T* bwd_b_row(const PersistentBackwardArgs<T>& a, int64_t pos, int64_t n) {
+  const int64_t src = persistent::step_at(pos + 1, a.steps, a.reverse);
+  return a.grad_gates + (src * a.batch + n) * 4 * a.hidden;
 }
 
 }  // namespace tc

@@ -17,7 +17,8 @@ namespace kernels {
 // Whether the kernel can run a shape on a device, and if not, why.
 enum class TcFit : int {
   kFits = 0,
-  kBadShape,             // batch, hidden or unit_tiles not positive, steps negative
+  kBadShape,             // batch or hidden not positive, unit_tiles or steps negative
+                         // (the backward: steps not positive)
   kBatchTooLarge,        // batch > tc::kMaxBatch
   kNoCooperativeLaunch,  // the device cannot launch cooperative kernels
   kSharedMemory,         // the block's weight slab does not fit in shared memory
@@ -44,6 +45,20 @@ cudaError_t tc_persistent_forward_plan(int64_t batch, int64_t hidden, int64_t un
 template <typename T>
 cudaError_t tc_persistent_forward_cuda(const PersistentForwardArgs<T>& args, int64_t unit_tiles,
                                        cudaStream_t stream, TcFit* fit);
+
+// The backward's geometry (M-tiles of 16 units; `unit_tiles` of them per
+// block, 0 for the default), as tc_persistent_forward_plan.
+template <typename T>
+cudaError_t tc_persistent_backward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
+                                        int device, tc::BackwardPlan* plan, TcFit* fit);
+
+// Runs the backward of one layer direction (PersistentBackwardArgs) on
+// `stream` as one cooperative launch: grad_gates of every step, grad_h0 and
+// grad_c0. steps must be positive. Where the shape does not fit, sets *fit
+// to the reason, launches nothing and returns cudaSuccess.
+template <typename T>
+cudaError_t tc_persistent_backward_cuda(const PersistentBackwardArgs<T>& args,
+                                        int64_t unit_tiles, cudaStream_t stream, TcFit* fit);
 
 }  // namespace kernels
 }  // namespace pipelstm
