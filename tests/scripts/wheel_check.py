@@ -2,8 +2,10 @@
 the built wheel and the torch it was built against (tests/../mk/wheel.mk):
 pipelstm imports from that environment, not from the source tree, and its
 LSTM matches nn.LSTM forward and backward in float64 (same weights, same
-input, a loss weighting every output element differently)."""
+input, a loss weighting every output element differently), and the
+README's lines of use run as they stand."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -34,4 +36,10 @@ def run(model):
 
 for k, (a, e) in enumerate(zip(run(ours), run(ref))):
     torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=lambda m, k=k: f"item {k}: {m}")
+# The README's "Use" block, as a user would paste it.
+readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+use = re.search(r"^## Use\n.*?```python\n(.*?)```", readme, re.MULTILINE | re.DOTALL)
+assert use, "README.md has no ```python block under ## Use"
+exec(compile(use.group(1), "README.md (Use)", "exec"), {})
+
 print(f"wheel OK: pipelstm {pipelstm.__version__} from {where.parent}, torch {torch.__version__}")
