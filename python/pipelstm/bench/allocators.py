@@ -78,23 +78,24 @@ def setup_workload(rank: int, world: int, **kwargs) -> _Workload:
     return _Workload(**kwargs)
 
 
+def _put(values: Dict[str, Optional[str]]) -> None:
+    """Sets ``values`` in os.environ; None unsets."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @contextlib.contextmanager
 def _environment(**values: Optional[str]) -> Iterator[None]:
     """os.environ with ``values`` set (None: unset) while processes are spawned."""
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put(saved)
 
 
 def _library(name: str) -> Optional[str]:
