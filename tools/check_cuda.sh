@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA kernel sources (no GPU or torch needed):
 # every kernels/src/cuda/*.cu for sm_80 and sm_90 with all warnings as errors,
-# plus the public CUDA header through the plain host compiler.
+# the GPU check programs kernels/tests/*_gpu_check.cu likewise, plus the public
+# CUDA headers through the plain host compiler.
 # Run from the repository root.
 set -euo pipefail
 
@@ -28,6 +29,19 @@ for src in "${sources[@]}"; do
   obj="$tmp/$(basename "$src" .cu).o"
   start=$SECONDS
   if "$NVCC" "${flags[@]}" -c "$src" -o "$obj" 2>"$tmp/log"; then
+    echo "OK   $src ($((SECONDS - start))s)"
+  else
+    cat "$tmp/log" >&2
+    echo "FAIL $src"
+    status=1
+  fi
+done
+
+# The GPU check programs (run on a GPU machine) must build too.
+for src in kernels/tests/*_gpu_check.cu; do
+  start=$SECONDS
+  if "$NVCC" "${flags[@]}" -I kernels/tests -c "$src" -o "$tmp/$(basename "$src" .cu).o" \
+       2>"$tmp/log"; then
     echo "OK   $src ($((SECONDS - start))s)"
   else
     cat "$tmp/log" >&2

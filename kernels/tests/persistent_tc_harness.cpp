@@ -16,8 +16,11 @@
 
 #include "pipelstm/kernels/lstm_persistent_tc.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
+#include "persistent_tc_reference.h"
 
 using namespace pipelstm::kernels;
+using testing::reference_backward;
+using testing::reference_forward;
 
 namespace {
 
@@ -120,33 +123,6 @@ void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   }
 }
 
-// Reference: per step a plain GEMM into the gates, then the CPU loops.
-void run_reference(const PersistentForwardArgs<float>& a) {
-  const int64_t H = a.hidden, B = a.batch;
-  std::vector<float> gates(B * 4 * H);
-  for (int64_t pos = 0; pos < a.steps; ++pos) {
-    const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
-    for (int64_t b = 0; b < B; ++b) {
-      const float* h = persistent::h_prev_row(a, pos, b);
-      for (int64_t r = 0; r < 4 * H; ++r) {
-        double acc = 0;
-        for (int64_t i = 0; i < H; ++i) acc += double(a.w_hh[r * H + i]) * h[i];
-        gates[b * 4 * H + r] = a.input_gates[(t * B + b) * 4 * H + r] + float(acc);
-      }
-    }
-    const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, a.steps, a.reverse);
-    PointwiseForwardArgs<float> s;
-    s.gates = gates.data();
-    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
-    s.act_gates = a.act_gates + t * B * 4 * H;
-    s.c = a.cells + t * B * H;
-    s.h = a.output + t * B * H;
-    s.batch = B;
-    s.hidden = H;
-    pointwise_forward_cpu<float>(s, 0, B);
-  }
-}
-
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i)
@@ -187,7 +163,7 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
     a.batch = B;
     a.hidden = H;
     a.reverse = reverse;
-    if (run == 0) run_tc_forward(a, unit_tiles); else run_reference(a);
+    if (run == 0) run_tc_forward(a, unit_tiles); else reference_forward(a);
   }
   const double worst = std::max({rel_error(out[0], out[1]), rel_error(act[0], act[1]),
                                  rel_error(cells[0], cells[1])});
@@ -262,40 +238,6 @@ void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles)
   }
 }
 
-// Reference: the step loop's backward, the CPU pointwise loop and a plain GEMM.
-void run_backward_reference(const PersistentBackwardArgs<float>& a) {
-  const int64_t H = a.hidden, B = a.batch, T = a.steps;
-  std::vector<float> grad_h_rec(B * H, 0.0f), grad_h(B * H);
-  for (int64_t i = 0; i < B * H; ++i) {
-    if (a.grad_h_n) grad_h_rec[i] = a.grad_h_n[i];
-    a.grad_c0[i] = a.grad_c_n ? a.grad_c_n[i] : 0.0f;
-  }
-  for (int64_t pos = T - 1; pos >= 0; --pos) {
-    const int64_t t = persistent::step_at(pos, T, a.reverse);
-    const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, T, a.reverse);
-    for (int64_t i = 0; i < B * H; ++i)
-      grad_h[i] = grad_h_rec[i] + (a.grad_output ? a.grad_output[t * B * H + i] : 0.0f);
-    PointwiseBackwardArgs<float> s;
-    s.grad_h = grad_h.data();
-    s.grad_c = a.grad_c0;
-    s.act_gates = a.act_gates + t * B * 4 * H;
-    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
-    s.c = a.cells + t * B * H;
-    s.grad_gates = a.grad_gates + t * B * 4 * H;
-    s.grad_c_prev = a.grad_c0;
-    s.batch = B;
-    s.hidden = H;
-    pointwise_backward_cpu<float>(s, 0, B);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < H; ++j) {
-        double acc = 0;
-        for (int64_t k = 0; k < 4 * H; ++k) acc += double(s.grad_gates[b * 4 * H + k]) * a.w_hh[k * H + j];
-        grad_h_rec[b * H + j] = float(acc);
-      }
-  }
-  std::copy(grad_h_rec.begin(), grad_h_rec.end(), a.grad_h0);
-}
-
 // One backward case on a real forward workspace (from the reference
 // forward); `optional` selects which of grad_output, grad_h_n, grad_c_n exist.
 bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool reverse,
@@ -316,7 +258,7 @@ bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool re
   f.batch = B;
   f.hidden = H;
   f.reverse = reverse;
-  run_reference(f);
+  reference_forward(f);
   const auto go = random_vec(T * B * H), ghn = random_vec(B * H), gcn = random_vec(B * H);
   std::vector<float> gg[2], gh0[2], gc0[2];
   for (int run = 0; run < 2; ++run) {
@@ -338,7 +280,7 @@ bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool re
     a.batch = B;
     a.hidden = H;
     a.reverse = reverse;
-    if (run == 0) run_tc_backward(a, unit_tiles); else run_backward_reference(a);
+    if (run == 0) run_tc_backward(a, unit_tiles); else reference_backward(a);
   }
   const double worst = std::max({rel_error(gg[0], gg[1]), rel_error(gh0[0], gh0[1]),
                                  rel_error(gc0[0], gc0[1])});

@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "pipelstm/kernels/lstm_persistent.h"
+#include "pipelstm/kernels/lstm_pointwise_indexing.h"  // PIPELSTM_UNROLL
 
 namespace pipelstm {
 namespace kernels {
@@ -205,21 +206,26 @@ template <typename T, typename Load, typename Store>
 PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan& p,
                             int64_t block, const Item& w, int lane, int64_t t, int64_t step_pos,
                             const float (&acc)[8], Load load, Store store) {
-  float dot[2][4] = {};
-  int unit[2] = {0, 0}, col[2] = {0, 0};
-  const int col0 = c_elem(lane, 0).col;
-  for (int e = 0; e < 8; ++e) {
-    const Coord c = c_elem(lane, e & 3);
-    const GateRow r = fwd_row(e >> 2, c.row);
-    const int cell = c.col == col0 ? 0 : 1;
-    dot[cell][r.gate] = acc[e];
-    unit[cell] = r.unit;
-    col[cell] = c.col;
-  }
+  // Cell k is the column of C element k; every array index below is a
+  // constant once unrolled (the matching is by value), so the device keeps
+  // everything in registers.
+  PIPELSTM_UNROLL
   for (int cell = 0; cell < 2; ++cell) {
-    const int64_t j = (block * p.unit_tiles + w.tau) * kUnitsPerTile + unit[cell];
-    const int64_t b = w.n_tile * kTileN + col[cell];
-    if (j < p.hidden && b < p.batch) persistent::finish_unit(a, t, step_pos, b, j, dot[cell], load, store);
+    const Coord home = c_elem(lane, cell);
+    float dot[4];
+    PIPELSTM_UNROLL
+    for (int gate = 0; gate < 4; ++gate) {
+      dot[gate] = 0.0f;
+      PIPELSTM_UNROLL
+      for (int e = 0; e < 8; ++e) {
+        const Coord c = c_elem(lane, e & 3);
+        const GateRow r = fwd_row(e >> 2, c.row);
+        if (c.col == home.col && r.gate == gate) dot[gate] = acc[e];
+      }
+    }
+    const int64_t j = (block * p.unit_tiles + w.tau) * kUnitsPerTile + fwd_row(0, home.row).unit;
+    const int64_t b = w.n_tile * kTileN + home.col;
+    if (j < p.hidden && b < p.batch) persistent::finish_unit(a, t, step_pos, b, j, dot, load, store);
   }
 }
 
