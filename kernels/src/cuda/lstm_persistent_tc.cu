@@ -32,22 +32,30 @@ struct Mma;
 template <>
 struct Mma<__half> {
   static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: the plan answers TcFit::kArchitecture
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#endif
   }
 };
 
 template <>
 struct Mma<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: the plan answers TcFit::kArchitecture
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#endif
   }
 };
 
@@ -268,6 +276,10 @@ cudaError_t check_shape(int64_t batch, int64_t hidden, int64_t unit_tiles, int d
   }
   const cudaError_t err = cudaGetDeviceProperties(prop, device);
   if (err != cudaSuccess) return err;
+  if (prop->major < 8) {
+    *fit = TcFit::kArchitecture;
+    return cudaSuccess;
+  }
   *fit = prop->cooperativeLaunch ? TcFit::kFits : TcFit::kNoCooperativeLaunch;
   return cudaSuccess;
 }
@@ -282,6 +294,8 @@ const char* tc_fit_message(TcFit fit) {
       return "batch, hidden and unit tiles per block must be positive and steps non-negative";
     case TcFit::kBatchTooLarge:
       return "the persistent tensor-core kernel takes a batch of at most 64";
+    case TcFit::kArchitecture:
+      return "the persistent tensor-core kernel needs compute capability 8.0 or newer";
     case TcFit::kNoCooperativeLaunch:
       return "the device cannot launch cooperative kernels";
     case TcFit::kSharedMemory:

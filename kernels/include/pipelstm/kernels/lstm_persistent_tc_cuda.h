@@ -20,6 +20,7 @@ enum class TcFit : int {
   kBadShape,             // batch or hidden not positive, unit_tiles or steps negative
                          // (the backward: steps not positive)
   kBatchTooLarge,        // batch > tc::kMaxBatch
+  kArchitecture,         // compute capability below 8.0 (no bf16 / m16n8k16 mma.sync)
   kNoCooperativeLaunch,  // the device cannot launch cooperative kernels
   kSharedMemory,         // the block's weight slab does not fit in shared memory
   kCoResidency,          // not every block can be resident at once
