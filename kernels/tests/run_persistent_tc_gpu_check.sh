@@ -7,7 +7,9 @@
 # build/persistent_tc_gpu_check). Run from the repository root.
 set -uo pipefail
 
-NVCC="${NVCC:-nvcc}"
+# nvcc and compute-sanitizer from PATH, else from the CUDA toolkit root.
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+NVCC="${NVCC:-$(command -v nvcc || echo "$cuda_home/bin/nvcc")}"
 out="${OUT:-build/persistent_tc_gpu_check}"
 mkdir -p "$out"
 bin="$out/persistent_tc_gpu_check"
@@ -25,7 +27,8 @@ echo "built in $((SECONDS - start))s"
 
 "$bin" 2>&1 | tee "$out/check.log" || status=1
 
-sanitizer="${COMPUTE_SANITIZER:-compute-sanitizer}"
+sanitizer="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer ||
+                                   echo "$cuda_home/bin/compute-sanitizer")}"
 if command -v "$sanitizer" >/dev/null 2>&1; then
   for tool in memcheck racecheck synccheck initcheck; do
     start=$SECONDS
