@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine is for, in one call (docs/cuda.md, "On a lent
-# GPU"): the extension built against that machine's torch, tests/gpu, and
-# `bench gpu` with CUDA graphs as the library chooses, off and on. Logs and JSON under $OUT (the
+# GPU"): the extension built against that machine's torch, tests/gpu, the
+# persistent tensor-core kernels' own check (kernels/tests/
+# run_persistent_tc_gpu_check.sh: results, refusals, timings,
+# compute-sanitizer), and `bench gpu` with CUDA graphs as the library
+# chooses, off and on. Logs and JSON under $OUT (the
 # device tool brings that folder back); a short summary is printed last.
 #
 #   bash tools/gpu_check.sh                     # all of it
@@ -19,7 +22,7 @@ set -uo pipefail
 
 PY="${PYTHON:-python3}"
 OUT="${OUT:-build/gpu_check}"
-STEPS="${STEPS:-build tests bench}"
+STEPS="${STEPS:-build tests tc bench}"
 BENCH_SECONDS="${BENCH_SECONDS:-200}"
 TESTS="${TESTS:-tests/gpu}"
 TEST_SECONDS="${TEST_SECONDS:-300}"
@@ -78,6 +81,13 @@ if want tests; then
   rc=$?
   note "tests ($TESTS): rc=$rc ($((SECONDS - start)) s): $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30 | tee -a "$summary"
+fi
+
+if want tc; then
+  start=$SECONDS
+  timeout "${TC_SECONDS:-300}" env OUT="$OUT/persistent_tc" bash kernels/tests/run_persistent_tc_gpu_check.sh \
+    >"$OUT/persistent_tc.log" 2>&1
+  note "persistent tensor-core kernels: rc=$? ($((SECONDS - start)) s): $(tail -1 "$OUT/persistent_tc.log")"
 fi
 
 if want bench; then
