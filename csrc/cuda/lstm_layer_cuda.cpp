@@ -77,7 +77,8 @@ struct CudaLayer {
   }
   template <class F>
   static void dispatch_types(at::ScalarType dtype, F&& f) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "pipelstm_cuda_step", [&] { f(scalar_t{}); });
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "pipelstm_cuda_step",
+                                    [&] { f(scalar_t{}); });
   }
 
   // The persistent recurrent kernel, opted in to with PIPELSTM_PERSISTENT=1
