@@ -1,18 +1,9 @@
 #include "graph_replay.h"
 
-#include <array>
 #include <atomic>
 
 namespace pipelstm {
 namespace {
-
-std::array<GraphRunner, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>&
-runners() {
-  static std::array<GraphRunner,
-                    static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
-      r{};
-  return r;
-}
 
 std::atomic<int64_t> captures{0}, replays{0};
 thread_local bool no_graphs = false;
@@ -26,22 +17,7 @@ void note_graph_replay() { replays.fetch_add(1); }
 NoGraphsOnThisThread::NoGraphsOnThisThread() : saved_(no_graphs) { no_graphs = true; }
 NoGraphsOnThisThread::~NoGraphsOnThisThread() { no_graphs = saved_; }
 
-void register_graph_runner(c10::DeviceType device, GraphRunner runner) {
-  runners()[static_cast<size_t>(device)] = runner;
-}
-
-bool has_graph_runner(c10::DeviceType device) {
-  return runners()[static_cast<size_t>(device)] != nullptr;
-}
-
-std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
-                                                    const std::vector<int64_t>& key,
-                                                    const std::vector<at::Tensor>& inputs,
-                                                    const GraphBody& body, bool by_default) {
-  const GraphRunner runner = runners()[static_cast<size_t>(device)];
-  if (runner == nullptr || no_graphs) return std::nullopt;
-  return runner(key, inputs, body, by_default);
-}
+bool graphs_allowed_on_this_thread() { return !no_graphs; }
 
 void add_to_key(std::vector<int64_t>& key, const at::Tensor& t, bool in_place) {
   if (!t.defined()) {

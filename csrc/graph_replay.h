@@ -1,5 +1,6 @@
-// A layer op's time loop replayed as a captured graph, on a device that has
-// graphs (CUDA: cuda/graph_replay_cuda.cpp). The loop launches a GEMM and a
+// A layer op's time loop replayed as a captured graph: the parts every
+// build has (the thread switch, the counts, the key). The CUDA backend
+// captures and replays (cuda/graph_replay_cuda.h). The loop launches a GEMM and a
 // pointwise kernel per step, and at small sizes the host time of those
 // launches, not the arithmetic, is the op's time: a graph launches them all
 // at once.
@@ -22,24 +23,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <vector>
 
 namespace pipelstm {
 
 using GraphBody = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
-
-// The runner of one device type: returns the body's outputs, run as a graph,
-// or nullopt when this call runs eagerly (warm-up, capture impossible, off).
-// `by_default`: whether to graph the call when PIPELSTM_CUDA_GRAPHS is unset.
-using GraphRunner = std::optional<std::vector<at::Tensor>> (*)(const std::vector<int64_t>& key,
-                                                                 const std::vector<at::Tensor>& inputs,
-                                                                 const GraphBody& body,
-                                                                 bool by_default);
 
 // While alive, the layer ops called on this thread run their step loop,
 // whatever PIPELSTM_CUDA_GRAPHS says. The pipeline's stage threads hold one:
@@ -59,18 +50,9 @@ class NoGraphsOnThisThread {
   bool saved_;
 };
 
-// Called by a backend from a static initializer.
-void register_graph_runner(c10::DeviceType device, GraphRunner runner);
-
-// Whether `device` has a runner (a CUDA build, for CUDA).
-bool has_graph_runner(c10::DeviceType device);
-
-// The body's outputs from a graph, or nullopt: then the caller runs
-// body(inputs) itself. Every input must be on `device`.
-std::optional<std::vector<at::Tensor>> run_as_graph(c10::DeviceType device,
-                                                    const std::vector<int64_t>& key,
-                                                    const std::vector<at::Tensor>& inputs,
-                                                    const GraphBody& body, bool by_default);
+// Whether the layer ops called on this thread may run as graphs (no
+// NoGraphsOnThisThread alive on it).
+bool graphs_allowed_on_this_thread();
 
 // How many graphs this process captured and replayed (for tests and
 // benchmarks: pipelstm._C._graph_counts()); runners count through note_*.

@@ -1,7 +1,10 @@
-// The pipelstm ops. Schemas are declared once in registration.cpp; every
-// function here is device-generic (GEMMs through ATen, the pointwise step
-// through its entry for the device and dtype, pointwise_step.h) and is
-// registered per backend.
+// The layer ops as C++ calls, for C++ callers (the pipeline's LSTM units).
+// The forward and the backward's data part go through the dispatcher, which
+// picks the backend of the tensors' device (cpu/lstm_layer_cpu.cpp,
+// cuda/lstm_layer_cuda.cpp); the weight part is device-generic GEMMs
+// (layer_weight_grads.cpp). The op schemas
+// are declared once in registration.cpp; Python registers their fake kernels
+// and autograd formulas (python/pipelstm/ops.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,44 +32,25 @@ struct OpGuard {
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };
 
-// One fused step: gates = input_gates + hidden_gates (+ biases) [B, 4H],
-// cx [B, H] -> (hy [B, H], cy [B, H], workspace = activated gates [B, 4H]).
-std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
-                                                     const Tensor& hidden_gates,
-                                                     const Tensor& cx, const OptTensor& b_ih,
-                                                     const OptTensor& b_hh);
-
-// -> (grad of the gate pre-activations [B, 4H], grad_cx [B, H]).
-std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const OptTensor& grad_cy,
-                                              const Tensor& cx, const Tensor& cy,
-                                              const Tensor& workspace);
-
 // One direction of one layer over input [T, B, I] from (h0 [B, P], c0 [B, H]),
 // with P = H, or the projection size when w_hr [P, H] is given.
 // -> (output [T, B, P], h_n [B, P], c_n [B, H], workspace) where workspace
 // is 1-D: activated gates [T, B, 4H], then cell states [T, B, H], then (with
-// a projection) the unprojected hidden states [T, B, H].
+// a projection) the unprojected hidden states [T, B, H]. The op
+// pipelstm::lstm_layer_forward.
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
     bool reverse);
 
-// -> (grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias [4H]
-// (the gradient of b_ih and of b_hh alike), grad_w_hr ([P, H], or an empty
-// tensor without projection)).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward(
-    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
-    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
-    bool reverse);
-
-// lstm_layer_backward in two parts (forward direction, dense), for a
+// pipelstm::lstm_layer_backward in two parts (forward direction, dense), for a
 // scheduler that computes the weight gradients later, e.g. once over the
 // pieces of several calls (the "B" and "W" of zero-bubble pipeline
 // schedules). The data part -> input and state gradients, and what the
 // weight part needs: grad_gates [T*B, 4H] and, with a projection, the
 // gradient of each step's output grad_h [T*B, P] and the unprojected
-// states raw_h [T*B, H].
+// states raw_h [T*B, H]. The data part is the internal op
+// pipelstm::lstm_layer_backward_data.
 struct LayerDataGrads {
   Tensor grad_input, grad_h0, grad_c0, grad_gates, grad_h, raw_h;
 };
@@ -89,20 +73,5 @@ LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tens
 // first copying their pieces into one sequence), else as above.
 void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
                                  const Tensor& output, LayerWeightGrads& acc);
-
-// The same over a PackedSequence: input [rows, I] holds batch_sizes[t] rows
-// per step (sequences sorted by decreasing length); only real steps are
-// computed. h0/c0/h_n/c_n have batch_sizes[0] rows, each sequence's h_n/c_n
-// taken at its own last step. output is [rows, P].
-std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
-    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
-    const OptTensor& w_hr, bool reverse);
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_backward(
-    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
-    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
-    const Tensor& workspace, bool reverse);
 
 }  // namespace pipelstm

@@ -8,6 +8,7 @@
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
 #include "cpu/step_kernels.h"
+#include "backend.h"
 #include "column_major_gemm.h"
 #include "graph_replay.h"
 #include "layer_gemm.h"
@@ -100,7 +101,7 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("b"), pybind11::arg("accumulate") = false,
         "out = a @ b (out += a @ b with accumulate) as a layer runs its whole-batch GEMMs "
         "(cpu/gemm_cpu.h), for tests and measurements.");
-  m.def("_linear", &pipelstm::cpu::linear, pybind11::arg("x"), pybind11::arg("weight"),
+  m.def("_linear", &pipelstm::backend::linear, pybind11::arg("x"), pybind11::arg("weight"),
         pybind11::arg("bias") = pybind11::none(),
         "x @ weight.t() + bias as the pipeline's Linear units run it (cpu/gemm_cpu.h), for tests.");
   m.def("_fma_loop_seconds", &pipelstm::cpu::fma_loop_seconds, pybind11::arg("threads"),

@@ -1,6 +1,7 @@
-// The op schemas, declared once. Kernels are registered per backend
-// (cpu/pointwise_cpu.cpp, cuda/...); fake kernels and autograd formulas are
-// registered from Python (pipelstm/ops.py). The *_composite ops are the same
+// The op schemas, declared once. Kernels are registered per backend, each
+// under its own dispatch key (cpu/lstm_layer_cpu.cpp, cuda/lstm_layer_cuda.cpp);
+// fake kernels and autograd formulas are registered from Python
+// (pipelstm/ops.py, pipelstm/fake_kernels.py). The *_composite ops are the same
 // math in ATen ops (lstm_composite.cpp), for the transforms the fused
 // formulas do not cover.
 #include <torch/library.h>
@@ -22,6 +23,13 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, Tensor grad_h0, "
       "Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
       "Tensor grad_w_hr)");
+  // Internal, for the pipeline engine (lstm_ops.h): lstm_layer_backward's data
+  // part; grad_h and raw_h are empty without a projection.
+  m.def(
+      "lstm_layer_backward_data(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
+      "Tensor output, Tensor workspace) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, "
+      "Tensor grad_gates, Tensor grad_h, Tensor raw_h)");
   m.def(
       "lstm_packed_layer_forward(Tensor input, Tensor batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "

@@ -2,8 +2,8 @@
 // fused step kernels (kernels/include/pipelstm/kernels/cpu_recurrent.h):
 // the recurrent weights packed once per call, then per step one kernel
 // call per thread with no tensor, allocation or dispatcher call inside the
-// loop. lstm_layer.cpp calls these for CPU float32 input and keeps its
-// ATen step loop for every other case.
+// loop. lstm_layer_cpu.cpp calls these for float32 input; float64 takes
+// the shared step loop (layer_step_loop.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -26,13 +26,8 @@ bool intel_cpu() {
 }
 
 // Below this many rows packing b (one pass over it) costs more than the
-// faster kernel saves. On the Zen 5 (own / auto at 128 rows, a layer at
-// B = 1, medians of 5 alternated processes, 2026-11-25): since the packing
-// transposes blocks in registers, the forward at T x B = 4..64 rows ran
-// 1.05-1.39x as fast on the kernels (H = 128..1024; H = 64 within 2 %),
-// fwd+bwd 1.00-1.21x; at one row (T = B = 1, H = 512) 0.85x (fwd), 0.95x
-// (fwd+bwd): a single row is a matrix-vector product that reads b once.
-// With the old scalar packing the bound was 128 rows.
+// faster kernel saves: a single row is a matrix-vector product that reads b
+// once (docs/cpu.md, "GEMM backend").
 constexpr int64_t kMinOwnRows = 4;
 
 // The largest block of a's rows that one pass over all panels reads.
@@ -42,12 +37,9 @@ constexpr int64_t kBlockBytes = int64_t{4} << 20;
 std::string gemm_setting() { return settings::cpu_gemm(); }  // read per call: cheap beside a GEMM
 
 // Whether the kernels' vector builds run on a CPU that is not Intel's. On
-// AMD CPUs MKL runs its AVX2 code: at about half the avx512 build's rate
-// on a Zen 5, and below the avx2 build's too (a Zen 5 capped to AVX2,
-// 1 thread, T x B = 4096 rows, GFLOP/s MKL / kernels: x @ w_ih^T 96-100 /
-// 111-117, dG @ w_ih 95-101 / 104-117, dG^T @ x 89-104 / 107-122 at
-// H = 64..1024; whole layer fwd+bwd 1.05-1.14x, forward 1.03-1.11x as
-// fast). On Intel CPUs MKL is at its best and keeps them.
+// AMD CPUs MKL runs its AVX2 code, below the kernels' avx512 and avx2
+// builds; on Intel CPUs MKL is at its best and keeps the GEMMs (docs/cpu.md,
+// "GEMM backend").
 bool own_by_cpu(const char* isa) {
   return (std::strcmp(isa, "avx512") == 0 || std::strcmp(isa, "avx2") == 0) && !intel_cpu();
 }
@@ -63,12 +55,9 @@ bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_typ
 // A weight gradient (a transposed: grad_gates.t() @ x, 4H x TB @ TB x I)
 // has few panels and a long depth. Split over the panels, every thread
 // reads all of a, in place across rows kilobytes apart; split over the
-// depth, each reads its half and the halves are summed after. With the
-// avx512 build on a 2-core Zen 5 that paid from a depth of 4096 (2 threads,
-// 4H x K @ K x H, GFLOP/s split / not: K = 4096 1.03-1.10x, K = 8192
-// 1.03-1.42x at H = 64..1024; K = 1024 0.92-0.97x; a layer's fwd+bwd at
-// T = 128, B = 64 1.06-1.10x, at T = 32, B = 32 0.95x, not split). The
-// avx2 build, at half the FMA rate, hides the reads: even there (0.90-1.12x).
+// depth, each reads its half and the halves are summed after. That pays
+// from a long depth on; shorter ones stay split over the panels
+// (docs/cpu.md, "GEMM backend").
 constexpr int64_t kMinSplitDepth = 4096;
 
 // PIPELSTM_SPLIT_DEPTH=0: never; =1: every product with a transposed a on
@@ -115,7 +104,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   const at::Tensor x2 = x.reshape({-1, w.size(1)});
   // From the kept mappings (huge_pages.h): a decoder's logits are tens of MiB
   // per item, and glibc maps such a buffer afresh (faulting every page) each time.
-  at::Tensor out = empty_buffer({x2.size(0), w.size(0)}, x.options());
+  at::Tensor out = empty_huge({x2.size(0), w.size(0)}, x.options());
   if (bias.has_value()) out.copy_(bias->expand_as(out));  // then accumulated into
   layer_mm_out(out, x2, w.t(), /*accumulate=*/bias.has_value());
   std::vector<int64_t> sizes = x.sizes().vec();
@@ -153,8 +142,8 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   const auto& Kr = step_kernels();
   // a's rows are read in place with unit stride or, for a transposed view
   // (a weight gradient's grad_gates.t()), with its row stride: ATen's copy of
-  // such a view took a fifth of a layer's fwd+bwd at H=64 B=64 T=128 on 2
-  // threads (torch.profiler, Zen 5). Any other layout is copied.
+  // such a view is a large part of a small layer's backward. Any other
+  // layout is copied.
   const at::Tensor rows = a.stride(1) == 1 || transposed ? a : a.contiguous();
   const int64_t lda = transposed ? 1 : rows.stride(0), step = transposed ? rows.stride(1) : 1;
   // b as panels: from its transpose's rows when b is a transposed row-major
@@ -220,13 +209,9 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   // H >= 256) read in place takes each tile's MR floats per step from a
   // line of another page, with no hardware prefetch across pages: each row
   // block is first made dense (Kr.transpose, V x V blocks in registers) and
-  // then run like a plain a. grad_gates.t() @ x, Zen 5, avx512 build,
-  // 1 thread, GFLOP/s (4H x TB @ TB x H): H = 1024, TB = 2048 199 -> 233,
-  // TB = 8192 175 -> 196; H = 512, TB = 2048 193 -> 229. A layer's fwd+bwd
-  // (medians of 5 alternated processes): H = 256..1024, 1 and 2 threads
-  // 1.03-1.11x as fast; at H = 64 and 128 (strides of 1-2 KiB, not made
-  // dense) it was 0.81-0.95x. The avx2 build has no Kr.transpose: there
-  // the kernel packs such slices itself (gemm_strided), 0.95-1.0x this way.
+  // then run like a plain a. Below a page (H = 64, 128) that copy costs more
+  // than it saves. The avx2 build has no Kr.transpose: there the kernel
+  // packs such slices itself (gemm_strided).
   const bool make_dense =
       transposed && Kr.transpose != nullptr && step * static_cast<int64_t>(sizeof(float)) >= 4096;
   at::Tensor dense = make_dense ? empty_huge({std::min(M, block), K}, rows.options()) : at::Tensor();

@@ -3,13 +3,11 @@
 // GEMM where that is faster than ATen's BLAS.
 //
 // torch's CPU builds call MKL's sgemm for at::mm, and MKL takes its AVX-512
-// code only on Intel CPUs: on an AMD Zen 5 (AVX-512) at::mm ran at
-// 97-108 GFLOP/s on one thread, its AVX2 rate, while the kernels' avx512
-// build ran the recurrent GEMM at 167-193 GFLOP/s, and capped to AVX2 the
-// kernels' avx2 build still ran 1.1-1.2x as fast as MKL (docs/cpu.md, "GEMM
-// backend"). PIPELSTM_CPU_GEMM picks: `aten` (at::mm always), `own` (the
-// kernels always), `auto` or unset (the kernels where their ISA is avx512
-// or avx2, the CPU is not Intel's and a has at least 4 rows, else at::mm).
+// code only on Intel CPUs: on AMD CPUs the kernels' avx512 and avx2 builds
+// both run faster than MKL (docs/cpu.md, "GEMM backend").
+// PIPELSTM_CPU_GEMM picks: `aten` (at::mm always), `own` (the kernels
+// always), `auto` or unset (the kernels where their ISA is avx512 or avx2,
+// the CPU is not Intel's and a has at least 4 rows, else at::mm).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,7 +24,7 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
                   bool accumulate = false);
 
 // x [..., K] @ w.t() + bias as [..., N] (w [N, K]): a Linear's forward on
-// layer_mm_out for CPU float32, at::linear for anything else.
+// layer_mm_out for CPU float32, at::linear for the CPU's other dtypes.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
 
 // What layer_mm_out runs on CPU float32 now for 4 rows and more: "own"

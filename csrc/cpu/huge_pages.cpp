@@ -260,10 +260,6 @@ at::Tensor empty_huge(at::IntArrayRef sizes, const at::TensorOptions& options) {
                                    c10::typeMetaToScalarType(options.dtype()), std::nullopt);
 }
 
-at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  return options.device().is_cpu() ? empty_huge(sizes, options) : at::empty(sizes, options);
-}
-
 BufferCacheStats buffer_cache_stats() {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   return cache().stats();

@@ -1,15 +1,12 @@
-// CPU entries of the pointwise step: batch rows split over ATen's intra-op
-// threads; and the op registrations for the CPU key.
+#include "pointwise_cpu.h"
+
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
-
-#include "../device_kernels.h"
-#include "../pointwise_step.h"
-#include "pipelstm/kernels/lstm_pointwise.h"
+#include <cstdint>
 
 namespace pipelstm {
+namespace cpu {
 namespace {
 
 // Rows per task: enough elements per thread to amortise the fork.
@@ -18,30 +15,26 @@ int64_t grain_rows(int64_t hidden) {
   return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, 4 * hidden));
 }
 
+}  // namespace
+
 template <typename T>
-void forward(const kernels::PointwiseForwardArgs<T>& a) {
+void pointwise_forward(const kernels::PointwiseForwardArgs<T>& a) {
   at::parallel_for(0, a.batch, grain_rows(a.hidden), [&](int64_t b0, int64_t b1) {
     kernels::pointwise_forward_cpu<T>(a, b0, b1);
   });
 }
 
 template <typename T>
-void backward(const kernels::PointwiseBackwardArgs<T>& a) {
+void pointwise_backward(const kernels::PointwiseBackwardArgs<T>& a) {
   at::parallel_for(0, a.batch, grain_rows(a.hidden), [&](int64_t b0, int64_t b1) {
     kernels::pointwise_backward_cpu<T>(a, b0, b1);
   });
 }
 
-const bool registered = [] {
-  register_pointwise_step<float>(c10::DeviceType::CPU, {&forward<float>, &backward<float>});
-  register_pointwise_step<double>(c10::DeviceType::CPU, {&forward<double>, &backward<double>});
-  return true;
-}();
+template void pointwise_forward<float>(const kernels::PointwiseForwardArgs<float>&);
+template void pointwise_forward<double>(const kernels::PointwiseForwardArgs<double>&);
+template void pointwise_backward<float>(const kernels::PointwiseBackwardArgs<float>&);
+template void pointwise_backward<double>(const kernels::PointwiseBackwardArgs<double>&);
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(pipelstm, CPU, m) {
-  register_device_kernels(m);
-}
-
+}  // namespace cpu
 }  // namespace pipelstm

@@ -1,5 +1,5 @@
-// The CUDA runner of graph_replay.h: captures a layer op's body once per key
-// and replays it. Compiled only in a CUDA build.
+#include "graph_replay_cuda.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -14,11 +14,11 @@
 #include <mutex>
 #include <vector>
 
-#include "../graph_replay.h"
 #include "../log_sink.h"
 #include "../settings.h"
 
 namespace pipelstm {
+namespace cuda {
 namespace {
 
 // Graphs kept at once, least recently used dropped first: each holds its
@@ -157,10 +157,14 @@ void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& curren
   e.graph = std::move(graph);
 }
 
-std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_key,
-                                                const std::vector<at::Tensor>& inputs,
-                                                const GraphBody& body, bool by_default) {
-  if (!graphs_requested(by_default) || inputs.empty()) return std::nullopt;
+}  // namespace
+
+std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& op_key,
+                                                    const std::vector<at::Tensor>& inputs,
+                                                    const GraphBody& body, bool by_default) {
+  if (!graphs_allowed_on_this_thread() || !graphs_requested(by_default) || inputs.empty()) {
+    return std::nullopt;
+  }
   const c10::Device device = inputs.front().device();
   for (const auto& t : inputs) {
     if (t.device() != device) return std::nullopt;
@@ -231,10 +235,5 @@ std::optional<std::vector<at::Tensor>> run_cuda(const std::vector<int64_t>& op_k
   return out;
 }
 
-const bool registered = [] {
-  register_graph_runner(c10::DeviceType::CUDA, &run_cuda);
-  return true;
-}();
-
-}  // namespace
+}  // namespace cuda
 }  // namespace pipelstm

@@ -1,21 +1,17 @@
-// CUDA entries of the pointwise step: one launch on the current stream (no
-// host synchronisation, so the layer ops are capturable in a CUDA graph), the
-// launch error turned into torch's error; and the op registrations for the
-// CUDA key. Compiled only in a CUDA build.
+#include "pointwise_cuda.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include <type_traits>
 
-#include "../device_kernels.h"
-#include "../pointwise_step.h"
 #include "pipelstm/kernels/lstm_persistent_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_cuda.h"
 
 namespace pipelstm {
+namespace cuda {
 namespace {
 
 // The kernel library's element type for ATen's: c10::Half and c10::BFloat16
@@ -35,8 +31,10 @@ const S* as(const T* p) {
   return reinterpret_cast<const S*>(p);
 }
 
+}  // namespace
+
 template <typename T>
-void forward(const kernels::PointwiseForwardArgs<T>& a) {
+void pointwise_forward(const kernels::PointwiseForwardArgs<T>& a) {
   using S = typename Storage<T>::type;
   kernels::PointwiseForwardArgs<S> s;
   s.gates = as<S>(a.gates);
@@ -53,7 +51,7 @@ void forward(const kernels::PointwiseForwardArgs<T>& a) {
 }
 
 template <typename T>
-void backward(const kernels::PointwiseBackwardArgs<T>& a) {
+void pointwise_backward(const kernels::PointwiseBackwardArgs<T>& a) {
   using S = typename Storage<T>::type;
   kernels::PointwiseBackwardArgs<S> s;
   s.grad_h = as<S>(a.grad_h);
@@ -69,7 +67,7 @@ void backward(const kernels::PointwiseBackwardArgs<T>& a) {
 }
 
 template <typename T>
-bool sequence_forward(const kernels::PersistentForwardArgs<T>& a) {
+bool persistent_forward(const kernels::PersistentForwardArgs<T>& a) {
   using S = typename Storage<T>::type;
   if (!kernels::persistent_forward_fits<S>(a.hidden, c10::cuda::current_device())) return false;
   kernels::PersistentForwardArgs<S> s;
@@ -88,26 +86,17 @@ bool sequence_forward(const kernels::PersistentForwardArgs<T>& a) {
   return true;
 }
 
-template <typename T>
-void register_step() {
-  PointwiseStep<T> step{&forward<T>, &backward<T>};
-  // The persistent kernel is instantiated for float, half and bfloat16.
-  if constexpr (!std::is_same_v<T, double>) step.sequence_forward = &sequence_forward<T>;
-  register_pointwise_step<T>(c10::DeviceType::CUDA, step);
-}
+#define PIPELSTM_INSTANTIATE_STEP(T)                                              \
+  template void pointwise_forward<T>(const kernels::PointwiseForwardArgs<T>&);   \
+  template void pointwise_backward<T>(const kernels::PointwiseBackwardArgs<T>&);
+PIPELSTM_INSTANTIATE_STEP(float)
+PIPELSTM_INSTANTIATE_STEP(double)
+PIPELSTM_INSTANTIATE_STEP(c10::Half)
+PIPELSTM_INSTANTIATE_STEP(c10::BFloat16)
+#undef PIPELSTM_INSTANTIATE_STEP
+template bool persistent_forward<float>(const kernels::PersistentForwardArgs<float>&);
+template bool persistent_forward<c10::Half>(const kernels::PersistentForwardArgs<c10::Half>&);
+template bool persistent_forward<c10::BFloat16>(const kernels::PersistentForwardArgs<c10::BFloat16>&);
 
-const bool registered = [] {
-  register_step<float>();
-  register_step<double>();
-  register_step<c10::Half>();
-  register_step<c10::BFloat16>();
-  return true;
-}();
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(pipelstm, CUDA, m) {
-  register_device_kernels(m);
-}
-
+}  // namespace cuda
 }  // namespace pipelstm

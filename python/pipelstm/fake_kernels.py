@@ -1,8 +1,8 @@
 """Fake kernels of the pipelstm ops: the C++ checks, then shapes.
 
 FakeTensor, ``torch.compile`` and ``torch.export`` trace the ops with these.
-Each makes every check its C++ op makes (csrc/checks.cpp, lstm_layer.cpp,
-lstm_cell.cpp), with the same messages, so that traced code fails where
+Each makes every check its C++ op makes (csrc/checks.cpp, layer_checks.cpp,
+cell_ops.h), with the same messages, so that traced code fails where
 eager fails. Only checks that read batch_sizes' values are left to the real
 op. torch._check keeps them valid for symbolic sizes.
 """
@@ -58,7 +58,7 @@ def _check_supported_dtype(op: str, name: str, t: Tensor) -> None:
 
 
 def _layer_geometry(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=None) -> LayerGeometry:
-    """csrc/lstm_layer.cpp's check_weights and check_biases: -> the layer's geometry."""
+    """csrc/layer_checks.cpp's check_weights and check_biases: -> the layer's geometry."""
     _check_dim(op, "w_ih", w_ih, 2, "[4H, I]")
     _check_supported_dtype(op, "input", input)
     torch._check(
@@ -83,7 +83,7 @@ def _layer_geometry(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=
 
 
 def _check_layer_grads(op, input, g: LayerGeometry, rows, batch, output, grad_output, grad_h_n, grad_c_n, workspace):
-    """csrc/lstm_layer.cpp's check_grads."""
+    """csrc/layer_checks.cpp's check_grads."""
     _check_shape(op, "workspace", workspace, (g.workspace_numel(rows),))
     if grad_output is not None:
         _check_shape(op, "grad_output", grad_output, tuple(output.shape))

@@ -5,7 +5,7 @@ model (pipeline/units.py) and the modules read off a layer's weights: the
 hidden size H from ``w_ih`` (``[4H, I]``), the projection size P from
 ``w_hr`` (``[P, H]``, absent without projection), the width of the output
 and of the hidden state (P with a projection, else H), and the workspace
-the fused forward fills for the backward (csrc/lstm_layer.cpp): per row, the
+the fused forward fills for the backward (csrc/layer_geometry.h): per row, the
 activated gates (4H) and the cell state (H) and, with a projection, the
 unprojected hidden state (H).
 """

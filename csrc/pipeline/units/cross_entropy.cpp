@@ -12,7 +12,7 @@
 // and faulted in by glibc every time.
 #include <ATen/ATen.h>
 
-#include "../../cpu/huge_pages.h"
+#include "../../backend.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
@@ -27,7 +27,7 @@ Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool, bool
   const Tensor x2 = x.reshape({-1, x.size(-1)});
   Tensor lsm;
   if (cpu_float(x)) {
-    lsm = cpu::empty_buffer(x2.sizes(), x2.options());
+    lsm = backend::empty_buffer(x2.sizes(), x2.options());
     at::_log_softmax_out(lsm, x2.contiguous(), 1, false);
   } else {
     lsm = at::log_softmax(x2, 1);

@@ -1,13 +1,13 @@
 // A Linear as a unit; its weight gradient summed piece by piece in a fixed
 // order (no copy of the output gradients, which for a decoder are as large
 // as its logits). On the CPU in float32 its three GEMMs go through
-// cpu::layer_mm_out, the LSTM layers' GEMM dispatch (the fused kernels'
+// backend.h, on the CPU the LSTM layers' GEMM dispatch (the fused kernels'
 // GEMM where PIPELSTM_CPU_GEMM picks it): a 10k-way decoder is most of a
 // language model's arithmetic, and at::linear's MKL runs its AVX2 code on
 // AMD CPUs (docs/cpu.md, "GEMM backend").
 #include <ATen/ATen.h>
 
-#include "../../cpu/gemm_cpu.h"
+#include "../../backend.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
@@ -16,14 +16,14 @@ namespace {
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
                Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
   if (keep) saved = {x};
-  return cpu::linear(x, need(p[0], u, "weight"), p[1]);
+  return backend::linear(x, need(p[0], u, "weight"), p[1]);
 }
 
 Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
                      const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece& piece) {
   if (!g.defined()) return Tensor();
   piece = {saved[0], g};
-  return cpu::linear(g, p[0]->t(), std::nullopt);  // g @ W
+  return backend::linear(g, p[0]->t(), std::nullopt);  // g @ W
 }
 
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
@@ -35,7 +35,7 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       const Tensor x2 = piece[0].reshape({-1, w.size(1)}), g2 = piece[1].reshape({-1, w.size(0)});
       const bool first = !acc[0].defined();
       if (first) acc[0] = at::empty({w.size(0), w.size(1)}, g2.options());
-      cpu::layer_mm_out(acc[0], g2.t(), x2, /*accumulate=*/!first);  // at::mm off the CPU
+      backend::linear_mm_out(acc[0], g2.t(), x2, /*accumulate=*/!first);  // at::mm off the CPU
       if (p[1].has_value()) accumulate(acc, 1, g2.sum(0));
     }
   }

@@ -3,7 +3,7 @@
 // over all its items' pieces.
 #include <ATen/ATen.h>
 
-#include "../../cpu/huge_pages.h"
+#include "../../backend.h"
 #include "../../lstm_ops.h"
 #include "kinds.h"
 
@@ -74,7 +74,7 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
         // and faults in every page on every step.
         std::vector<int64_t> sizes = parts[0].sizes().vec();
         sizes[0] = n;
-        Tensor out = cpu::empty_buffer(sizes, parts[0].options());
+        Tensor out = backend::empty_buffer(sizes, parts[0].options());
         at::cat_out(out, parts, 0);
         return out;
       };

@@ -1,16 +1,23 @@
-// The single-step ops: thin checks around one pointwise call.
+// The single-step ops' kernels, once for every backend: thin checks around
+// one call of the backend's pointwise step (`Backend` as in
+// layer_step_loop.h), registered by each backend under its dispatch key.
+#pragma once
+
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 #include "checks.h"
+#include "layer_workspace.h"
 #include "lstm_ops.h"
-#include "pointwise_step.h"
+#include "pipelstm/kernels/lstm_pointwise.h"
 
 namespace pipelstm {
 
-std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
-                                                     const Tensor& hidden_gates,
-                                                     const Tensor& cx, const OptTensor& b_ih,
-                                                     const OptTensor& b_hh) {
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> cell_forward(const Tensor& input_gates,
+                                                const Tensor& hidden_gates, const Tensor& cx,
+                                                const OptTensor& b_ih, const OptTensor& b_hh) {
   constexpr const char* op = "lstm_cell_forward";
   const OpGuard guard(cx);
   check_dim(op, "input_gates", input_gates, 2, "[B, 4H]");
@@ -37,7 +44,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
   Tensor cy = at::empty({B, H}, cx.options());
   Tensor workspace = at::empty({B, 4 * H}, cx.options());
   if (B > 0 && H > 0) {
-    PIPELSTM_DISPATCH_STEP_TYPES(cx.scalar_type(), op, [&] {
+    Backend::dispatch_types(cx.scalar_type(), [&](auto zero) {
+      using scalar_t = decltype(zero);
       kernels::PointwiseForwardArgs<scalar_t> a;
       a.gates = gi.const_data_ptr<scalar_t>();
       a.hidden_gates = gh.const_data_ptr<scalar_t>();
@@ -49,15 +57,16 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_forward(const Tensor& input_gates,
       a.h = hy.mutable_data_ptr<scalar_t>();
       a.batch = B;
       a.hidden = H;
-      pointwise_step<scalar_t>(cx.device().type()).forward(a);
+      Backend::step_forward(a);
     });
   }
   return {hy, cy, workspace};
 }
 
-std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const OptTensor& grad_cy,
-                                              const Tensor& cx, const Tensor& cy,
-                                              const Tensor& workspace) {
+template <class Backend>
+std::tuple<Tensor, Tensor> cell_backward(const OptTensor& grad_hy, const OptTensor& grad_cy,
+                                         const Tensor& cx, const Tensor& cy,
+                                         const Tensor& workspace) {
   constexpr const char* op = "lstm_cell_backward";
   const OpGuard guard(cx);
   check_dim(op, "cx", cx, 2, "[B, H]");
@@ -81,7 +90,8 @@ std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const Op
   Tensor grad_gates = at::empty({B, 4 * H}, cx.options());
   Tensor grad_cx = at::empty({B, H}, cx.options());
   if (B > 0 && H > 0) {
-    PIPELSTM_DISPATCH_STEP_TYPES(cx.scalar_type(), op, [&] {
+    Backend::dispatch_types(cx.scalar_type(), [&](auto zero) {
+      using scalar_t = decltype(zero);
       kernels::PointwiseBackwardArgs<scalar_t> a;
       a.grad_h = data_or_null<scalar_t>(gh);
       a.grad_c = data_or_null<scalar_t>(gc);
@@ -92,7 +102,7 @@ std::tuple<Tensor, Tensor> lstm_cell_backward(const OptTensor& grad_hy, const Op
       a.grad_c_prev = grad_cx.mutable_data_ptr<scalar_t>();
       a.batch = B;
       a.hidden = H;
-      pointwise_step<scalar_t>(cx.device().type()).backward(a);
+      Backend::step_backward(a);
     });
   }
   return {grad_gates, grad_cx};

@@ -1,0 +1,189 @@
+// The CUDA backend of the LSTM ops: their kernels under the CUDA dispatch
+// key. Every dtype runs the step loop (layer_step_loop.h) on this backend's
+// pointwise launches and the layer GEMMs (cuBLAS, layer_gemm.h); a dense
+// forward without projection may run as one persistent kernel instead
+// (PIPELSTM_PERSISTENT=1, where it fits); the forward and backward of a
+// call are replayed as a captured CUDA graph where that pays
+// (graph_replay_cuda.h). A new whole-sequence kernel goes in
+// CudaLayer::sequence_forward. Compiled only in a CUDA build.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <array>
+#include <initializer_list>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "../graph_replay.h"
+#include "../layer_ops.h"
+#include "../layer_step_loop.h"
+#include "../settings.h"
+#include "graph_replay_cuda.h"
+#include "pointwise_cuda.h"
+
+namespace pipelstm {
+namespace {
+
+// The key of a layer op's graph (graph_replay.h): the op, its steps and
+// flags, the tensors its body reads in place and the shapes of those it is
+// given afresh.
+enum class GraphOp : int64_t { kForward, kBackward };
+
+std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse,
+                               std::initializer_list<Tensor> in_place,
+                               const std::vector<Tensor>& inputs) {
+  std::vector<int64_t> key{static_cast<int64_t>(op), reverse, settings::persistent(),
+                           steps.dense};
+  key.insert(key.end(), steps.batch.begin(), steps.batch.end());
+  for (const auto& t : in_place) add_to_key(key, t, /*in_place=*/true);
+  for (const auto& t : inputs) add_to_key(key, t, /*in_place=*/false);
+  return key;
+}
+
+Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
+
+// Whether a graph pays for this layer when the user has not said
+// (PIPELSTM_CUDA_GRAPHS unset): where a step's launches, not its recurrent
+// GEMM (B x H x 4H), set the time. Tensor cores (float16, bfloat16) finish
+// the GEMM sooner, so their bound is higher; above the bounds a graph only
+// holds its memory pool (docs/cuda.md, "The time loop as a CUDA graph").
+bool graph_pays(const LayerSteps& steps, const LayerGeometry& s, at::ScalarType dtype) {
+  const double work = static_cast<double>(steps.max_batch) * s.hidden * s.hidden;
+  const bool tensor_cores = dtype == at::kHalf || dtype == at::kBFloat16;
+  return work <= (tensor_cores ? 0x1p28 : 0x1p26);
+}
+
+// body(inputs) from a captured graph (graph_replay_cuda.h), or run
+// directly where this call is not graphed.
+std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp op,
+                             const LayerSteps& steps, bool reverse,
+                             std::initializer_list<Tensor> in_place,
+                             const std::vector<Tensor>& inputs, const GraphBody& body) {
+  auto out = cuda::run_as_graph(graph_key(op, steps, reverse, in_place, inputs), inputs, body,
+                                graph_pays(steps, s, like.scalar_type()));
+  return out.has_value() ? *out : body(inputs);
+}
+
+struct CudaLayer {
+  template <typename T>
+  static void step_forward(const kernels::PointwiseForwardArgs<T>& a) {
+    cuda::pointwise_forward(a);
+  }
+  template <typename T>
+  static void step_backward(const kernels::PointwiseBackwardArgs<T>& a) {
+    cuda::pointwise_backward(a);
+  }
+  template <class F>
+  static void dispatch_types(at::ScalarType dtype, F&& f) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "pipelstm_cuda_step",
+                                    [&] { f(scalar_t{}); });
+  }
+
+  // The persistent recurrent kernel, opted in to with PIPELSTM_PERSISTENT=1
+  // (settings.h, read per call: cheap beside a launch) until measured on a
+  // GPU; for small batches only: there the per-step GEMM is latency-bound,
+  // larger batches keep cuBLAS (tensor cores) per step.
+  template <typename T>
+  static bool sequence_forward(const SequenceForward<T>& q) {
+    constexpr int64_t kPersistentMaxBatch = 64;
+    if constexpr (std::is_same_v<T, double>) {
+      return false;  // the persistent kernel has float, half and bfloat16
+    } else {
+      if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
+      const int64_t T_ = q.steps.steps(), B = q.steps.max_batch;
+      const at::Tensor w = q.w_hh.contiguous();
+      kernels::PersistentForwardArgs<T> seq;
+      seq.input_gates = q.input_gates.template const_data_ptr<T>();
+      seq.w_hh = w.const_data_ptr<T>();
+      seq.h0 = q.h0.template const_data_ptr<T>();
+      seq.c0 = q.c0.template const_data_ptr<T>();
+      seq.output = q.r.output.template mutable_data_ptr<T>();
+      seq.act_gates = q.ws.gates.template mutable_data_ptr<T>();
+      seq.cells = q.ws.cells.template mutable_data_ptr<T>();
+      seq.steps = T_;
+      seq.batch = B;
+      seq.hidden = q.geometry.hidden;
+      seq.reverse = q.reverse;
+      if (!cuda::persistent_forward(seq)) return false;
+      const int64_t last = LayerSteps::step_at(T_ - 1, T_, q.reverse) * B;
+      q.r.h_n.copy_(q.r.output.narrow(0, last, B));
+      q.r.c_n.copy_(q.ws.cells.narrow(0, last, B));
+      return true;
+    }
+  }
+
+  static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
+                               const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                               const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+                               const OptTensor& w_hr, bool reverse) {
+    const auto eager = [&](const Tensor& x_, const Tensor& h0_, const Tensor& c0_) {
+      return step_loop_forward<CudaLayer>(steps, s, x_, h0_, c0_, w_ih, w_hh, b_ih, b_hh, w_hr,
+                                          reverse);
+    };
+    if (steps.rows == 0) return eager(x, h0, c0);
+    const auto body = [&](const std::vector<Tensor>& in) {
+      ForwardResult r = eager(in[0], in[1], in[2]);
+      return std::vector<Tensor>{r.output, r.h_n, r.c_n, r.workspace};
+    };
+    const auto out = run_body(x, s, GraphOp::kForward, steps, reverse,
+                              {w_ih, w_hh, or_undefined(b_ih), or_undefined(b_hh), or_undefined(w_hr)},
+                              {x, h0, c0}, body);
+    return {out[0], out[1], out[2], out[3]};
+  }
+
+  static LayerDataGrads backward_data(const LayerSteps& steps, const LayerGeometry& s,
+                                      const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                      const OptTensor& grad_c_n, const Tensor& x,
+                                      const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                      const Tensor& w_hh, const OptTensor& w_hr,
+                                      const Tensor& workspace, bool reverse) {
+    return step_loop_backward_data<CudaLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
+                                              w_ih, w_hh, w_hr, workspace, reverse);
+  }
+
+  static BackwardResult backward(const LayerSteps& steps, const LayerGeometry& s,
+                                 const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                 const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                                 const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                 const OptTensor& w_hr, const Tensor& output,
+                                 const Tensor& workspace, bool reverse) {
+    if (steps.rows == 0) {
+      return backward_in_two_parts<CudaLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0,
+                                              c0, w_ih, w_hh, w_hr, output, workspace, reverse);
+    }
+    // The gradients given are inputs at fixed places after the five tensors
+    // every call has; a missing one is none in the body too.
+    std::vector<Tensor> inputs{x, h0, c0, output, workspace};
+    std::array<int64_t, 3> slot{-1, -1, -1};
+    const std::array<const OptTensor*, 3> grads{&grad_output, &grad_h_n, &grad_c_n};
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i]->has_value()) {
+        slot[i] = static_cast<int64_t>(inputs.size());
+        inputs.push_back(**grads[i]);
+      }
+    }
+    const auto given = [&](const std::vector<Tensor>& in, size_t i) {
+      return slot[i] < 0 ? OptTensor() : OptTensor(in[slot[i]]);
+    };
+    const auto body = [&](const std::vector<Tensor>& in) {
+      BackwardResult r = backward_in_two_parts<CudaLayer>(
+          steps, s, given(in, 0), given(in, 1), given(in, 2), in[0], in[1], in[2], w_ih, w_hh, w_hr,
+          in[3], in[4], reverse);
+      return std::vector<Tensor>{r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+                                 r.grad_bias, r.grad_w_hr};
+    };
+    const auto out = run_body(x, s, GraphOp::kBackward, steps, reverse,
+                              {w_ih, w_hh, or_undefined(w_hr)}, inputs, body);
+    return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pipelstm, CUDA, m) {
+  register_lstm_ops<CudaLayer>(m);
+}
+
+}  // namespace pipelstm

@@ -1,0 +1,149 @@
+// The layer ops' kernels, once for every backend: the checks, the dense or
+// packed rows, then the backend's own core. Each backend registers
+// `layer_forward<ItsLayer>` and the rest under its dispatch key
+// (cpu/lstm_layer_cpu.cpp, cuda/lstm_layer_cuda.cpp); the schemas are in
+// registration.cpp.
+//
+// `Backend` (with the step-loop members of layer_step_loop.h) has, over the
+// rows of `steps` (x [N, I], output [N, P]):
+//   static ForwardResult forward(steps, geometry, x, h0, c0, w_ih, w_hh,
+//                                b_ih, b_hh, w_hr, reverse);
+//   static LayerDataGrads backward_data(steps, geometry, grad_output,
+//       grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, w_hr, workspace, reverse);
+//   static BackwardResult backward(steps, geometry, grad_output, grad_h_n,
+//       grad_c_n, x, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include <torch/library.h>
+
+#include "checks.h"
+#include "cell_ops.h"
+#include "layer_checks.h"
+#include "layer_steps.h"
+#include "layer_weight_grads.h"
+#include "layer_workspace.h"
+#include "lstm_ops.h"
+
+namespace pipelstm {
+
+// A backward as its two parts: Backend::backward_data, then every weight
+// gradient as one GEMM over all steps (layer_weight_grads.h).
+template <class Backend>
+BackwardResult backward_in_two_parts(const LayerSteps& steps, const LayerGeometry& s,
+                                     const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                     const OptTensor& grad_c_n, const Tensor& x, const Tensor& h0,
+                                     const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                     const OptTensor& w_hr, const Tensor& output,
+                                     const Tensor& workspace, bool reverse) {
+  const LayerDataGrads d = Backend::backward_data(steps, s, grad_output, grad_h_n, grad_c_n, x, h0,
+                                                  c0, w_ih, w_hh, w_hr, workspace, reverse);
+  return with_weight_grads(steps, d, x, h0, output, reverse);
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor> layer_forward(
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
+    bool reverse) {
+  constexpr const char* op = "lstm_layer_forward";
+  const OpGuard guard(input);
+  check_dim(op, "input", input, 3, "[T, B, I]");
+  const int64_t T = input.size(0), B = input.size(1);
+  TORCH_CHECK(T > 0, "pipelstm::", op, ": expected `input` with at least one time step, got ",
+              input.sizes());
+  const int64_t rows = checked_product(op, "T x B", {T, B});
+  const LayerGeometry s = check_weights(op, input, rows, B, h0, c0, w_ih, w_hh, w_hr);
+  check_biases(op, input, s, b_ih, b_hh);
+  const auto x = input.contiguous().view({T * B, s.input});
+  auto r = Backend::forward(dense_steps(T, B), s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+  return {r.output.view({T, B, s.out}), r.h_n, r.c_n, r.workspace};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
+    bool reverse) {
+  const OpGuard guard(input);
+  const DenseBackward a = dense_backward("lstm_layer_backward", grad_output, grad_h_n, grad_c_n,
+                                         input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
+  auto r = Backend::backward(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n, grad_c_n, a.x, h0,
+                             c0, w_ih, w_hh, w_hr, a.out, workspace, reverse);
+  return {r.grad_input.view({a.T, a.B, a.s.input}), r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
+          r.grad_bias, r.grad_w_hr};
+}
+
+// The internal op behind lstm_layer_backward_data (lstm_ops.h): grad_h and
+// raw_h are empty without a projection.
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> layer_backward_data(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output, const Tensor& workspace) {
+  const OpGuard guard(input);
+  const DenseBackward a = dense_backward("lstm_layer_backward_data", grad_output, grad_h_n,
+                                         grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
+  LayerDataGrads d = Backend::backward_data(dense_steps(a.T, a.B), a.s, a.grad_out, grad_h_n,
+                                            grad_c_n, a.x, h0, c0, w_ih, w_hh, w_hr, workspace,
+                                            /*reverse=*/false);
+  const auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, input.options()); };
+  return {d.grad_input.view({a.T, a.B, a.s.input}), d.grad_h0, d.grad_c0, d.grad_gates,
+          or_empty(d.grad_h), or_empty(d.raw_h)};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor> packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse) {
+  constexpr const char* op = "lstm_packed_layer_forward";
+  const OpGuard guard(input);
+  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_biases(op, input, s, b_ih, b_hh);
+  auto r = Backend::forward(steps, s, input.contiguous(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+                            reverse);
+  return {r.output, r.h_n, r.c_n, r.workspace};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace, bool reverse) {
+  constexpr const char* op = "lstm_packed_layer_backward";
+  const OpGuard guard(input);
+  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {steps.rows, s.out});
+  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
+              workspace);
+  auto r = Backend::backward(steps, s, grad_output, grad_h_n, grad_c_n, input.contiguous(), h0,
+                             c0, w_ih, w_hh, w_hr, output, workspace, reverse);
+  return {r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh, r.grad_bias,
+          r.grad_w_hr};
+}
+
+// The kernels of every op for `Backend`, called by the backend's
+// TORCH_LIBRARY_IMPL block for its own dispatch key.
+template <class Backend>
+void register_lstm_ops(torch::Library& m) {
+  m.impl("lstm_cell_forward", &cell_forward<Backend>);
+  m.impl("lstm_cell_backward", &cell_backward<Backend>);
+  m.impl("lstm_layer_forward", &layer_forward<Backend>);
+  m.impl("lstm_layer_backward", &layer_backward<Backend>);
+  m.impl("lstm_layer_backward_data", &layer_backward_data<Backend>);
+  m.impl("lstm_packed_layer_forward", &packed_layer_forward<Backend>);
+  m.impl("lstm_packed_layer_backward", &packed_layer_backward<Backend>);
+}
+
+}  // namespace pipelstm

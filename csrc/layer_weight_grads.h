@@ -1,0 +1,26 @@
+// The weight gradients of a layer direction (layer_weight_grads.cpp), for
+// every backend's backward and for the pipeline's deferred weight part.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "layer_steps.h"
+#include "layer_workspace.h"
+#include "lstm_ops.h"
+
+namespace pipelstm {
+
+// The weight gradients of `d`'s steps (x [N, I] and output [N, P] by rows,
+// h0 the initial state), one GEMM each, into `acc`: added to what it holds
+// where acc.w_ih is defined (the GEMMs accumulate in place), else into new
+// buffers.
+void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const at::Tensor& x,
+                      const at::Tensor& h0, const at::Tensor& output, bool reverse,
+                      LayerWeightGrads& acc);
+
+// The backward's results: `d`'s data gradients and the weight gradients.
+BackwardResult with_weight_grads(const LayerSteps& steps, const LayerDataGrads& d,
+                                 const at::Tensor& x, const at::Tensor& h0,
+                                 const at::Tensor& output, bool reverse);
+
+}  // namespace pipelstm
