@@ -189,8 +189,8 @@ def test_module_under_fake_tensors_rejects_a_bad_state_as_eager_does():
 
 
 def test_sizes_whose_products_overflow_are_refused():
-    # Found by UBSan: `4 * H` (lstm_cell.cpp) and the running sum of
-    # batch_sizes (lstm_layer.cpp) overflowed int64 for expanded tensors.
+    # Found by UBSan: `4 * H` (the cell op's checks) and the running sum of
+    # batch_sizes (the layer op's step layout) overflowed int64 for expanded tensors.
     huge = 2**62
     with pytest.raises(RuntimeError, match=r"lstm_cell_forward: the gates, B x 4 x H, \[1, 4, 4611686018427387904\] overflows int64"):
         ops.lstm_cell_forward(torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1).expand(1, huge), None, None)
