@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import export, ops
+from .input_checks import check_state_pair, packed_batch
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
 
@@ -123,7 +124,7 @@ class LSTM(nn.RNNBase):
         packed = isinstance(input, PackedSequence)
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
-            batch, is_batched = _packed_batch(batch_sizes), True
+            batch, is_batched = packed_batch(batch_sizes), True
         else:
             batch_sizes, sorted_indices, unsorted_indices = None, None, None
             data, is_batched, batch_dim = self._batched(input)
@@ -231,7 +232,7 @@ class LSTM(nn.RNNBase):
                 torch.zeros(self.num_layers * directions, batch, out_size, **zeros),
                 torch.zeros(self.num_layers * directions, batch, self.hidden_size, **zeros),
             )
-        _check_pair("LSTM", hx, "(h_0, c_0)")
+        check_state_pair("LSTM", hx, "(h_0, c_0)")
         want = 3 if is_batched else 2
         if hx[0].dim() != want or hx[1].dim() != want:
             kind = "batched 3-D" if is_batched else "unbatched 2-D"
@@ -286,39 +287,6 @@ class LSTM(nn.RNNBase):
         return x, torch.stack(h_n), torch.stack(c_n)
 
 
-def _check_pair(who: str, hx, names: str) -> None:
-    """hx is a pair of tensors, refused as nn.LSTM and nn.LSTMCell refuse it
-    on purpose: a pair of another length is their RuntimeError ("expects two
-    hidden states"), anything else a TypeError (their bindings' refusal of a
-    non-tuple; nn.LSTM's Python code fails first on some of these, with an
-    IndexError or AttributeError from indexing the malformed value)."""
-    if not isinstance(hx, (tuple, list)):
-        raise TypeError(f"{who}: expected hx to be a tuple {names} of two tensors, got {type(hx).__name__}")
-    if len(hx) != 2:
-        raise RuntimeError(f"{who}: expected hx to be a tuple {names} of two tensors (two hidden states), "
-                           f"got a {type(hx).__name__} of length {len(hx)}")
-    for i, t in enumerate(hx):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{who}: expected hx[{i}] to be a tensor, got {type(t).__name__}")
-
-
-def _packed_batch(batch_sizes: Tensor) -> int:
-    """The batch of a PackedSequence: its first batch size.
-
-    Raises:
-        RuntimeError: ``batch_sizes`` is not a 1-D int64 tensor (nn.LSTM's
-            kernel refuses it so; its Python code, without hx, first fails
-            with a TypeError making the zero state).
-        IndexError: ``batch_sizes`` is empty (as nn.LSTM).
-    """
-    if batch_sizes.dim() != 1 or batch_sizes.dtype != torch.int64:
-        raise RuntimeError(f"LSTM: expected the PackedSequence's batch_sizes to be a 1-D int64 tensor, got "
-                           f"{batch_sizes.dim()}-D {batch_sizes.dtype}")
-    if batch_sizes.numel() == 0:
-        raise IndexError("LSTM: the PackedSequence's batch_sizes is empty (a packed batch has at least one step)")
-    return int(batch_sizes[0])
-
-
 class LSTMCell(nn.RNNCellBase):
     """One LSTM step with the interface of :class:`torch.nn.LSTMCell`.
 
@@ -336,7 +304,7 @@ class LSTMCell(nn.RNNCellBase):
         if input.dim() not in (1, 2):
             raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is not None:
-            _check_pair("LSTMCell", hx, "(h, c)")
+            check_state_pair("LSTMCell", hx, "(h, c)")
             for idx, value in enumerate(hx):
                 if value.dim() not in (1, 2):
                     raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D instead")
