@@ -490,7 +490,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu"] * 3, balance=[2, 2, 2], chunks=3,
                              micro_batches=2, threads=1)
     x = torch.randint(0, 37, (7, 4))
-    pipe.core.engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
+    pipelstm._C.pipeline.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
 
     def step():
         out, _ = pipe(x)
@@ -500,7 +500,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     assert isinstance(err, RuntimeError)
     assert "stage 1" in str(err) and "1.l2" in str(err) and phase in str(err) and "injected fault" in str(err)
     # Nothing half-finished stays behind: the next pass runs and is right.
-    pipe.core.engine.clear_faults()
+    pipelstm._C.pipeline.clear_faults()
     pipe.zero_grad()
     out, _ = pipe(x)
     with num_threads(1):

@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "engine.h"
+#include "fault_hook.h"
 #include "units/kinds.h"
 
 namespace py = pybind11;
@@ -123,11 +124,18 @@ void init_bindings(py::module_& parent) {
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
            py::arg("first_stage"), py::arg("process"))
       .def("trace", &Engine::trace)
-      .def("inject_fault", &Engine::inject_fault, py::arg("unit"), py::arg("phase"),
-           py::arg("micro_batch"), py::arg("chunk"))
-      .def("clear_faults", &Engine::clear_faults)
       .def_property_readonly("num_units", &Engine::num_units)
       .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);
+
+  // Testing: make unit `unit` (global index in its engine) of every engine
+  // in this process raise in `phase` ("forward" or "backward") at (m, k).
+  m.def(
+      "inject_fault",
+      [](int64_t unit, const std::string& phase, int64_t micro_batch, int64_t chunk) {
+        testing::inject_fault(unit, phase.c_str(), micro_batch, chunk);
+      },
+      py::arg("unit"), py::arg("phase"), py::arg("micro_batch"), py::arg("chunk"));
+  m.def("clear_faults", &testing::clear_faults);
 }
 
 }  // namespace pipelstm::pipeline

@@ -1,6 +1,6 @@
 // What the pipeline engine runs: the kinds of unit, their specs, the
 // stages, each unit's parameter slots and the trace a pass leaves. Shared by
-// the engine (engine.h), the units (units.h) and the bindings; depends on
+// the stages (stages.h), the passes, the units (units.h) and the bindings; depends on
 // nothing of theirs.
 #pragma once
 
