@@ -39,7 +39,7 @@ def test_an_activation_matches_its_exact_type():
 def test_every_kind_and_activation_is_the_engines():
     assert set(KINDS) <= set(engine.UnitKind.__members__)
     for module_type, name in ACTIVATIONS.items():
-        assert name(module_type()) in engine.Activation.__members__
+        assert name(module_type()) in engine.ACTIVATIONS
     assert ACTIVATIONS[nn.GELU](nn.GELU(approximate="tanh")) == "gelu_tanh"
 
 

@@ -20,13 +20,8 @@ void init_bindings(py::module_& parent) {
   py::enum_<UnitKind> unit_kind(m, "UnitKind");
   for (const UnitKindOps* kind : unit_kinds()) unit_kind.value(kind->py_name, kind->kind);
 
-  py::enum_<Activation>(m, "Activation")
-      .value("relu", Activation::Relu)
-      .value("tanh", Activation::Tanh)
-      .value("sigmoid", Activation::Sigmoid)
-      .value("gelu", Activation::Gelu)
-      .value("gelu_tanh", Activation::GeluTanh)
-      .value("silu", Activation::Silu);
+  // The activations' names, from their table (units/activation.cpp).
+  m.attr("ACTIVATIONS") = py::tuple(py::cast(activation_names()));
 
   py::enum_<Checkpoint>(m, "Checkpoint")
       .value("never", Checkpoint::Never)
@@ -36,7 +31,7 @@ void init_bindings(py::module_& parent) {
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
                        bool scale_grad_by_freq, double p, int64_t state_index,
-                       int64_t ignore_index, bool mean, Activation activation, double eps) {
+                       int64_t ignore_index, bool mean, const std::string& activation, double eps) {
              UnitSpec u;
              u.kind = kind;
              u.name = std::move(name);
@@ -46,14 +41,14 @@ void init_bindings(py::module_& parent) {
              u.state_index = state_index;
              u.ignore_index = ignore_index;
              u.mean = mean;
-             u.activation = activation;
+             u.activation = activation_index(activation);
              u.eps = eps;
              return u;
            }),
            py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
            py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
            py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true,
-           py::arg("activation") = Activation::Relu, py::arg("eps") = 1e-5)
+           py::arg("activation") = "relu", py::arg("eps") = 1e-5)
       .def_readonly("name", &UnitSpec::name);
 
   py::class_<StageSpec>(m, "StageSpec")

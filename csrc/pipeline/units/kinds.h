@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../units.h"
@@ -40,6 +41,12 @@ extern const UnitKindOps kCrossEntropyUnit;
 
 // Every kind, in UnitKind's order.
 const std::vector<const UnitKindOps*>& unit_kinds();
+
+// The activations an Activation unit runs (units/activation.cpp): their
+// names, in the table's order, and UnitSpec::activation for a name (raises
+// for an unknown one).
+std::vector<std::string> activation_names();
+int64_t activation_index(const std::string& name);
 
 // Adds `t` (if defined) into acc[i].
 void accumulate(std::vector<Tensor>& acc, size_t i, const Tensor& t);

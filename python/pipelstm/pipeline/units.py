@@ -10,7 +10,10 @@ Two tables say the rest. ``MODULES``: for each module type, the units it
 flattens into. ``KINDS``: for each kind of unit (the engine's ``UnitKind``
 of the same name), the arguments of its engine ``UnitSpec``, its cost per
 token for the balancing cost model, and a plain-torch forward for the
-profiler. A new activation the engine runs is one entry of ``ACTIVATIONS``.
+profiler. ``ACTIVATIONS``: the activation modules the engine runs, each by
+one of the names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
+``csrc/pipeline/units/activation.cpp``); a new activation is a row there,
+an entry here and its test.
 """
 
 from dataclasses import dataclass, field
@@ -47,7 +50,7 @@ class Unit:
     hidden_size: int = 0
     proj_size: int = 0
     p: float = 0.0
-    activation: str = ""  # activation: the engine's name, e.g. "gelu_tanh"
+    activation: str = ""  # activation: its name in the engine's table, e.g. "gelu_tanh"
     eps: float = 1e-5  # layer_norm
     out_size: int = 0
     cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
@@ -151,7 +154,7 @@ KINDS: Dict[str, Kind] = {
                                             float(u.input_size * u.element_size())), _linear_reference),
     "dropout": Kind(lambda u: dict(p=float(u.p)), _pointwise_cost,
                     lambda u: lambda x: F.dropout(x, u.p, training=True)),
-    "activation": Kind(lambda u: dict(activation=getattr(_engine.Activation, u.activation)), _pointwise_cost,
+    "activation": Kind(lambda u: dict(activation=u.activation), _pointwise_cost,
                        lambda u: u.module),
     "layer_norm": Kind(lambda u: dict(eps=float(u.eps)), _pointwise_cost, lambda u: u.module),
 }
