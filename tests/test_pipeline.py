@@ -209,6 +209,20 @@ def test_pointwise_layers_match_unsplit(balance, K, M):
     compare(pointwise_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
 
 
+def mish_model():
+    # 5 units: Mish on a Linear's output (the first unit) and on an LSTM layer's
+    return nn.Sequential(nn.Linear(4, 6), nn.Mish(), pipelstm.LSTM(6, 8), nn.Mish(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("K, M", [(1, 1), (3, 2)])
+@pytest.mark.parametrize("balance", [[5], [2, 3], [1, 2, 2]], ids=lambda b: "-".join(map(str, b)))
+def test_mish_matches_unsplit(balance, K, M):
+    T, B = 9, 4
+    x = torch.randn(T, B, 4)
+    hx = (torch.randn(1, B, 8), torch.randn(1, B, 8))
+    compare(mish_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
+
+
 @pytest.mark.parametrize("K, M", [(1, 1), (7, 3)])
 def test_nn_lstm_model_matches_unsplit(K, M):
     # The unsplit nn.LSTM runs torch's own kernels, the pipeline pipelstm's:

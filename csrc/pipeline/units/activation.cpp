@@ -1,4 +1,5 @@
-// The pointwise activations as a unit, on ATen's forward and backward
+// The pointwise activations as a unit (ReLU, Tanh, Sigmoid, GELU both ways,
+// SiLU, Mish), on ATen's forward and backward
 // kernels. Each is one row of the table below; the bindings and Python
 // (pipelstm/pipeline/units.py, ACTIVATIONS) read its names from here, so a
 // new activation is its row, its module type in units.py and its test.
@@ -32,6 +33,8 @@ const ActivationOps kActivations[] = {
      [](const Tensor& g, const Tensor& x, const Tensor&) { return at::gelu_backward(g, x, "tanh"); }},
     {"silu", [](const Tensor& x) { return at::silu(x); },
      [](const Tensor& g, const Tensor& x, const Tensor&) { return at::silu_backward(g, x); }},
+    {"mish", [](const Tensor& x) { return at::mish(x); },
+     [](const Tensor& g, const Tensor& x, const Tensor&) { return at::mish_backward(g, x); }},
 };
 constexpr int64_t kCount = static_cast<int64_t>(sizeof(kActivations) / sizeof(kActivations[0]));
 

@@ -166,9 +166,10 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.Sigmoid: lambda m: "sigmoid",
     nn.GELU: lambda m: "gelu" if m.approximate == "none" else "gelu_tanh",
     nn.SiLU: lambda m: "silu",
+    nn.Mish: lambda m: "mish",
 }
 SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
-             "ReLU, Tanh, Sigmoid, GELU, SiLU and Identity")
+             "ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
 def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Unit]:
