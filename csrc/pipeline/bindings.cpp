@@ -19,6 +19,17 @@ void init_bindings(py::module_& parent) {
   // One value per kind of unit, from the table (units/kinds.h).
   py::enum_<UnitKind> unit_kind(m, "UnitKind");
   for (const UnitKindOps* kind : unit_kinds()) unit_kind.value(kind->py_name, kind->kind);
+  // Per kind (by its Python name): its parameter slots, its UnitSpec options
+  // and whether it carries a recurrent state, for pipelstm/pipeline/units.py.
+  py::dict kinds;
+  for (const UnitKindOps* kind : unit_kinds()) {
+    py::dict k;
+    k["slots"] = py::tuple(py::cast(kind->slots));
+    k["options"] = py::tuple(py::cast(kind->options));
+    k["has_state"] = kind->kind == UnitKind::Lstm;
+    kinds[kind->py_name] = k;
+  }
+  m.attr("UNIT_KINDS") = kinds;
 
   // The activations' names, from their table (units/activation.cpp).
   m.attr("ACTIVATIONS") = py::tuple(py::cast(activation_names()));

@@ -74,6 +74,7 @@ int64_t activation_index(const std::string& name) {
 }
 
 const UnitKindOps kActivationUnit{UnitKind::Activation, "activation", "activation", &forward,
-                                  &backward_data, nullptr, &keep_for_replay};
+                                  &backward_data, nullptr, &keep_for_replay,
+                                  {}, {"activation"}};
 
 }  // namespace pipelstm::pipeline
