@@ -199,28 +199,24 @@ def pointwise_model():
     )
 
 
-@pytest.mark.parametrize("M", [1, 3])
-@pytest.mark.parametrize("K", [1, 2, 7])
-@pytest.mark.parametrize("balance", [[13], [3, 10], [6, 4, 3]], ids=lambda b: "-".join(map(str, b)))
-def test_pointwise_layers_match_unsplit(balance, K, M):
-    T, B = 9, 4
-    x = torch.randn(T, B, 4)
-    hx = (torch.randn(3, B, 8), torch.randn(3, B, 8))
-    compare(pointwise_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
-
-
 def mish_model():
-    # 5 units: Mish on a Linear's output (the first unit) and on an LSTM layer's
+    # 5 units: Mish (the activation added last) on a Linear's output and on an LSTM layer's
     return nn.Sequential(nn.Linear(4, 6), nn.Mish(), pipelstm.LSTM(6, 8), nn.Mish(), nn.Linear(8, 3))
 
 
-@pytest.mark.parametrize("K, M", [(1, 1), (3, 2)])
-@pytest.mark.parametrize("balance", [[5], [2, 3], [1, 2, 2]], ids=lambda b: "-".join(map(str, b)))
-def test_mish_matches_unsplit(balance, K, M):
+POINTWISE = [(pointwise_model, 3, [13]), (pointwise_model, 3, [3, 10]), (pointwise_model, 3, [6, 4, 3]),
+             (mish_model, 1, [5]), (mish_model, 1, [2, 3]), (mish_model, 1, [1, 2, 2])]
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("K", [1, 2, 7])
+@pytest.mark.parametrize("model_fn, layers, balance", POINTWISE,
+                         ids=[f"{f.__name__}-{'-'.join(map(str, b))}" for f, _, b in POINTWISE])
+def test_pointwise_layers_match_unsplit(model_fn, layers, balance, K, M):
     T, B = 9, 4
     x = torch.randn(T, B, 4)
-    hx = (torch.randn(1, B, 8), torch.randn(1, B, 8))
-    compare(mish_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
+    hx = (torch.randn(layers, B, 8), torch.randn(layers, B, 8))
+    compare(model_fn, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
 
 
 @pytest.mark.parametrize("K, M", [(1, 1), (7, 3)])
