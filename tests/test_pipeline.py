@@ -199,14 +199,24 @@ def pointwise_model():
     )
 
 
+def mish_model():
+    # 5 units: Mish (the activation added last) on a Linear's output and on an LSTM layer's
+    return nn.Sequential(nn.Linear(4, 6), nn.Mish(), pipelstm.LSTM(6, 8), nn.Mish(), nn.Linear(8, 3))
+
+
+POINTWISE = [(pointwise_model, 3, [13]), (pointwise_model, 3, [3, 10]), (pointwise_model, 3, [6, 4, 3]),
+             (mish_model, 1, [5]), (mish_model, 1, [2, 3]), (mish_model, 1, [1, 2, 2])]
+
+
 @pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("K", [1, 2, 7])
-@pytest.mark.parametrize("balance", [[13], [3, 10], [6, 4, 3]], ids=lambda b: "-".join(map(str, b)))
-def test_pointwise_layers_match_unsplit(balance, K, M):
+@pytest.mark.parametrize("model_fn, layers, balance", POINTWISE,
+                         ids=[f"{f.__name__}-{'-'.join(map(str, b))}" for f, _, b in POINTWISE])
+def test_pointwise_layers_match_unsplit(model_fn, layers, balance, K, M):
     T, B = 9, 4
     x = torch.randn(T, B, 4)
-    hx = (torch.randn(3, B, 8), torch.randn(3, B, 8))
-    compare(pointwise_model, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
+    hx = (torch.randn(layers, B, 8), torch.randn(layers, B, 8))
+    compare(model_fn, x, hx, balance, K, M, check_input_grad=True, same_kernels=False)
 
 
 @pytest.mark.parametrize("K, M", [(1, 1), (7, 3)])
@@ -490,7 +500,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     pipe = pipelstm.Pipeline(copy.deepcopy(base).eval(), devices=["cpu"] * 3, balance=[2, 2, 2], chunks=3,
                              micro_batches=2, threads=1)
     x = torch.randint(0, 37, (7, 4))
-    pipe.core.engine.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
+    pipelstm._C.pipeline.inject_fault(3, phase, 1, 1)  # unit 3 = LSTM layer 1.l2, on stage 1
 
     def step():
         out, _ = pipe(x)
@@ -500,7 +510,7 @@ def test_injected_fault_reaches_the_caller_and_the_engine_recovers(phase):
     assert isinstance(err, RuntimeError)
     assert "stage 1" in str(err) and "1.l2" in str(err) and phase in str(err) and "injected fault" in str(err)
     # Nothing half-finished stays behind: the next pass runs and is right.
-    pipe.core.engine.clear_faults()
+    pipelstm._C.pipeline.clear_faults()
     pipe.zero_grad()
     out, _ = pipe(x)
     with num_threads(1):

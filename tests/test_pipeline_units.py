@@ -37,9 +37,13 @@ def test_an_activation_matches_its_exact_type():
 
 
 def test_every_kind_and_activation_is_the_engines():
-    assert set(KINDS) <= set(engine.UnitKind.__members__)
+    assert set(KINDS) <= set(engine.UnitKind.__members__) and set(KINDS) <= set(engine.UNIT_KINDS)
+    # The engine's table says each kind's parameter slots and options (units.py reads them).
+    assert engine.UNIT_KINDS["lstm"]["slots"] == ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+    assert engine.UNIT_KINDS["embedding"]["options"] == ("padding_idx", "scale_grad_by_freq")
+    assert [k for k, v in engine.UNIT_KINDS.items() if v["has_state"]] == ["lstm"]
     for module_type, name in ACTIVATIONS.items():
-        assert name(module_type()) in engine.Activation.__members__
+        assert name(module_type()) in engine.ACTIVATIONS
     assert ACTIVATIONS[nn.GELU](nn.GELU(approximate="tanh")) == "gelu_tanh"
 
 

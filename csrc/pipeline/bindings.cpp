@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "engine.h"
+#include "fault_hook.h"
 #include "units/kinds.h"
 
 namespace py = pybind11;
@@ -18,14 +19,20 @@ void init_bindings(py::module_& parent) {
   // One value per kind of unit, from the table (units/kinds.h).
   py::enum_<UnitKind> unit_kind(m, "UnitKind");
   for (const UnitKindOps* kind : unit_kinds()) unit_kind.value(kind->py_name, kind->kind);
+  // Per kind (by its Python name): its parameter slots, its UnitSpec options
+  // and whether it carries a recurrent state, for pipelstm/pipeline/units.py.
+  py::dict kinds;
+  for (const UnitKindOps* kind : unit_kinds()) {
+    py::dict k;
+    k["slots"] = py::tuple(py::cast(kind->slots));
+    k["options"] = py::tuple(py::cast(kind->options));
+    k["has_state"] = kind->kind == UnitKind::Lstm;
+    kinds[kind->py_name] = k;
+  }
+  m.attr("UNIT_KINDS") = kinds;
 
-  py::enum_<Activation>(m, "Activation")
-      .value("relu", Activation::Relu)
-      .value("tanh", Activation::Tanh)
-      .value("sigmoid", Activation::Sigmoid)
-      .value("gelu", Activation::Gelu)
-      .value("gelu_tanh", Activation::GeluTanh)
-      .value("silu", Activation::Silu);
+  // The activations' names, from their table (units/activation.cpp).
+  m.attr("ACTIVATIONS") = py::tuple(py::cast(activation_names()));
 
   py::enum_<Checkpoint>(m, "Checkpoint")
       .value("never", Checkpoint::Never)
@@ -35,7 +42,7 @@ void init_bindings(py::module_& parent) {
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
                        bool scale_grad_by_freq, double p, int64_t state_index,
-                       int64_t ignore_index, bool mean, Activation activation, double eps) {
+                       int64_t ignore_index, bool mean, const std::string& activation, double eps) {
              UnitSpec u;
              u.kind = kind;
              u.name = std::move(name);
@@ -45,14 +52,14 @@ void init_bindings(py::module_& parent) {
              u.state_index = state_index;
              u.ignore_index = ignore_index;
              u.mean = mean;
-             u.activation = activation;
+             u.activation = activation_index(activation);
              u.eps = eps;
              return u;
            }),
            py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
            py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
            py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true,
-           py::arg("activation") = Activation::Relu, py::arg("eps") = 1e-5)
+           py::arg("activation") = "relu", py::arg("eps") = 1e-5)
       .def_readonly("name", &UnitSpec::name);
 
   py::class_<StageSpec>(m, "StageSpec")
@@ -123,11 +130,18 @@ void init_bindings(py::module_& parent) {
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
            py::arg("first_stage"), py::arg("process"))
       .def("trace", &Engine::trace)
-      .def("inject_fault", &Engine::inject_fault, py::arg("unit"), py::arg("phase"),
-           py::arg("micro_batch"), py::arg("chunk"))
-      .def("clear_faults", &Engine::clear_faults)
       .def_property_readonly("num_units", &Engine::num_units)
       .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);
+
+  // Testing: make unit `unit` (global index in its engine) of every engine
+  // in this process raise in `phase` ("forward" or "backward") at (m, k).
+  m.def(
+      "inject_fault",
+      [](int64_t unit, const std::string& phase, int64_t micro_batch, int64_t chunk) {
+        testing::inject_fault(unit, phase.c_str(), micro_batch, chunk);
+      },
+      py::arg("unit"), py::arg("phase"), py::arg("micro_batch"), py::arg("chunk"));
+  m.def("clear_faults", &testing::clear_faults);
 }
 
 }  // namespace pipelstm::pipeline

@@ -2,39 +2,28 @@
 // stages, one device and one worker thread per stage, run as a wavefront over
 // K time chunks x M micro-batches; backward is the reverse wavefront.
 //
+// The engine is the front door the bindings use and nothing else includes:
+// it holds the stages (stages.h), the links to other processes and the last
+// trace, checks a run's arguments, and hands each pass to forward_pass /
+// backward_pass (run_state.h), each one pass::run (pass.h) with its plan.
 // See docs/pipeline.md for the design and the schedule. Everything here is
 // plain ATen: the worker threads never touch Python or the GIL.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "remote.h"
+#include "run_state.h"
 #include "spec.h"
-#include "streams.h"
+#include "stages.h"
 
 namespace pipelstm::pipeline {
-
-struct ForwardResult;
-struct RunState;
-
-struct BackwardResult {
-  OptTensor grad_input;                 // [T, B, I]; nullopt for index input
-  std::vector<OptTensor> grad_h0, grad_c0;  // per LSTM layer
-  std::vector<std::vector<OptTensor>> grad_params;  // per unit, as UnitParams
-};
-
-struct RunOutputs {
-  Tensor output;
-  std::vector<Tensor> h_n, c_n;
-};
 
 // A pipelined forward pass that can be differentiated once.
 class Run {
@@ -56,7 +45,7 @@ class Run {
   std::shared_ptr<RunState> state_;
 };
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine {
  public:
   explicit Engine(std::vector<StageSpec> stages);
 
@@ -81,52 +70,18 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // name the stages in messages.
   void connect(const std::optional<RemoteSpec>& prev, const std::optional<RemoteSpec>& next,
                double timeout_s, int64_t first_stage, const std::string& process);
-  const std::shared_ptr<RemoteLink>& prev_link() const { return prev_; }
-  const std::shared_ptr<RemoteLink>& next_link() const { return next_; }
-  // "stage 3 (cpu, rank 1)" for local stage s.
-  std::string stage_label(int64_t s) const;
 
-  const std::vector<StageSpec>& stages() const { return stages_; }
-  // Stage s's compute stream, the same in every pass (StageStreams);
-  // nullopt for a CPU stage.
-  std::optional<c10::Stream> stage_stream(int64_t s) const {
-    return streams_.get(static_cast<size_t>(s), stages_[s].device);
-  }
-  int64_t num_units() const { return num_units_; }
-  // The global index of local stage s's first unit.
-  int64_t first_unit(int64_t s) const { return first_unit_[s]; }
-  int64_t num_lstm_layers() const { return num_lstm_; }
-  // The last unit, or nullptr: a CrossEntropy loss.
-  const UnitSpec* loss() const { return loss_; }
+  const Stages& stages() const { return *stages_; }
+  int64_t num_units() const { return stages_->num_units(); }
+  int64_t num_lstm_layers() const { return stages_->num_lstm_layers(); }
 
   // What ran last (forward, then the backward of a run of this engine).
-  std::vector<TraceEvent> trace() const;
-
-  // Testing: make unit `unit` (global index) raise in `phase` at (m, k).
-  void inject_fault(int64_t unit, const std::string& phase, int64_t micro_batch, int64_t chunk);
-  void clear_faults();
-
-  // Shared with the runs (internal).
-  struct Fault {
-    int64_t unit;
-    std::string phase;
-    int64_t m, k;
-  };
-  void set_trace(std::vector<TraceEvent> events, bool forward);
-  std::vector<Fault> faults() const;
+  std::vector<TraceEvent> trace() const { return trace_->all(); }
 
  private:
-  std::vector<StageSpec> stages_;
-  mutable StageStreams streams_{stages_.size()};
-  int64_t num_units_ = 0, num_lstm_ = 0;
-  std::vector<int64_t> first_unit_;
-  const UnitSpec* loss_ = nullptr;
-  mutable std::mutex mutex_;
-  std::vector<TraceEvent> forward_trace_, backward_trace_;
-  std::vector<Fault> faults_;
-  std::shared_ptr<RemoteLink> prev_, next_;
-  int64_t first_stage_ = 0;
-  std::string process_;
+  std::shared_ptr<Stages> stages_;
+  Links links_;
+  std::shared_ptr<TraceLog> trace_ = std::make_shared<TraceLog>();
 };
 
 }  // namespace pipelstm::pipeline

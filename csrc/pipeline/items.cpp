@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "streams.h"
+
 namespace pipelstm::pipeline {
 namespace {
 
@@ -54,6 +56,35 @@ at::Tensor ItemGrid::assemble(const std::vector<at::Tensor>& pieces) const {
 
 at::Tensor ItemGrid::join_rows(const std::vector<at::Tensor>& per_m) const {
   return per_m.size() == 1 ? per_m[0] : at::cat(per_m, 0);
+}
+
+std::vector<at::Tensor> ItemGrid::scatter(const at::Tensor& x) const {
+  std::vector<at::Tensor> pieces(count());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) pieces[index(m, k)] = piece(x, m, k);
+  }
+  return pieces;
+}
+
+std::vector<std::vector<int64_t>> ItemGrid::scatter_sizes(const std::vector<int64_t>& full) const {
+  std::vector<std::vector<int64_t>> sizes(count());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) sizes[index(m, k)] = piece_sizes(full, m, k);
+  }
+  return sizes;
+}
+
+std::vector<std::optional<at::Tensor>> ItemGrid::scatter_rows(
+    const std::vector<std::optional<at::Tensor>>& per_layer,
+    const std::vector<c10::Device>& devices) const {
+  std::vector<std::optional<at::Tensor>> parts(per_layer.size() * M);
+  for (size_t l = 0; l < per_layer.size(); ++l) {
+    if (!per_layer[l].has_value() || !per_layer[l]->defined()) continue;
+    for (int64_t m = 0; m < M; ++m) {
+      parts[l * M + m] = to_device(rows(*per_layer[l], m), devices[l]).contiguous();
+    }
+  }
+  return parts;
 }
 
 }  // namespace pipelstm::pipeline

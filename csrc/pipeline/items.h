@@ -1,12 +1,16 @@
 // How a pass cuts its input [T, B, ...] into work items (m, k): K time
 // chunks along dim 0 by M micro-batches along dim 1, sizes as
 // torch.tensor_split gives them (the first pieces one longer), and how it
-// puts the items' results back together.
+// puts the items' results back together (scatter and gather); likewise the
+// per-sequence states [B, ...] of each LSTM layer, by micro-batch.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "schedule.h"
@@ -37,6 +41,40 @@ class ItemGrid {
   at::Tensor assemble(const std::vector<at::Tensor>& pieces) const;
   // [B, ...] from each micro-batch's rows.
   at::Tensor join_rows(const std::vector<at::Tensor>& per_m) const;
+
+  // Scatter: every item's piece of x [T, B, ...] (at index(m, k)).
+  std::vector<at::Tensor> scatter(const at::Tensor& x) const;
+  // Every item's piece_sizes.
+  std::vector<std::vector<int64_t>> scatter_sizes(const std::vector<int64_t>& full) const;
+  // Per-layer states [B, ...] (nullopt: none), split by micro-batch onto
+  // their layer's device: [layer * M + m], contiguous.
+  std::vector<std::optional<at::Tensor>> scatter_rows(
+      const std::vector<std::optional<at::Tensor>>& per_layer,
+      const std::vector<c10::Device>& devices) const;
+  // Gather: per layer, [B, ...] from parts[layer * M + m]; nullopt where a
+  // micro-batch has none.
+  template <typename T>
+  std::vector<std::optional<at::Tensor>> gather_rows(const std::vector<T>& parts) const {
+    std::vector<std::optional<at::Tensor>> out;
+    for (size_t l = 0; l * M < parts.size(); ++l) {
+      std::vector<at::Tensor> per_m;
+      for (int64_t m = 0; m < M; ++m) {
+        const at::Tensor* t = present(parts[l * M + m]);
+        if (t == nullptr) break;
+        per_m.push_back(*t);
+      }
+      out.push_back(static_cast<int64_t>(per_m.size()) == M
+                        ? std::optional<at::Tensor>(join_rows(per_m))
+                        : std::nullopt);
+    }
+    return out;
+  }
+
+ private:
+  static const at::Tensor* present(const at::Tensor& t) { return t.defined() ? &t : nullptr; }
+  static const at::Tensor* present(const std::optional<at::Tensor>& t) {
+    return t.has_value() ? &*t : nullptr;
+  }
 };
 
 }  // namespace pipelstm::pipeline

@@ -4,7 +4,6 @@
 #include <exception>
 #include <utility>
 
-#include "engine.h"
 #include "profile_range.h"
 #include "streams.h"
 #include "workers.h"
@@ -17,51 +16,53 @@ int64_t now_ns() {
       .count();
 }
 
-PassIO::PassIO(Direction direction, int64_t stages, const ItemGrid& grid)
-    : direction(direction),
-      traffic(direction == Direction::Forward ? Traffic::Activations : Traffic::Gradients),
-      S(stages),
-      channel(stages + 1),
-      recvs(grid.count()),
-      traces(stages) {
-  for (auto& c : channel) c = std::vector<Slot>(grid.count());
-}
-
-void PassIO::post_receives(const ItemGrid& grid, const std::vector<std::vector<int64_t>>& sizes,
-                           const at::TensorOptions& options) {
-  for (const Item it : item_order(direction, grid.K, grid.M)) {
-    const int64_t i = grid.index(it);
-    recvs[i] = from->post_recv(traffic, it.m, it.k, grid.K, sizes[i], options);
-  }
-}
-
-std::vector<TraceEvent> PassIO::all_traces() const {
-  std::vector<TraceEvent> all;
-  for (const auto& t : traces) all.insert(all.end(), t.begin(), t.end());
-  return all;
-}
-
-void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid,
-              const std::function<std::unique_ptr<StageWork>(int)>& make_work) {
-  const auto& stages = engine.stages();
-  const int64_t S = io.S;
-  const bool forward = io.direction == Direction::Forward;
+PassResult run(Direction direction, const Stages& stages, const ItemGrid& grid, PassPlan& plan) {
+  const int64_t S = stages.size();
+  const bool forward = direction == Direction::Forward;
   const char* phase = forward ? "forward" : "backward";
-  run_workers(engine, sync, [&](int s) {
+  const Traffic traffic = forward ? Traffic::Activations : Traffic::Gradients;
+  // channel[c] holds one slot per item: forward, channel s feeds stage s and
+  // channel S receives what leaves; backward, channel s+1 feeds stage s and
+  // channel 0 receives what leaves.
+  std::vector<std::vector<Slot>> channel(S + 1);
+  for (auto& c : channel) c = std::vector<Slot>(grid.count());  // Slot is move-only
+  std::vector<Slot>& entry = channel[forward ? 0 : S];
+  std::vector<Slot>& exit = channel[forward ? S : 0];
+  std::vector<std::shared_ptr<Transfer>> recvs(grid.count());
+  if (plan.from != nullptr) {
+    for (const Item it : item_order(direction, grid.K, grid.M)) {
+      const int64_t i = grid.index(it);
+      recvs[i] = plan.from->post_recv(traffic, it.m, it.k, grid.K, plan.receive_sizes[i],
+                                      plan.receive_options);
+    }
+  } else {
+    for (int64_t i = 0; i < grid.count(); ++i) {
+      entry[i].value = std::move(plan.enter[i]);
+      entry[i].ready = true;
+    }
+  }
+  std::vector<RemoteLink*> links;
+  for (RemoteLink* link : {plan.from, plan.to}) {
+    if (link != nullptr) links.push_back(link);
+  }
+  Sync sync(std::move(links));
+  std::vector<std::vector<TraceEvent>> traces(S);
+
+  run_workers(stages, sync, [&](int s) {
     const StageSpec& stage = stages[s];
     const int64_t first = forward ? 0 : S - 1, last = forward ? S - 1 : 0;
     const int64_t neighbour = forward ? s + 1 : s - 1;
     const c10::Device out_device =
-        neighbour >= 0 && neighbour < S ? stages[neighbour].device : stage.device;
-    std::vector<Slot>& inbox = io.channel[forward ? s : s + 1];
-    std::vector<Slot>& outbox = io.channel[forward ? s + 1 : s];
-    const bool receives = io.from != nullptr && s == first;
-    const bool sends = io.to != nullptr && s == last;
+        neighbour >= 0 && neighbour < S ? stages.device(neighbour) : stage.device;
+    std::vector<Slot>& inbox = channel[forward ? s : s + 1];
+    std::vector<Slot>& outbox = channel[forward ? s + 1 : s];
+    const bool receives = plan.from != nullptr && s == first;
+    const bool sends = plan.to != nullptr && s == last;
     Courier courier(stage.device);
-    std::unique_ptr<StageWork> work = make_work(s);
-    auto& trace = io.traces[s];
+    auto& trace = traces[s];
+    std::unique_ptr<StageWork> work = plan.work(s, trace);
     const ProfileRange pass_range({phase, s});
-    for (const Item it : item_order(io.direction, grid.K, grid.M)) {
+    for (const Item it : item_order(direction, grid.K, grid.M)) {
       const int64_t i = grid.index(it);
       Slot& in = inbox[i];
       if (!receives && !sync.wait(in)) return;
@@ -71,8 +72,8 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
         Tensor x;
         if (receives) {
           const ProfileRange recv_range({"receive", s, nullptr, -1, it.m, it.k});
-          x = io.from->wait_recv(*io.recvs[i], io.traffic);
-          io.recvs[i].reset();
+          x = plan.from->wait_recv(*recvs[i], traffic);
+          recvs[i].reset();
         } else {
           acquire(in);
           x = in.value;
@@ -82,7 +83,7 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
         unit = -1;
         if (sends) {
           const ProfileRange send_range({"send", s, nullptr, -1, it.m, it.k});
-          io.to->send(io.traffic, it.m, it.k, grid.K, work->for_remote(it, std::move(x)));
+          plan.to->send(traffic, it.m, it.k, grid.K, work->for_remote(it, std::move(x)));
           continue;
         }
         const int64_t t1 = now_ns();
@@ -93,21 +94,31 @@ void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid
         }
         sync.put(outbox[i], std::move(out.value), std::move(out.ready));
       } catch (const std::exception& e) {
-        const int64_t first_unit = engine.first_unit(s);
-        sync.fail(describe_failure(engine, s, unit >= 0 ? &stage.units[unit] : nullptr,
+        const int64_t first_unit = stages.first_unit(s);
+        sync.fail(describe_failure(stages, s, unit >= 0 ? &stage.units[unit] : nullptr,
                                    unit >= 0 ? first_unit + unit : -1, phase, it.m, it.k, e));
         return;
       }
     }
-    if (!work->finish()) return;
+    if (!work->finish(sync)) return;
     if (sends) {
       try {
-        io.to->wait_sends(io.traffic);
+        plan.to->wait_sends(traffic);
       } catch (const std::exception& e) {
-        sync.fail("pipelstm.Pipeline: " + engine.stage_label(s) + " " + e.what());
+        sync.fail("pipelstm.Pipeline: " + stages.label(s) + " " + e.what());
       }
     }
   });
+
+  PassResult result;
+  for (const auto& t : traces) result.trace.insert(result.trace.end(), t.begin(), t.end());
+  if (plan.to == nullptr) {
+    for (Slot& slot : exit) {
+      acquire(slot);
+      result.leave.push_back(std::move(slot.value));
+    }
+  }
+  return result;
 }
 
 }  // namespace pipelstm::pipeline

@@ -3,9 +3,9 @@
 // the stage's inbox and its result put in its outbox. Between two local
 // stages the boxes are the slots of sync.h (with a copy to the next stage's
 // device by the courier, streams.h); at the ends of the pipeline in this
-// process they are links to other processes (remote.h). What a stage
-// computes per item is a StageWork: the forward's and the backward's are in
-// engine.cpp.
+// process they are the plan's entering items and the caller's results, or
+// links to other processes (remote.h). What a stage computes per item is a
+// StageWork (forward_work.cpp, backward_work.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,11 +19,10 @@
 #include "remote.h"
 #include "schedule.h"
 #include "spec.h"
+#include "stages.h"
 #include "sync.h"
 
 namespace pipelstm::pipeline {
-
-class Engine;
 
 // Steady-clock nanoseconds, for traces.
 int64_t now_ns();
@@ -39,42 +38,34 @@ class StageWork {
   virtual Tensor for_remote(Item it, Tensor x) { return x; }
   // After the stage's last item (the backward's parameter gradients); false
   // when the pass failed.
-  virtual bool finish() { return true; }
+  virtual bool finish(Sync&) { return true; }
 };
 
-// The boxes of a pass. channel[c] holds one slot per item: forward, channel
-// s feeds stage s and channel S receives the output; backward, channel s+1
-// feeds stage s and channel 0 receives the gradient of the input.
-struct PassIO {
-  PassIO(Direction direction, int64_t stages, const ItemGrid& grid);
-
-  Direction direction;
-  Traffic traffic;
-  int64_t S;
-  std::vector<std::vector<Slot>> channel;
-  // The process the first stage to run (forward: 0, backward: S-1) receives
-  // its items from, with their receives posted ahead; and the one the last
-  // stage to run sends its results to.
+// What one pass takes and gives, in its own direction: forward, items enter
+// stage 0 and leave stage S-1; backward, the reverse.
+struct PassPlan {
+  // What enters: per item (at grid.index) its value, or, with `from`, what
+  // is received from that process, in `receive_sizes[i]` and
+  // `receive_options` (all receives posted ahead, in the schedule's order).
+  std::vector<Tensor> enter;
   RemoteLink* from = nullptr;
+  std::vector<std::vector<int64_t>> receive_sizes;
+  at::TensorOptions receive_options;
+  // Where what leaves goes: to this process, or back to the caller.
   RemoteLink* to = nullptr;
-  std::vector<std::shared_ptr<Transfer>> recvs;
-  std::vector<std::vector<TraceEvent>> traces;  // per stage
-
-  // The slots the items of the pass enter with (forward: channel 0) and
-  // leave in (forward: channel S).
-  std::vector<Slot>& entry() { return channel[direction == Direction::Forward ? 0 : S]; }
-  std::vector<Slot>& exit() { return channel[direction == Direction::Forward ? S : 0]; }
-  // Posts the receives of every item from `from`, in the schedule's order.
-  void post_receives(const ItemGrid& grid, const std::vector<std::vector<int64_t>>& sizes,
-                     const at::TensorOptions& options);
-  // The trace of the pass, stage by stage.
-  std::vector<TraceEvent> all_traces() const;
+  // Stage s's work; it appends its spans to `trace`.
+  std::function<std::unique_ptr<StageWork>(int s, std::vector<TraceEvent>& trace)> work;
 };
 
-// Runs the pass on one thread per stage (workers.h); make_work(s) gives
-// stage s's work. Raises the first failure, naming the stage, the unit and
-// the item.
-void run_pass(const Engine& engine, Sync& sync, PassIO& io, const ItemGrid& grid,
-              const std::function<std::unique_ptr<StageWork>(int)>& make_work);
+struct PassResult {
+  // Per item (at grid.index), what left the pass, ready on the caller's
+  // streams; empty when it went to another process.
+  std::vector<Tensor> leave;
+  std::vector<TraceEvent> trace;  // stage by stage
+};
+
+// Runs the pass on one thread per stage (workers.h). Raises the first
+// failure, naming the stage, the unit and the item.
+PassResult run(Direction direction, const Stages& stages, const ItemGrid& grid, PassPlan& plan);
 
 }  // namespace pipelstm::pipeline

@@ -6,7 +6,7 @@
 //   forward:  k = 0..K-1, and within a chunk m = 0..M-1;
 //   backward: the reverse, k = K-1..0, m = M-1..0.
 // A stage starts an item once the stage before it (after it, backward) has
-// handed it that item (engine.cpp: the slots of sync.h) and once it has run
+// handed it that item (pass.cpp: the slots of sync.h) and once it has run
 // the item before in its own order, from which the hidden state (h, c) of
 // micro-batch m carries over from chunk k-1 (its gradient from k+1). The
 // result is a wavefront; S = 3 stages, K = 2 chunks, M = 2 micro-batches,

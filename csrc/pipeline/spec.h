@@ -1,6 +1,6 @@
 // What the pipeline engine runs: the kinds of unit, their specs, the
 // stages, each unit's parameter slots and the trace a pass leaves. Shared by
-// the engine (engine.h), the units (units.h) and the bindings; depends on
+// the stages (stages.h), the passes, the units (units.h) and the bindings; depends on
 // nothing of theirs.
 #pragma once
 
@@ -23,7 +23,6 @@ using OptTensor = std::optional<Tensor>;
 // Activation and LayerNorm (over the last dimension) are the pointwise
 // layers that commonly sit between LSTM layers and the decoder.
 enum class UnitKind { Lstm, Embedding, Linear, Dropout, Activation, LayerNorm, CrossEntropy };
-enum class Activation { Relu, Tanh, Sigmoid, Gelu, GeluTanh, Silu };
 
 // Activation recomputation: which work items keep only what replaying their
 // forward needs (the stage input, each LSTM layer's initial (h, c) and the
@@ -40,8 +39,9 @@ struct UnitSpec {
   bool scale_grad_by_freq = false;
   // Dropout
   double p = 0.0;
-  // Activation
-  Activation activation = Activation::Relu;
+  // Activation: its row in the table of units/activation.cpp (by name:
+  // activation_index, units/kinds.h)
+  int64_t activation = 0;
   // LayerNorm
   double eps = 1e-5;
   // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)

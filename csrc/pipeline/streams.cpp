@@ -17,7 +17,6 @@
 #include <utility>
 
 #include "../settings.h"
-#include "sync.h"
 
 namespace pipelstm::pipeline {
 
@@ -203,13 +202,6 @@ StreamScope::StreamScope(const c10::Device& device, const std::optional<c10::Str
     TORCH_INTERNAL_ASSERT(stream.has_value() && on_device(*stream, device));
     guard_.emplace(*stream);
   }
-}
-
-void acquire(Slot& slot) {
-  if (!slot.value.defined()) return;
-  const Stream stream = Stream::current(slot.value.device());
-  slot.event.block(stream);
-  stream.uses(slot.value);
 }
 
 Tensor to_device(const Tensor& t, const c10::Device& device) {

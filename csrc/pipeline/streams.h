@@ -33,7 +33,6 @@ using at::Tensor;
 class HostQueue;
 struct HostEvent;
 class Stream;
-struct Slot;  // sync.h
 
 // A point in a stream's queue: done once everything queued on that stream
 // before it is done. Default-constructed: done already.
@@ -108,11 +107,6 @@ class StreamScope {
  private:
   std::optional<c10::StreamGuard> guard_;
 };
-
-// Before using a slot's tensor on this thread's current stream: its event
-// blocks that stream, and the caching allocator learns that the stream uses
-// the tensor's memory.
-void acquire(Slot& slot);
 
 // `t` on `device`: non-blocking only into an accelerator (its stream orders
 // the copy); into host memory the copy has finished when this returns.

@@ -27,6 +27,16 @@ struct Slot {
   Event event;
 };
 
+// Before using a slot's tensor on this thread's current stream: its event
+// blocks that stream, and the caching allocator learns that the stream uses
+// the tensor's memory.
+inline void acquire(Slot& slot) {
+  if (!slot.value.defined()) return;
+  const Stream stream = Stream::current(slot.value.device());
+  slot.event.block(stream);
+  stream.uses(slot.value);
+}
+
 // Shared by the workers of one pass: the slots between stages, and the
 // first error (which wakes everyone up).
 struct Sync {

@@ -1,7 +1,7 @@
 // What a pipeline stage runs on one work item (micro-batch m, chunk k), unit
 // by unit: forward, the data part of backward, the parameter gradients (once
 // per unit over all items of a pass) and the replay of a recomputed item.
-// Plain ATen, no threads or scheduling: that is engine.cpp's.
+// Plain ATen, no threads or scheduling: that is the pass's (pass.h).
 #pragma once
 
 #include <cstdint>

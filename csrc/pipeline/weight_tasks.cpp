@@ -2,13 +2,11 @@
 
 namespace pipelstm::pipeline {
 
-WeightTasks::WeightTasks(const std::vector<StageSpec>& stages,
-                         const std::vector<int64_t>& first_unit,
-                         const std::vector<UnitParams>& params)
+WeightTasks::WeightTasks(const Stages& stages, const std::vector<UnitParams>& params)
     : tasks_(stages.size()), next_(stages.size(), 0), ready_(stages.size(), false) {
-  for (size_t s = 0; s < stages.size(); ++s) {
+  for (int64_t s = 0; s < stages.size(); ++s) {
     for (int64_t j = static_cast<int64_t>(stages[s].units.size()) - 1; j >= 0; --j) {
-      const int64_t gu = first_unit[s] + j;
+      const int64_t gu = stages.first_unit(s) + j;
       for (const auto& t : params[gu]) {
         if (t.has_value()) {
           tasks_[s].push_back(gu);

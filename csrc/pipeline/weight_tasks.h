@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "spec.h"
+#include "stages.h"
 #include "sync.h"
 
 namespace pipelstm::pipeline {
 
 class WeightTasks {
  public:
-  // first_unit[s]: the global index of stage s's first unit; params: per unit.
-  WeightTasks(const std::vector<StageSpec>& stages, const std::vector<int64_t>& first_unit,
-              const std::vector<UnitParams>& params);
+  // params: per unit (global index).
+  WeightTasks(const Stages& stages, const std::vector<UnitParams>& params);
 
   // Stage `s` has run its last backward item: its tasks may start.
   void mark_ready(Sync& sync, int s);

@@ -39,8 +39,7 @@ class WorkerScope {
 
 }  // namespace
 
-void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)>& body) {
-  const std::vector<StageSpec>& stages = engine.stages();
+void run_workers(const Stages& stages, Sync& sync, const std::function<void(int)>& body) {
   const at::ThreadLocalState tls;
   const int caller_threads = at::get_num_threads();
   // The stages' streams start after what the caller queued before the pass
@@ -49,14 +48,14 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
   // the memory freed in the pass). Each is one event per stage; on the CPU
   // they are done when recorded.
   std::vector<Event> pass_start(stages.size()), pass_end(stages.size());
-  for (size_t s = 0; s < stages.size(); ++s) pass_start[s] = Stream::current(stages[s].device).record();
+  for (int64_t s = 0; s < stages.size(); ++s) pass_start[s] = Stream::current(stages.device(s)).record();
   std::vector<std::thread> threads;
   threads.reserve(stages.size());
-  for (size_t s = 0; s < stages.size(); ++s) {
+  for (int64_t s = 0; s < stages.size(); ++s) {
     threads.emplace_back([&, s] {
       try {
-        WorkerScope scope(tls, stages[s], engine.stage_stream(static_cast<int64_t>(s)));
-        const Stream own = Stream::current(stages[s].device);
+        WorkerScope scope(tls, stages[s], stages.stream(s));
+        const Stream own = Stream::current(stages.device(s));
         pass_start[s].block(own);
         std::exception_ptr error;
         try {
@@ -71,21 +70,21 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
         }
         if (error) std::rethrow_exception(error);
       } catch (const std::exception& e) {
-        sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": " + e.what());
+        sync.fail("pipelstm.Pipeline: " + stages.label(s) + ": " + e.what());
       } catch (...) {
-        sync.fail("pipelstm.Pipeline: " + engine.stage_label(static_cast<int64_t>(s)) + ": unknown exception");
+        sync.fail("pipelstm.Pipeline: " + stages.label(s) + ": unknown exception");
       }
     });
   }
   for (auto& t : threads) t.join();
   try {
-    for (size_t s = 0; s < stages.size(); ++s) pass_end[s].block(Stream::current(stages[s].device));
+    for (int64_t s = 0; s < stages.size(); ++s) pass_end[s].block(Stream::current(stages.device(s)));
   } catch (...) {
     if (!sync.failed) throw;  // else the stage's own error, below
   }
   // at::set_num_threads in a worker also sets the process-wide default that
   // new threads start from; put the caller's back.
-  for (const auto& st : stages) {
+  for (const auto& st : stages.specs()) {
     if (st.threads > 0) {
       at::set_num_threads(caller_threads);
       break;
@@ -94,11 +93,11 @@ void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)
   if (sync.failed) throw std::runtime_error(sync.error);
 }
 
-std::string describe_failure(const Engine& engine, int s, const UnitSpec* unit,
+std::string describe_failure(const Stages& stages, int s, const UnitSpec* unit,
                              int64_t unit_index, const char* phase, int64_t m, int64_t k,
                              const std::exception& e) {
   std::ostringstream os;
-  os << "pipelstm.Pipeline: " << engine.stage_label(s);
+  os << "pipelstm.Pipeline: " << stages.label(s);
   if (unit != nullptr) {
     os << ", unit " << unit_index << " '" << unit->name << "' (" << unit_kind_name(unit->kind) << ")";
   }

@@ -10,18 +10,19 @@
 #include <functional>
 #include <string>
 
-#include "engine.h"
+#include "spec.h"
+#include "stages.h"
 #include "sync.h"
 
 namespace pipelstm::pipeline {
 
 // Runs body(s) on one thread per stage and joins them all. The first error
 // (each body names its stage and unit; `sync.fail`) is raised here.
-void run_workers(const Engine& engine, Sync& sync, const std::function<void(int)>& body);
+void run_workers(const Stages& stages, Sync& sync, const std::function<void(int)>& body);
 
 // "pipelstm.Pipeline: stage 1 (cpu), unit 3 'l2' (LSTM layer), forward of
 // micro-batch 0, chunk 2 failed: ..." (no unit: unit < 0; no item: m < 0).
-std::string describe_failure(const Engine& engine, int s, const UnitSpec* unit,
+std::string describe_failure(const Stages& stages, int s, const UnitSpec* unit,
                              int64_t unit_index, const char* phase, int64_t m, int64_t k,
                              const std::exception& e);
 

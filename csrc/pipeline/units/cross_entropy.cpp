@@ -76,6 +76,7 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1]}; }  // the
 }  // namespace
 
 const UnitKindOps kCrossEntropyUnit{UnitKind::CrossEntropy, "CrossEntropy", "cross_entropy",
-                                    &forward, &backward_data, nullptr, &keep_for_replay};
+                                    &forward, &backward_data, nullptr, &keep_for_replay,
+                                    {}, {"ignore_index", "mean"}};
 
 }  // namespace pipelstm::pipeline

@@ -47,6 +47,6 @@ void keep_for_replay(std::vector<Tensor>&) {}  // the mask
 }  // namespace
 
 const UnitKindOps kDropoutUnit{UnitKind::Dropout, "Dropout", "dropout", &forward, &backward_data,
-                               nullptr, &keep_for_replay};
+                               nullptr, &keep_for_replay, {}, {"p"}};
 
 }  // namespace pipelstm::pipeline

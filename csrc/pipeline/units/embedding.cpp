@@ -43,6 +43,7 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 }  // namespace
 
 const UnitKindOps kEmbeddingUnit{UnitKind::Embedding, "Embedding", "embedding", &forward,
-                                 &backward_data, &weight_grads, &keep_for_replay};
+                                 &backward_data, &weight_grads, &keep_for_replay,
+                                 {"weight"}, {"padding_idx", "scale_grad_by_freq"}};
 
 }  // namespace pipelstm::pipeline

@@ -1,11 +1,13 @@
 // What the engine does with each kind of unit: one UnitKindOps per kind, in
-// a file of its own beside this one, and one table (units.cpp) from
-// UnitKind to it. Adding a kind of unit: its enum value (spec.h), its file
-// here with its ops, and its entry in the table; the bindings and messages
-// read the table.
+// a file of its own beside this one (its ops, parameter slots and options),
+// and one table (units.cpp) from UnitKind to it. Adding a kind of unit: its
+// enum value (spec.h), its file here, and its entry in the table; the
+// bindings, the messages and Python read the table. A new activation is a
+// row of units/activation.cpp's table only.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../units.h"
@@ -28,6 +30,11 @@ struct UnitKindOps {
   void (*weight_grads)(const UnitSpec& u, const UnitParams& p, const Pieces& pieces,
                        std::vector<Tensor>& acc);
   void (*keep_for_replay)(std::vector<Tensor>& saved);
+  // Its parameter slots in UnitParams' order (an LSTM layer's are suffixed
+  // with _l<layer> on the module), and the UnitSpec options it reads; Python
+  // (pipelstm/pipeline/units.py) reads both through the bindings.
+  std::vector<std::string> slots;
+  std::vector<std::string> options;
 };
 
 extern const UnitKindOps kLstmUnit;
@@ -40,6 +47,12 @@ extern const UnitKindOps kCrossEntropyUnit;
 
 // Every kind, in UnitKind's order.
 const std::vector<const UnitKindOps*>& unit_kinds();
+
+// The activations an Activation unit runs (units/activation.cpp): their
+// names, in the table's order, and UnitSpec::activation for a name (raises
+// for an unknown one).
+std::vector<std::string> activation_names();
+int64_t activation_index(const std::string& name);
 
 // Adds `t` (if defined) into acc[i].
 void accumulate(std::vector<Tensor>& acc, size_t i, const Tensor& t);

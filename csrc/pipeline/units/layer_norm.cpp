@@ -40,6 +40,7 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 }  // namespace
 
 const UnitKindOps kLayerNormUnit{UnitKind::LayerNorm, "LayerNorm", "layer_norm", &forward,
-                                 &backward_data, &weight_grads, &keep_for_replay};
+                                 &backward_data, &weight_grads, &keep_for_replay,
+                                 {"weight", "bias"}, {"eps"}};
 
 }  // namespace pipelstm::pipeline

@@ -46,6 +46,6 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 }  // namespace
 
 const UnitKindOps kLinearUnit{UnitKind::Linear, "Linear", "linear", &forward, &backward_data,
-                              &weight_grads, &keep_for_replay};
+                              &weight_grads, &keep_for_replay, {"weight", "bias"}, {}};
 
 }  // namespace pipelstm::pipeline

@@ -100,6 +100,7 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1], saved[2]};
 }  // namespace
 
 const UnitKindOps kLstmUnit{UnitKind::Lstm, "LSTM layer", "lstm", &forward, &backward_data,
-                            &weight_grads, &keep_for_replay};
+                            &weight_grads, &keep_for_replay,
+                            {"weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"}, {}};
 
 }  // namespace pipelstm::pipeline

@@ -18,10 +18,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .._C import pipeline as _engine
 from ..pipeline import PipelineCore
-from ..pipeline.balance import estimate_costs, partition, resolve_balance
-from ..pipeline.core import check_checkpoint, check_positive_ints
-from ..pipeline.units import flatten, loss_spec
+from ..pipeline.balance import partition, resolve_balance
+from ..pipeline.prologue import prepare
 from ..timeline import write_timeline
+from .agreement import check_same_everywhere
 from .mesh import Mesh
 
 __all__ = ["PipelineParallel"]
@@ -77,12 +77,11 @@ class PipelineParallel(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
-        check_positive_ints("PipelineParallel", chunks=chunks, micro_batches=micro_batches)
-        check_checkpoint("PipelineParallel", checkpoint)
-        self._loss = loss_spec(loss_fn)
+        prepared = prepare("PipelineParallel", model.named_children(), chunks=chunks, micro_batches=micro_batches,
+                           checkpoint=checkpoint, loss_fn=loss_fn)
+        self._loss = prepared.loss
         self.mesh = mesh
-        units = flatten(model.named_children())
-        estimate_costs(units)
+        units = prepared.units
         n = len(units)
         if mesh.pp > n:
             raise ValueError(f"PipelineParallel: pp={mesh.pp} stages but the model has only {n} units "
@@ -96,7 +95,7 @@ class PipelineParallel(nn.Module):
                              f"only {len(mine)} units")
         local_balance = partition([u.cost for u in mine], len(local_devices))
         # The same model, plan and settings on every rank, or every rank stops here.
-        first_stage = _check_same_everywhere(model, units, self.balance, chunks, micro_batches,
+        first_stage = check_same_everywhere(model, units, self.balance, chunks, micro_batches,
                                              len(local_devices), mesh)
         self.first_stage, self.num_local_stages = first_stage, len(local_devices)
         self.devices = local_devices
@@ -338,40 +337,3 @@ def _width_after(units) -> int:
         if u.kind != "dropout":
             width = u.out_size
     return width
-
-
-def _check_same_everywhere(model: nn.Sequential, units, balance, chunks: int, micro_batches: int,
-                           local_stages: int, mesh: Mesh) -> int:
-    """All-gathers each rank's model definition and plan; raises on every
-    rank when they differ. Returns the global index of this rank's first
-    stage (stages of earlier pipeline ranks counted)."""
-    mine = dict(
-        model=[(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()],
-        units=[(u.kind, u.name) for u in units],
-        plan=dict(pp=mesh.pp, dp=mesh.dp, balance=list(balance), chunks=chunks, micro_batches=micro_batches),
-        local_stages=local_stages,
-    )
-    everyone: List[dict] = [None] * mesh.world_size  # type: ignore[list-item]
-    with mesh.waiting_for("every rank's model and plan from", mesh.others(range(mesh.world_size))):
-        dist.all_gather_object(everyone, mine)
-    ref = everyone[0]
-    for r, other in enumerate(everyone):
-        for what in ("model", "units", "plan"):
-            if other[what] != ref[what]:
-                diff = _first_difference(ref[what], other[what])
-                raise ValueError(f"pipelstm.distributed: rank {r}'s {what} differs from rank 0's ({diff}); every "
-                                 "rank must build the same model with the same pipeline settings")
-    return sum(everyone[r]["local_stages"] for r in mesh.pp_ranks[: mesh.pp_rank])
-
-
-def _first_difference(a, b) -> str:
-    if isinstance(a, list) and isinstance(b, list):
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return f"rank 0 has {x}, it has {y}"
-        return f"rank 0 has {len(a)} entries, it has {len(b)}"
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in a:
-            if a.get(k) != b.get(k):
-                return f"{k}: rank 0 has {a.get(k)}, it has {b.get(k)}"
-    return f"rank 0 has {a}, it has {b}"

@@ -2,9 +2,11 @@
 
 One module per concept: ``units`` (what a model flattens into), ``balance``
 (costs and the split into stages), ``placement`` (devices, thread budgets,
-parameters), ``core`` (``PipelineCore``: the engine and one differentiable
-run, which ``Pipeline``, ``pipelstm.LSTM(devices=...)`` and
-``PipelineParallel``'s stage each hold), ``plan`` (the stages as a table),
+parameters), ``prologue`` (what every front-end does before it builds a
+core: settings checked, units, devices, costs), ``core`` (``PipelineCore``:
+the engine and one differentiable run, which ``Pipeline``,
+``pipelstm.LSTM(devices=...)`` and ``PipelineParallel``'s stage each hold;
+``autograd``, that run as one autograd node), ``plan`` (the stages as a table),
 ``module`` (``Pipeline``) and ``lstm_stack`` (the pipelined mode of
 ``pipelstm.LSTM``). See docs/pipeline.md.
 """

@@ -1,8 +1,8 @@
 """``PipelineCore``: units on stages, the C++ engine that runs them, one run.
 
 ``pipelstm.Pipeline``, ``pipelstm.LSTM(devices=...)`` and each process's
-stage of ``pipelstm.distributed.PipelineParallel`` hold one core; the core
-owns the engine (and its links to other processes), places the units'
+stage of ``pipelstm.distributed.PipelineParallel`` hold one core (built
+after the shared prologue, ``prologue.prepare``); the core owns the engine (and its links to other processes), places the units'
 parameters, runs a pipelined forward as one autograd node, and reports what
 ran (``trace``, ``timeline``) and what was planned (``plan``).
 """
@@ -14,37 +14,16 @@ from torch import Tensor
 
 from .. import _C
 from ..timeline import write_timeline
+from .autograd import _PipelineFunction, _unflatten
 from .balance import resolve_balance
 from .placement import cap_threads, place, thread_budgets
 from .plan import Plan
+from .prologue import check_checkpoint, check_positive_ints
 from .units import Unit
 
-__all__ = ["PipelineCore", "CHECKPOINT_MODES", "SETTINGS", "check_checkpoint", "check_positive_ints",
-           "core_settings"]
+__all__ = ["PipelineCore", "SETTINGS", "core_settings"]
 
 _engine = _C.pipeline
-CHECKPOINT_MODES = ("never", "except_last", "always")
-
-
-def check_checkpoint(who: str, checkpoint: str) -> str:
-    """Returns ``checkpoint``.
-
-    Raises:
-        ValueError: not one of ``CHECKPOINT_MODES``.
-    """
-    if checkpoint not in CHECKPOINT_MODES:
-        raise ValueError(f"{who}: checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, "
-                         f"got {checkpoint!r}")
-    return checkpoint
-
-
-def check_positive_ints(who: str, **values) -> None:
-    """Raises:
-        ValueError: a value (named by its keyword) is not an int >= 1.
-    """
-    for what, v in values.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{who}: {what} must be a positive int, got {v!r}")
 
 
 class PipelineCore:
@@ -58,7 +37,7 @@ class PipelineCore:
         threads: intra-op threads per CPU stage (``placement.thread_budgets``).
         chunks: K, the time chunks (clamped to the sequence length).
         micro_batches: M, the micro-batches (clamped to the batch).
-        checkpoint: activation recomputation, one of ``CHECKPOINT_MODES``.
+        checkpoint: activation recomputation, one of ``prologue.CHECKPOINT_MODES``.
         loss: ``units.loss_spec`` of the loss the last stage computes, or None.
         sample_shape: ``(T, B)`` of the sample the costs were profiled on
             (seconds, activations for that sample), or None for the FLOP
@@ -299,11 +278,8 @@ class PipelineCore:
     def trace(self) -> List[dict]:
         """What ran in the last forward (and backward): one dict per span, with
         ``stage``, ``phase``, ``micro_batch``, ``chunk``, ``start_ns``, ``end_ns``."""
-        return [
-            dict(stage=e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
-                 start_ns=e.start_ns, end_ns=e.end_ns)
-            for e in self._engine.trace()
-        ]
+        return [dict(stage=e.stage, phase=e.phase, micro_batch=e.micro_batch, chunk=e.chunk,
+                     start_ns=e.start_ns, end_ns=e.end_ns) for e in self._engine.trace()]
 
     def timeline(self, path: str, names: Optional[Sequence[str]] = None) -> Dict[str, object]:
         """Writes the schedule that last ran as a Chrome trace (``path``, JSON;
@@ -365,50 +341,6 @@ def core_settings(core_of: Callable[[object], PipelineCore]) -> Callable[[_Modul
     return decorate
 
 
-class _PipelineFunction(torch.autograd.Function):
-    """The whole pipelined forward as one autograd node; its backward is the
-    engine's pipelined backward, returning the gradients of the input, the
-    initial states and every parameter (each on its own stage's device)."""
-
-    @staticmethod
-    def forward(ctx, core: PipelineCore, layout, training: bool, target: Optional[Tensor], input: Tensor,
-                *tensors: Optional[Tensor]):
-        L, unit_counts = layout
-        h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
-        params = _unflatten(tensors[2 * L :], unit_counts)
-        run = core.engine.forward(
-            input, h0, c0, params, core.chunks, core.micro_batches, training, True,
-            getattr(_engine.Checkpoint, core.checkpoint), target,
-        )
-        core.saved_activation_bytes = run.saved_bytes
-        ctx.run, ctx.layout = run, layout
-        ctx.input_device, ctx.input_float = input.device, input.is_floating_point()
-        ctx.state_devices = [None if t is None else t.device for t in tensors[: 2 * L]]
-        ctx.set_materialize_grads(False)
-        # Taken, not read: a run that kept its outputs would be reachable
-        # from them through this node, a cycle never freed (one per step).
-        output, h_n, c_n = run.take_outputs()
-        return (output, *h_n, *c_n)
-
-    @staticmethod
-    def backward(ctx, grad_output, *grad_states):
-        L, unit_counts = ctx.layout
-        run = ctx.run  # frees its saved activations as it goes; a second backward raises
-        grad_input, gh0, gc0, gparams = run.backward(
-            grad_output, list(grad_states[:L]), list(grad_states[L:])
-        )
-        if grad_input is not None:
-            grad_input = grad_input.to(ctx.input_device) if ctx.input_float else None
-        states = [
-            None if g is None or d is None else g.to(d) for g, d in zip(list(gh0) + list(gc0), ctx.state_devices)
-        ]
-        # gparams has an entry per parameter slot; keep those the forward got.
-        flat = []
-        for unit_grads, count in zip(gparams, unit_counts):
-            flat.extend(g for g, present in zip(unit_grads, count) if present)
-        return (None, None, None, None, grad_input, *states, *flat)
-
-
 def _shape(x: Tensor, batch_first: bool) -> List[int]:
     """The shape of time-major ``x`` as the caller wrote it."""
     shape = list(x.shape)
@@ -416,14 +348,3 @@ def _shape(x: Tensor, batch_first: bool) -> List[int]:
         shape[0], shape[1] = shape[1], shape[0]
     return shape
 
-
-def _unflatten(flat: Sequence[Tensor], unit_counts) -> List[List[Optional[Tensor]]]:
-    """Per unit, its parameter slots (None where absent) from the flat list."""
-    out, i = [], 0
-    for present in unit_counts:
-        params = []
-        for p in present:
-            params.append(flat[i] if p else None)
-            i += p
-        out.append(params)
-    return out

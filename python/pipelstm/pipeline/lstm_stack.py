@@ -14,10 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
-from .balance import estimate_costs
-from .core import PipelineCore, check_positive_ints
-from .placement import check_stage_count, stage_devices
-from .units import flatten
+from .core import PipelineCore
+from .prologue import prepare
 
 __all__ = ["LSTMPipeline"]
 
@@ -46,13 +44,10 @@ class LSTMPipeline:
                 "end of the sequence before its first step, so it cannot run in time chunks; use a "
                 "unidirectional LSTM or drop devices="
             )
-        check_positive_ints("LSTM", chunks=chunks, micro_batches=micro_batches)
-        devices = stage_devices("LSTM", devices)
-        units = flatten([("", lstm)])
-        check_stage_count("LSTM", len(devices), units)
-        estimate_costs(units)
-        self.core = PipelineCore(units, devices, balance, threads, chunks=chunks, micro_batches=micro_batches,
-                                 checkpoint=checkpoint, who="LSTM")
+        model = prepare("LSTM", [("", lstm)], devices, chunks=chunks, micro_batches=micro_batches,
+                        checkpoint=checkpoint)
+        self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,
+                                 micro_batches=micro_batches, checkpoint=checkpoint, who="LSTM")
 
     def run(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]],
             training: bool) -> Tuple[Tensor, Tensor, Tensor]:

@@ -1,7 +1,8 @@
 """``pipelstm.Pipeline``: a sequential LSTM model split into stages on devices.
 
 The model is a ``torch.nn.Sequential`` of ``Embedding``, ``pipelstm.LSTM`` or
-``nn.LSTM``, ``Dropout``, ``Linear`` (and ``Identity``). It is flattened into
+``nn.LSTM``, ``Dropout``, ``Linear``, ``LayerNorm``, activations (and
+``Identity``); ``units.SUPPORTED`` lists them. It is flattened into
 *units* (every layer of a multi-layer LSTM is a unit of its own, and so is
 the dropout between two of its layers), and the units are split into
 contiguous *stages*, one device each. The C++ engine (``csrc/pipeline``) runs
@@ -10,8 +11,9 @@ the stages in one worker thread each, outside the GIL, as a wavefront over
 runs the reverse wavefront. See docs/pipeline.md.
 
 All units run natively in C++ (LSTM layers on the fused layer ops,
-``Embedding`` as ``at::embedding``, ``Linear`` as ``at::linear``, ``Dropout``
-as a Bernoulli mask), so the workers never take the GIL.
+``Embedding`` as ``at::embedding``, ``Linear`` on the LSTM layers' GEMM
+dispatch, ``Dropout`` as a Bernoulli mask; docs/pipeline.md has the table),
+so the workers never take the GIL.
 """
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -19,11 +21,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .balance import estimate_costs
-from .core import PipelineCore, check_checkpoint, check_positive_ints, core_settings
-from .placement import check_stage_count, stage_devices
+from .core import PipelineCore, core_settings
 from .plan import Plan
-from .units import flatten, loss_spec
+from .prologue import prepare
 
 __all__ = ["Pipeline"]
 
@@ -87,22 +87,12 @@ class Pipeline(nn.Module):
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise ValueError(f"Pipeline: expected an nn.Sequential, got {type(module).__name__}")
-        check_positive_ints("Pipeline", chunks=chunks, micro_batches=micro_batches)
-        check_checkpoint("Pipeline", checkpoint)
-        loss = loss_spec(loss_fn)
-        devices = stage_devices("Pipeline", devices)
-        units = flatten(module.named_children())
-        check_stage_count("Pipeline", len(devices), units)
-        lstms = {id(u.module): u.module for u in units if u.kind == "lstm"}.values()
-        batch_first = {m.batch_first for m in lstms}
-        if len(batch_first) > 1:
-            raise ValueError("Pipeline: all LSTMs must agree on batch_first")
-        self._batch_first = batch_first.pop() if batch_first else False
-        if sample is not None and self._batch_first:
-            sample = sample.transpose(0, 1)
-        sample_shape = estimate_costs(units, sample)
-        self.core = PipelineCore(units, devices, balance, threads, chunks=chunks, micro_batches=micro_batches,
-                                 checkpoint=checkpoint, loss=loss, sample_shape=sample_shape, who="Pipeline")
+        model = prepare("Pipeline", module.named_children(), devices, chunks=chunks, micro_batches=micro_batches,
+                        checkpoint=checkpoint, loss_fn=loss_fn, sample=sample, one_layout=True)
+        self._batch_first = model.batch_first
+        self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,
+                                 micro_batches=micro_batches, checkpoint=checkpoint, loss=model.loss,
+                                 sample_shape=model.sample_shape, who="Pipeline")
         for name, child in module.named_children():
             self.add_module(name, child)
         self.training = module.training

@@ -6,11 +6,16 @@ LSTM is a unit of its own, and so is the dropout between two of its layers;
 ``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm`` and the activations
 are one unit each; ``Identity`` is none.
 
-Two tables say the rest. ``MODULES``: for each module type, the units it
+The engine's table of kinds (``_C.pipeline.UNIT_KINDS``, from
+``csrc/pipeline/units/``) gives each kind's parameter slots, the
+``UnitSpec`` options it reads and whether it carries a state; two tables
+here say the rest. ``MODULES``: for each module type, the units it
 flattens into. ``KINDS``: for each kind of unit (the engine's ``UnitKind``
-of the same name), the arguments of its engine ``UnitSpec``, its cost per
-token for the balancing cost model, and a plain-torch forward for the
-profiler. A new activation the engine runs is one entry of ``ACTIVATIONS``.
+of the same name), the values of its options, its cost per token for the
+balancing cost model, and a plain-torch forward for the profiler. ``ACTIVATIONS``: the activation modules the engine runs, each by
+one of the names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
+``csrc/pipeline/units/activation.cpp``); a new activation is a row there,
+an entry here and its test.
 """
 
 from dataclasses import dataclass, field
@@ -47,7 +52,7 @@ class Unit:
     hidden_size: int = 0
     proj_size: int = 0
     p: float = 0.0
-    activation: str = ""  # activation: the engine's name, e.g. "gelu_tanh"
+    activation: str = ""  # activation: its name in the engine's table, e.g. "gelu_tanh"
     eps: float = 1e-5  # layer_norm
     out_size: int = 0
     cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
@@ -70,7 +75,7 @@ class Unit:
     @property
     def has_state(self) -> bool:
         """Whether the unit has initial and final states (an LSTM layer)."""
-        return KINDS[self.kind].has_state
+        return _engine.UNIT_KINDS[self.kind]["has_state"]
 
     def cost_per_token(self) -> Tuple[float, float]:
         """(forward + backward FLOPs per token, bytes saved for backward per token)."""
@@ -80,6 +85,7 @@ class Unit:
         """The engine's description of this unit; ``state_index``: an LSTM
         layer's slot among the initial and final states."""
         kw = KINDS[self.kind].engine_args(self)
+        assert set(kw) <= set(_engine.UNIT_KINDS[self.kind]["options"]), (self.kind, kw)
         if self.has_state:
             kw["state_index"] = state_index
         return _engine.UnitSpec(getattr(_engine.UnitKind, self.kind), self.name, **kw)
@@ -95,16 +101,20 @@ class Kind:
     """What pipelstm knows of one kind of unit.
 
     Args:
-        engine_args: the unit's keyword arguments of the engine's ``UnitSpec``.
+        engine_args: the values of the options of the unit's engine ``UnitSpec``
+            (the kind's ``options`` in the engine's table).
         cost: (forward + backward FLOPs per token, bytes saved for backward per token).
         reference: the unit's forward in plain torch.
-        has_state: whether the unit has initial and final states (an LSTM layer).
     """
 
     engine_args: Callable[[Unit], dict]
     cost: Callable[[Unit], Tuple[float, float]]
     reference: Callable[[Unit], Callable[[Tensor], Tensor]]
-    has_state: bool = False
+
+
+def _slots(kind: str) -> Tuple[str, ...]:
+    """The kind's parameter slots, as the engine's table names them."""
+    return _engine.UNIT_KINDS[kind]["slots"]
 
 
 def _lstm_cost(u: Unit) -> Tuple[float, float]:
@@ -145,13 +155,13 @@ def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
 
 
 KINDS: Dict[str, Kind] = {
-    "lstm": Kind(lambda u: {}, _lstm_cost, _lstm_reference, has_state=True),
+    "lstm": Kind(lambda u: {}, _lstm_cost, _lstm_reference),
     "embedding": Kind(_embedding_args, lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
     "linear": Kind(lambda u: {}, lambda u: (3.0 * 2 * u.input_size * u.out_size,
                                             float(u.input_size * u.element_size())), _linear_reference),
     "dropout": Kind(lambda u: dict(p=float(u.p)), _pointwise_cost,
                     lambda u: lambda x: F.dropout(x, u.p, training=True)),
-    "activation": Kind(lambda u: dict(activation=getattr(_engine.Activation, u.activation)), _pointwise_cost,
+    "activation": Kind(lambda u: dict(activation=u.activation), _pointwise_cost,
                        lambda u: u.module),
     "layer_norm": Kind(lambda u: dict(eps=float(u.eps)), _pointwise_cost, lambda u: u.module),
 }
@@ -163,9 +173,15 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.Sigmoid: lambda m: "sigmoid",
     nn.GELU: lambda m: "gelu" if m.approximate == "none" else "gelu_tanh",
     nn.SiLU: lambda m: "silu",
+    nn.Mish: lambda m: "mish",
 }
 SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
-             "ReLU, Tanh, Sigmoid, GELU, SiLU and Identity")
+             "ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
+
+
+def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
+    """The kind's slots, None where ``child`` has no such parameter (e.g. no bias)."""
+    return [slot if getattr(child, slot, None) is not None else None for slot in _slots(kind)]
 
 
 def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Unit]:
@@ -183,10 +199,8 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
     units = []
     for l in range(child.num_layers):
         g = LayerGeometry(child.input_size if l == 0 else (P or H), H, P)
-        sfx = f"_l{l}"
-        names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
-        names += [f"bias_ih{sfx}", f"bias_hh{sfx}"] if child.bias else [None, None]
-        names += [f"weight_hr{sfx}"] if g.projected else [None]
+        present = (True, True, child.bias, child.bias, g.projected)  # w_ih, w_hh, b_ih, b_hh, w_hr
+        names = [f"{slot}_l{l}" if there else None for slot, there in zip(_slots("lstm"), present)]
         units.append(Unit("lstm", f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
                           hidden_size=H, proj_size=P, out_size=g.out_size))
         if child.dropout > 0 and l < child.num_layers - 1:
@@ -197,12 +211,12 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
 def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> List[Unit]:
     if child.max_norm is not None or child.sparse:
         raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
-    return [Unit("embedding", name, child, ["weight"], out_size=child.embedding_dim)]
+    return [Unit("embedding", name, child, list(_slots("embedding")), out_size=child.embedding_dim)]
 
 
 def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[Unit]:
-    return [Unit("linear", name, child, ["weight", "bias" if child.bias is not None else None],
-                 input_size=child.in_features, out_size=child.out_features)]
+    return [Unit("linear", name, child, _present_slots("linear", child), input_size=child.in_features,
+                 out_size=child.out_features)]
 
 
 def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
@@ -210,9 +224,8 @@ def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) ->
         raise ValueError(f"Pipeline: LayerNorm {name!r} must normalise over the last dimension only, "
                          f"got normalized_shape={tuple(child.normalized_shape)}")
     width = child.normalized_shape[0]
-    names = ["weight" if child.weight is not None else None,
-             "bias" if getattr(child, "bias", None) is not None else None]
-    return [Unit("layer_norm", name, child, names, eps=child.eps, input_size=width, out_size=width)]
+    return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), eps=child.eps, input_size=width,
+                 out_size=width)]
 
 
 def _activation_units(name: str, child: nn.Module, before: Sequence[Unit]) -> List[Unit]:
