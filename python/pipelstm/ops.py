@@ -23,13 +23,18 @@ __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 _ops = torch.ops.pipelstm
 
 
-@torch._dynamo.assume_constant_result
 def _under_functorch_transform() -> bool:
     """Whether a torch.func transform is active. Under torch.compile this is
     evaluated once while the frame is traced: TorchDynamo models
     ``peek_interpreter_stack()`` as an object even where it is None, which
     would send every compiled call to the composition."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+# What torch.compiler.assume_constant_result(fn) does, set here without it:
+# calling it imports TorchDynamo, which would make `import pipelstm` take
+# seconds. tests/test_module_compile.py fails if the mark stops working.
+_under_functorch_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _composed(*tensors: Optional[Tensor]) -> bool:
