@@ -9,6 +9,7 @@
 
 #include "pipelstm/kernels/lstm_persistent.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
+#include "persistent_tc_reference.h"  // the reference the tensor-core kernels share
 
 using namespace pipelstm::kernels;
 
@@ -49,33 +50,6 @@ void run_persistent(const PersistentForwardArgs<float>& a, int64_t blocks) {
   }
 }
 
-// Reference: per step a plain GEMM into the gates, then the CPU loops.
-void run_reference(const PersistentForwardArgs<float>& a) {
-  const int64_t H = a.hidden, B = a.batch;
-  std::vector<float> gates(B * 4 * H);
-  for (int64_t p = 0; p < a.steps; ++p) {
-    const int64_t t = persistent::step_at(p, a.steps, a.reverse);
-    for (int64_t b = 0; b < B; ++b) {
-      const float* h = persistent::h_prev_row(a, p, b);
-      for (int64_t r = 0; r < 4 * H; ++r) {
-        double acc = 0;
-        for (int64_t i = 0; i < H; ++i) acc += double(a.w_hh[r * H + i]) * h[i];
-        gates[b * 4 * H + r] = a.input_gates[(t * B + b) * 4 * H + r] + float(acc);
-      }
-    }
-    const int64_t prev = p == 0 ? -1 : persistent::step_at(p - 1, a.steps, a.reverse);
-    PointwiseForwardArgs<float> s;
-    s.gates = gates.data();
-    s.c_prev = prev < 0 ? a.c0 : a.cells + prev * B * H;
-    s.act_gates = a.act_gates + t * B * 4 * H;
-    s.c = a.cells + t * B * H;
-    s.h = a.output + t * B * H;
-    s.batch = B;
-    s.hidden = H;
-    pointwise_forward_cpu<float>(s, 0, B);
-  }
-}
-
 int main() {
   std::mt19937 rng(0);
   std::normal_distribution<float> normal(0.0f, 0.5f);
@@ -107,7 +81,7 @@ int main() {
         a.batch = B;
         a.hidden = H;
         a.reverse = reverse;
-        if (run == 0) run_persistent(a, blocks); else run_reference(a);
+        if (run == 0) run_persistent(a, blocks); else testing::reference_forward(a);
       }
       double worst = 0;
       for (auto* pair : {out, act, cells})
