@@ -1,0 +1,158 @@
+"""What the pipeline simulator takes and gives.
+
+A *cluster* (``Cluster``: GPUs or CPU sockets per node, the links between
+them) runs a model's *units* (``UnitCosts``: what each unit costs on one
+device, for an item of ``t`` steps by ``b`` sequences) in a *layout*
+(``Layout``: dp x pp, the units per stage, K chunks x M micro-batches,
+recomputation). The simulator plays the engine's schedule over them and
+returns a ``Prediction``: step time, bubble, per-stage peak memory and the
+timeline the engine would draw.
+
+Ranks are placed as ``pipelstm.distributed.init_mesh`` places them: global
+rank ``dp_rank * pp + pp_rank``, ``gpus_per_node`` consecutive ranks a node,
+so a pipeline's stages are neighbours and its replicas far apart.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence
+
+__all__ = ["Link", "Cluster", "UnitInfo", "UnitCosts", "Layout", "Prediction", "PHASES"]
+
+# The per-item phases a unit's cost is given for: "forward" (also what a
+# recomputation replays), "backward" (the data gradients), "weights" (its
+# parameter gradients, once per pass, for the whole sequence).
+PHASES = ("forward", "backward", "weights")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point connection: ``seconds(n) = latency_s + n / bytes_per_s``."""
+
+    latency_s: float
+    bytes_per_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        """The time to move ``nbytes`` over this link (0 bytes: free)."""
+        return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes of devices and the links between them.
+
+    Args:
+        nodes: machines.
+        devices_per_node: GPUs (or CPU processes) per machine.
+        device: a name for the device, e.g. ``"H100-SXM"`` or ``"cpu"``.
+        device_memory: bytes of memory per device.
+        same_device: a hand-over between two stages on one device.
+        intra_node: between two devices of one node (NVLink, PCIe, loopback).
+        inter_node: between two nodes (the network).
+    """
+
+    nodes: int
+    devices_per_node: int
+    device: str
+    device_memory: float
+    same_device: Link
+    intra_node: Link
+    inter_node: Link
+
+    @property
+    def world_size(self) -> int:
+        """All devices of the cluster."""
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node global rank ``rank`` runs on."""
+        return rank // self.devices_per_node
+
+    def link(self, a: int, b: int) -> Link:
+        """The link from global rank ``a`` to ``b``."""
+        if a == b:
+            return self.same_device
+        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def allreduce_seconds(self, ranks: Sequence[int], nbytes: float) -> float:
+        """A ring all-reduce of ``nbytes`` over ``ranks``: 2(n-1) steps, each
+        moving nbytes/n over the slowest link of the ring."""
+        n = len(ranks)
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        slowest = max((self.link(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
+                      key=lambda l: l.seconds(nbytes / n))
+        return 2 * (n - 1) * slowest.seconds(nbytes / n)
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """One unit as the simulator sees it (the engine's units, the loss last)."""
+
+    name: str
+    kind: str  # the engine's UnitKind name: "lstm", "linear", "cross_entropy", ...
+    param_bytes: int  # its parameters (their gradients and the optimizer's state come on top)
+    state_bytes_per_row: int = 0  # an LSTM layer: its (h, c) per sequence, carried between chunks
+
+
+class UnitCosts(Protocol):
+    """What each unit of one model costs on one kind of device."""
+
+    device: str
+
+    def units(self) -> Sequence[UnitInfo]:
+        """The units in order."""
+
+    def seconds(self, unit: int, phase: str, t: int, b: int) -> float:
+        """Seconds of ``phase`` (one of ``PHASES``) of unit ``unit`` for an
+        item of ``t`` steps by ``b`` sequences ("weights": for the whole pass
+        of ``t`` steps by ``b``)."""
+
+    def output_bytes(self, unit: int, t: int, b: int) -> float:
+        """Bytes of the unit's output for the item (what a stage ending
+        with it hands on; the gradient coming back has the same size)."""
+
+    def saved_bytes(self, unit: int, t: int, b: int) -> float:
+        """Bytes the unit's forward keeps for its backward, for the item."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model is laid out and scheduled.
+
+    ``balance`` gives the units per pipeline stage (``pp`` entries summing
+    to the units, the loss included in the last).
+    """
+
+    dp: int
+    pp: int
+    balance: Sequence[int]
+    chunks: int
+    micro_batches: int
+    checkpoint: str = "never"  # as pipelstm.Pipeline: "never", "except_last", "always"
+
+
+@dataclass
+class Prediction:
+    """What the simulator predicts for one training step (forward,
+    backward, the data-parallel all-reduce; no optimizer step).
+
+    ``events`` are in the engine's trace format (``Pipeline.trace``), so
+    ``pipelstm.timeline.write_timeline`` draws them like a measured run.
+    """
+
+    layout: Layout
+    step_s: float
+    forward_s: float
+    backward_s: float
+    allreduce_s: float  # what the all-reduce adds after the backward (its exposed part)
+    bubble: float  # idle fraction of the stages over the forward and backward passes
+    stage_peak_bytes: List[float]  # per stage: parameters, gradients, kept activations, in flight
+    events: List[Dict[str, object]] = field(default_factory=list)
+    notes: Optional[str] = None
+
+    def timeline(self, path: str) -> Dict[str, object]:
+        """Writes the predicted schedule as a Chrome trace and Gantt chart
+        (``pipelstm.timeline.write_timeline``)."""
+        from ..timeline import write_timeline
+
+        return write_timeline(self.events, [f"stage {s}" for s in range(self.layout.pp)], path)
