@@ -58,13 +58,21 @@ std::optional<std::string> mebibytes(const std::string& raw) {
   return without_leading_zeros(raw);
 }
 
+// A chunk count: 0 (off) or 2..4096.
+std::optional<std::string> chunk_count(const std::string& raw) {
+  if (!digits(raw, 4)) return std::nullopt;
+  const std::string v = without_leading_zeros(raw);
+  const int n = std::stoi(v);
+  return n == 0 || (n >= 2 && n <= 4096) ? std::optional<std::string>(v) : std::nullopt;
+}
+
 std::optional<std::string> microseconds_or_off(const std::string& raw) {
   if (lower(raw) == "off") return std::string("off");
   if (!digits(raw, 12)) return std::nullopt;
   return without_leading_zeros(raw);
 }
 
-enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kSplitDepth, kRowSplit,
+enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kLayerWavefront, kSplitDepth, kRowSplit,
              kInputInSteps, kHostCopyStream, kCount };
 
 constexpr std::array<Switch, kCount> kSwitches{{
@@ -77,6 +85,8 @@ constexpr std::array<Switch, kCount> kSwitches{{
      "one of 0 (never), 1 (every call), auto (the default: where the launches set the time)",
      &on_off_auto},
     {"PIPELSTM_PERSISTENT", "0", "one of 0 (the default), 1", &on_off},
+    {"PIPELSTM_LAYER_WAVEFRONT", "0",
+     "a whole number of time chunks: 0 (the default: off) or 2 to 4096", &chunk_count},
     {"PIPELSTM_SPLIT_DEPTH", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},
     {"PIPELSTM_ROW_SPLIT", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},
     {"PIPELSTM_INPUT_IN_STEPS", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},

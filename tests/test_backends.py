@@ -32,6 +32,7 @@ PUBLIC = [
     (cpu, "buffer_cache_mb", "PIPELSTM_BUFFER_CACHE_MB", 1024, 0, "0", -1),
     (cuda, "graphs", "PIPELSTM_CUDA_GRAPHS", None, True, "1", None),
     (cuda, "persistent", "PIPELSTM_PERSISTENT", False, True, "1", None),
+    (cuda, "layer_wavefront", "PIPELSTM_LAYER_WAVEFRONT", 0, 8, "8", 1),
 ]
 
 
@@ -50,7 +51,7 @@ def _no_overrides(monkeypatch):
 
 def test_every_switch_has_a_lookup_and_no_variable_is_read_elsewhere():
     assert SWITCHES == ["PIPELSTM_CPU_ISA", "PIPELSTM_CPU_GEMM", "PIPELSTM_BUFFER_CACHE_MB", "PIPELSTM_CUDA_GRAPHS",
-                        "PIPELSTM_PERSISTENT", "PIPELSTM_SPLIT_DEPTH", "PIPELSTM_ROW_SPLIT",
+                        "PIPELSTM_PERSISTENT", "PIPELSTM_LAYER_WAVEFRONT", "PIPELSTM_SPLIT_DEPTH", "PIPELSTM_ROW_SPLIT",
                         "PIPELSTM_INPUT_IN_STEPS", "PIPELSTM_HOST_COPY_STREAM"]
     # The C++ side reads a variable only through settings.cpp's lookup.
     readers = []
@@ -134,7 +135,8 @@ def test_the_knobs_for_measurements_are_environment_only_and_still_read_per_call
         "PIPELSTM_CPU_ISA": "pipelstm.backends.cpu.isa", "PIPELSTM_CPU_GEMM": "pipelstm.backends.cpu.gemm",
         "PIPELSTM_BUFFER_CACHE_MB": "pipelstm.backends.cpu.buffer_cache_mb",
         "PIPELSTM_CUDA_GRAPHS": "pipelstm.backends.cuda.graphs",
-        "PIPELSTM_PERSISTENT": "pipelstm.backends.cuda.persistent"}
+        "PIPELSTM_PERSISTENT": "pipelstm.backends.cuda.persistent",
+        "PIPELSTM_LAYER_WAVEFRONT": "pipelstm.backends.cuda.layer_wavefront"}
     for name, default in [("PIPELSTM_SPLIT_DEPTH", "auto"), ("PIPELSTM_ROW_SPLIT", "auto"),
                           ("PIPELSTM_INPUT_IN_STEPS", "auto"), ("PIPELSTM_HOST_COPY_STREAM", "off")]:
         assert _C._get_switch(name) == (default, "default")

@@ -10,6 +10,7 @@
 #   bash tools/gpu_check.sh                     # all of it
 #   BENCH_ARGS="--settings fp32 bf16 --B 1 8 32" bash tools/gpu_check.sh
 #   STEPS="build tests" bash tools/gpu_check.sh # a part
+#   STEPS="build wavefront" bash tools/gpu_check.sh # the layer wavefront's bench
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -102,5 +103,20 @@ if want bench; then
       --budget-seconds "$BENCH_SECONDS" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1
     note "bench $name: rc=$? ($((SECONDS - start)) s; rows past the budget are listed as not run)"
     sed -n '/geometric mean/,$p' "$OUT/$name.log" | head -8 | tee -a "$summary"
+  done
+fi
+
+if want wavefront; then
+  # The layer wavefront (pipelstm.backends.cuda.layer_wavefront) against the
+  # layers one after another, where it is meant to pay (B <= 32, 1 and 4
+  # layers): WAVEFRONT_CHUNKS (default "0 8 20"), one gpu_wavefront_K.json each.
+  for chunks in ${WAVEFRONT_CHUNKS:-0 8 20}; do
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    PIPELSTM_LAYER_WAVEFRONT=$chunks timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
+      --budget-seconds "$BENCH_SECONDS" --settings default bf16 --B 1 8 32 --T 100 --layers 1 4 \
+      --json "$OUT/gpu_wavefront_$chunks.json" ${WAVEFRONT_ARGS:-} >"$OUT/gpu_wavefront_$chunks.log" 2>&1
+    note "bench wavefront K=$chunks: rc=$? ($((SECONDS - start)) s)"
+    sed -n '/geometric mean/,$p' "$OUT/gpu_wavefront_$chunks.log" | head -8 | tee -a "$summary"
   done
 fi

@@ -23,6 +23,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import export, ops
 from .input_checks import check_state_pair, packed_batch
+from .layer_wavefront import run_wavefront, wavefront_chunks
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
 
@@ -265,6 +266,14 @@ class LSTM(nn.RNNBase):
 
     def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
         h0, c0 = hx
+        chunks = 0 if batch_sizes is not None or ops._under_functorch_transform() else \
+            wavefront_chunks(data, self.num_layers, self.bidirectional)
+        if chunks:
+            output, h_list, c_list = run_wavefront(
+                data, list(h0.unbind(0)), list(c0.unbind(0)),
+                lambda x, h, c, l: ops.lstm_layer(x, h, c, *self._layer_weights(l, False)), chunks,
+                self.dropout, self.training)
+            return output, torch.stack(h_list), torch.stack(c_list)
         directions = 2 if self.bidirectional else 1
         h_n: List[Tensor] = []
         c_n: List[Tensor] = []

@@ -8,8 +8,12 @@ drops the override; docs/configuration.md has the whole table):
   (the default) where a step's launches, not its arithmetic, set the time.
 * ``persistent`` (``PIPELSTM_PERSISTENT``): run a dense layer direction's
   forward as one persistent kernel where it fits (default ``False``).
+* ``layer_wavefront`` (``PIPELSTM_LAYER_WAVEFRONT``): run the layers of a
+  dense, unidirectional stack as a wavefront over this many time chunks,
+  one stream a layer (``pipelstm.layer_wavefront``; default ``0``: one
+  layer after another).
 
-Both are read at each call. Functions: :func:`graph_counts`, and
+All are read at each call. Functions: :func:`graph_counts`, and
 ``flags(**values)``, a context manager that sets switches for a ``with``
 block.
 """
@@ -18,9 +22,9 @@ import sys
 from typing import Tuple
 
 from .. import _C
-from ._switch import Switch, SwitchModule, flag, tristate
+from ._switch import Switch, SwitchModule, chunk_count, flag, tristate
 
-__all__ = ["graphs", "persistent", "graph_counts", "flags"]
+__all__ = ["graphs", "persistent", "layer_wavefront", "graph_counts", "flags"]
 
 
 class _CudaModule(SwitchModule):
@@ -29,6 +33,9 @@ class _CudaModule(SwitchModule):
                     "where launches set the time).")
     persistent = Switch("PIPELSTM_PERSISTENT", flag,
                         "Run a dense layer's forward as one persistent kernel where it fits (default False).")
+    layer_wavefront = Switch("PIPELSTM_LAYER_WAVEFRONT", chunk_count,
+                             "Run a stack's layers as a wavefront over this many time chunks, one CUDA stream a "
+                             "layer (default 0: one layer after another).")
 
 
 def graph_counts() -> Tuple[int, int]:

@@ -1,0 +1,84 @@
+"""The layer wavefront on one GPU (pipelstm.layer_wavefront): the layers of a
+stack on streams of their own over K time chunks must give what nn.LSTM
+(cuDNN) gives, values and every gradient, with CUDA graphs on and off, and
+must really run the layers at once (kernels of two layers overlap in time).
+"""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import pipelstm
+from pipelstm.backends import cuda as cuda_switches
+from reference import rel_error
+
+pytestmark = pytest.mark.gpu
+
+T, B, H, LAYERS = 60, 8, 256, 4
+
+
+def _models(dtype=torch.float32):
+    torch.manual_seed(0)
+    ref = nn.LSTM(H, H, num_layers=LAYERS).cuda().to(dtype)
+    ours = pipelstm.LSTM(H, H, num_layers=LAYERS).cuda().to(dtype)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _run(model, x, h0, c0):
+    x, h0, c0 = (t.clone().requires_grad_() for t in (x, h0, c0))
+    out, (h, c) = model(x, (h0, c0))
+    (out.sum() + 0.5 * h.sum() + 0.25 * c.sum()).backward()
+    return [out, h, c, x.grad, h0.grad, c0.grad, *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("chunks", [4, 15])
+def test_the_wavefront_matches_cudnn(chunks, graphs):
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        ref, ours = _models()
+        x = torch.randn(T, B, H, device="cuda")
+        h0, c0 = torch.randn(2, LAYERS, B, H, device="cuda").unbind(0)
+        want = _run(ref, x, h0, c0)
+        with cuda_switches.flags(layer_wavefront=chunks, graphs=graphs):
+            got = _run(ours, x, h0, c0)
+            got_again = _run(ours, x, h0, c0)  # the second call reuses the streams (and graphs)
+        for a, b, c in zip(got, got_again, want):
+            assert rel_error(a.double(), c.double()) < 2e-5
+            assert rel_error(b.double(), c.double()) < 2e-5
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def test_the_wavefront_in_bf16_matches_the_layers_one_after_another():
+    _, ours = _models(torch.bfloat16)
+    x = torch.randn(T, B, H, device="cuda", dtype=torch.bfloat16)
+    h0, c0 = torch.randn(2, LAYERS, B, H, device="cuda", dtype=torch.bfloat16).unbind(0)
+    want = _run(ours, x, h0, c0)
+    for p in ours.parameters():
+        p.grad = None
+    with cuda_switches.flags(layer_wavefront=6):
+        got = _run(ours, x, h0, c0)
+    for a, b in zip(got, want):
+        assert rel_error(a.double(), b.double()) < 2e-2
+
+
+def test_the_layers_run_at_once(tmp_path):
+    _, ours = _models()
+    x = torch.randn(T, B, H, device="cuda")
+    with cuda_switches.flags(layer_wavefront=10, graphs=False), torch.no_grad():
+        ours(x)  # warm up
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            ours(x)
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["args"]["stream"]) for e in events
+                     if e.get("cat") == "kernel" and e.get("ph") == "X")
+    streams = {k[2] for k in kernels}
+    overlaps = sum(1 for i, a in enumerate(kernels) for b in kernels[i + 1:i + 50] if b[2] != a[2] and b[0] < a[1])
+    assert len(streams) >= 2 and overlaps > 0, f"{len(kernels)} kernels on {len(streams)} stream(s), none at once"
