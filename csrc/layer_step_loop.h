@@ -14,8 +14,9 @@
 //   template <typename T> static void step_forward(const kernels::PointwiseForwardArgs<T>&);
 //   template <typename T> static void step_backward(const kernels::PointwiseBackwardArgs<T>&);
 //   template <typename T> static bool sequence_forward(const SequenceForward<T>&);
-//       a whole dense sequence in one kernel where it has one that fits
-//       (true), else nothing (false);
+//   template <typename T> static bool sequence_backward(const SequenceBackward<T>&);
+//       a whole dense sequence's recurrence in one kernel where it has one
+//       that fits (true), else nothing (false);
 //   template <class F> static void dispatch_types(at::ScalarType, F&& f);
 //       f(T{}) for the element type T of each dtype it implements.
 #pragma once
@@ -44,6 +45,20 @@ struct SequenceForward {
   bool reverse;
   const Workspace& ws;
   ForwardResult& r;
+};
+
+// What a whole-sequence backward kernel gets (dense, no projection): the
+// gradients given (undefined: none; grad_output contiguous [N, H]), what
+// the forward kept, and the results to fill: every step's pre-activation
+// gradient and the gradients of the initial state.
+template <typename scalar_t>
+struct SequenceBackward {
+  const LayerSteps& steps;
+  const LayerGeometry& geometry;
+  const at::Tensor &grad_output, &grad_h_n, &grad_c_n, &c0, &w_hh;
+  bool reverse;
+  const Workspace& ws;
+  at::Tensor &grad_gates, &grad_h0, &grad_c0;
 };
 
 // Every step's input projection x @ w_ih^T [N, 4H] with both biases added.
@@ -160,6 +175,16 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
 
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
+    if (steps.dense && !s.projected && N > 0) {
+      const Tensor given_h_n = grad_h_n.has_value() ? grad_h_n->contiguous() : Tensor();
+      const Tensor given_c_n = grad_c_n.has_value() ? grad_c_n->contiguous() : Tensor();
+      const Tensor given_out = grad_out.defined() ? grad_out.contiguous() : Tensor();
+      if (Backend::sequence_backward(SequenceBackward<scalar_t>{
+              steps, s, given_out, given_h_n, given_c_n, c_init, w_hh, reverse, ws, grad_gates,
+              grad_h_state, grad_c_state})) {
+        return;
+      }
+    }
     for (int64_t p = T - 1; p >= 0 && N > 0; --p) {
       const int64_t t = LayerSteps::step_at(p, T, reverse);
       const int64_t rows = steps.batch[t], row0 = steps.offset[t];

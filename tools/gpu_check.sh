@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh                     # all of it
 #   BENCH_ARGS="--settings fp32 bf16 --B 1 8 32" bash tools/gpu_check.sh
 #   STEPS="build tests" bash tools/gpu_check.sh # a part
-#   STEPS="build wavefront" bash tools/gpu_check.sh # the layer wavefront's bench
+#   STEPS="build persistent wavefront" bash tools/gpu_check.sh # the opt-in paths' benches
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -104,6 +104,18 @@ if want bench; then
     note "bench $name: rc=$? ($((SECONDS - start)) s; rows past the budget are listed as not run)"
     sed -n '/geometric mean/,$p' "$OUT/$name.log" | head -8 | tee -a "$summary"
   done
+fi
+
+if want persistent; then
+  # The persistent kernels (pipelstm.backends.cuda.persistent: tensor cores in
+  # float16 and bfloat16) against cuDNN where they are meant to pay.
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  PIPELSTM_PERSISTENT=1 timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
+    --budget-seconds "$BENCH_SECONDS" --settings bf16 fp16 --B 1 8 32 64 --T 100 500 --layers 1 \
+    --json "$OUT/gpu_persistent.json" ${PERSISTENT_ARGS:-} >"$OUT/gpu_persistent.log" 2>&1
+  note "bench persistent: rc=$? ($((SECONDS - start)) s)"
+  sed -n '/geometric mean/,$p' "$OUT/gpu_persistent.log" | head -8 | tee -a "$summary"
 fi
 
 if want wavefront; then

@@ -36,6 +36,10 @@ struct CpuLayer {
   static bool sequence_forward(const SequenceForward<T>&) {
     return false;
   }
+  template <typename T>
+  static bool sequence_backward(const SequenceBackward<T>&) {
+    return false;
+  }
   template <class F>
   static void dispatch_types(at::ScalarType dtype, F&& f) {
     AT_DISPATCH_FLOATING_TYPES(dtype, "pipelstm_cpu_step", [&] { f(scalar_t{}); });

@@ -2,10 +2,12 @@
 // key. Every dtype runs the step loop (layer_step_loop.h) on this backend's
 // pointwise launches and the layer GEMMs (cuBLAS, layer_gemm.h); a dense
 // forward without projection may run as one persistent kernel instead
-// (PIPELSTM_PERSISTENT=1, where it fits); the forward and backward of a
+// (PIPELSTM_PERSISTENT=1, where it fits: on tensor cores in float16 and
+// bfloat16, forward and backward); the forward and backward of a
 // call are replayed as a captured CUDA graph where that pays
 // (graph_replay_cuda.h). A new whole-sequence kernel goes in
-// CudaLayer::sequence_forward. Compiled only in a CUDA build.
+// CudaLayer::sequence_forward / sequence_backward. Compiled only in a
+// CUDA build.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -21,6 +23,7 @@
 #include "../layer_step_loop.h"
 #include "../settings.h"
 #include "graph_replay_cuda.h"
+#include "persistent_cuda.h"
 #include "pointwise_cuda.h"
 
 namespace pipelstm {
@@ -81,15 +84,20 @@ struct CudaLayer {
                                     [&] { f(scalar_t{}); });
   }
 
-  // The persistent recurrent kernel, opted in to with PIPELSTM_PERSISTENT=1
+  // The persistent kernels, opted in to with PIPELSTM_PERSISTENT=1
   // (settings.h, read per call: cheap beside a launch) until measured on a
   // GPU; for small batches only: there the per-step GEMM is latency-bound,
-  // larger batches keep cuBLAS (tensor cores) per step.
+  // larger batches keep cuBLAS (tensor cores) per step. float16 and
+  // bfloat16 run the tensor-core kernels (forward and backward), float32
+  // and a half-precision shape they do not fit the SIMT forward.
+  static constexpr int64_t kPersistentMaxBatch = 64;
+  template <typename T>
+  static constexpr bool kTensorCores = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+
   template <typename T>
   static bool sequence_forward(const SequenceForward<T>& q) {
-    constexpr int64_t kPersistentMaxBatch = 64;
     if constexpr (std::is_same_v<T, double>) {
-      return false;  // the persistent kernel has float, half and bfloat16
+      return false;  // the persistent kernels have float, half and bfloat16
     } else {
       if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
       const int64_t T_ = q.steps.steps(), B = q.steps.max_batch;
@@ -106,11 +114,40 @@ struct CudaLayer {
       seq.batch = B;
       seq.hidden = q.geometry.hidden;
       seq.reverse = q.reverse;
-      if (!cuda::persistent_forward(seq)) return false;
+      bool ran = false;
+      if constexpr (kTensorCores<T>) ran = cuda::persistent_tc_forward(seq);
+      if (!ran && !cuda::persistent_forward(seq)) return false;
       const int64_t last = LayerSteps::step_at(T_ - 1, T_, q.reverse) * B;
       q.r.h_n.copy_(q.r.output.narrow(0, last, B));
       q.r.c_n.copy_(q.ws.cells.narrow(0, last, B));
       return true;
+    }
+  }
+
+  template <typename T>
+  static bool sequence_backward(const SequenceBackward<T>& q) {
+    if constexpr (!kTensorCores<T>) {
+      return false;  // the tensor-core backward has half and bfloat16
+    } else {
+      if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
+      const auto given = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr<T>() : nullptr; };
+      const at::Tensor w = q.w_hh.contiguous();
+      kernels::PersistentBackwardArgs<T> seq;
+      seq.grad_output = given(q.grad_output);
+      seq.grad_h_n = given(q.grad_h_n);
+      seq.grad_c_n = given(q.grad_c_n);
+      seq.w_hh = w.const_data_ptr<T>();
+      seq.c0 = q.c0.template const_data_ptr<T>();
+      seq.act_gates = q.ws.gates.template const_data_ptr<T>();
+      seq.cells = q.ws.cells.template const_data_ptr<T>();
+      seq.grad_gates = q.grad_gates.template mutable_data_ptr<T>();
+      seq.grad_h0 = q.grad_h0.template mutable_data_ptr<T>();
+      seq.grad_c0 = q.grad_c0.template mutable_data_ptr<T>();
+      seq.steps = q.steps.steps();
+      seq.batch = q.steps.max_batch;
+      seq.hidden = q.geometry.hidden;
+      seq.reverse = q.reverse;
+      return cuda::persistent_tc_backward(seq);
     }
   }
 

@@ -2,36 +2,12 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
-#include <type_traits>
-
-#include "pipelstm/kernels/lstm_persistent_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_cuda.h"
+#include "storage_types_cuda.h"
 
 namespace pipelstm {
 namespace cuda {
-namespace {
-
-// The kernel library's element type for ATen's: c10::Half and c10::BFloat16
-// hold the same 16 bits as __half and __nv_bfloat16.
-template <typename T> struct Storage { using type = T; };
-template <> struct Storage<c10::Half> { using type = __half; };
-template <> struct Storage<c10::BFloat16> { using type = __nv_bfloat16; };
-
-template <typename S, typename T>
-S* as(T* p) {
-  static_assert(sizeof(S) == sizeof(T) && alignof(S) == alignof(T));
-  return reinterpret_cast<S*>(p);
-}
-template <typename S, typename T>
-const S* as(const T* p) {
-  static_assert(sizeof(S) == sizeof(T) && alignof(S) == alignof(T));
-  return reinterpret_cast<const S*>(p);
-}
-
-}  // namespace
 
 template <typename T>
 void pointwise_forward(const kernels::PointwiseForwardArgs<T>& a) {
@@ -66,26 +42,6 @@ void pointwise_backward(const kernels::PointwiseBackwardArgs<T>& a) {
   C10_CUDA_CHECK(kernels::pointwise_backward_cuda<S>(s, at::cuda::getCurrentCUDAStream()));
 }
 
-template <typename T>
-bool persistent_forward(const kernels::PersistentForwardArgs<T>& a) {
-  using S = typename Storage<T>::type;
-  if (!kernels::persistent_forward_fits<S>(a.hidden, c10::cuda::current_device())) return false;
-  kernels::PersistentForwardArgs<S> s;
-  s.input_gates = as<S>(a.input_gates);
-  s.w_hh = as<S>(a.w_hh);
-  s.h0 = as<S>(a.h0);
-  s.c0 = as<S>(a.c0);
-  s.output = as<S>(a.output);
-  s.act_gates = as<S>(a.act_gates);
-  s.cells = as<S>(a.cells);
-  s.steps = a.steps;
-  s.batch = a.batch;
-  s.hidden = a.hidden;
-  s.reverse = a.reverse;
-  C10_CUDA_CHECK(kernels::persistent_forward_cuda<S>(s, at::cuda::getCurrentCUDAStream()));
-  return true;
-}
-
 #define PIPELSTM_INSTANTIATE_STEP(T)                                              \
   template void pointwise_forward<T>(const kernels::PointwiseForwardArgs<T>&);   \
   template void pointwise_backward<T>(const kernels::PointwiseBackwardArgs<T>&);
@@ -94,9 +50,6 @@ PIPELSTM_INSTANTIATE_STEP(double)
 PIPELSTM_INSTANTIATE_STEP(c10::Half)
 PIPELSTM_INSTANTIATE_STEP(c10::BFloat16)
 #undef PIPELSTM_INSTANTIATE_STEP
-template bool persistent_forward<float>(const kernels::PersistentForwardArgs<float>&);
-template bool persistent_forward<c10::Half>(const kernels::PersistentForwardArgs<c10::Half>&);
-template bool persistent_forward<c10::BFloat16>(const kernels::PersistentForwardArgs<c10::BFloat16>&);
 
 }  // namespace cuda
 }  // namespace pipelstm

@@ -1,12 +1,10 @@
-// The pointwise LSTM step and the persistent whole-sequence kernel on CUDA
-// (kernels/.../lstm_pointwise_cuda.h, lstm_persistent_cuda.h): one launch on
-// the current stream (no host synchronisation, so the layer ops are
-// capturable in a CUDA graph), a launch error raised as torch's error.
-// `T` is ATen's element type: float, double, c10::Half or c10::BFloat16
-// (the persistent kernel: not double). Compiled only in a CUDA build.
+// The pointwise LSTM step on CUDA (kernels/.../lstm_pointwise_cuda.h): one
+// launch on the current stream (no host synchronisation, so the layer ops
+// are capturable in a CUDA graph), a launch error raised as torch's error.
+// `T` is ATen's element type: float, double, c10::Half or c10::BFloat16.
+// Compiled only in a CUDA build.
 #pragma once
 
-#include "pipelstm/kernels/lstm_persistent.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 
 namespace pipelstm {
@@ -17,12 +15,6 @@ void pointwise_forward(const kernels::PointwiseForwardArgs<T>& a);
 
 template <typename T>
 void pointwise_backward(const kernels::PointwiseBackwardArgs<T>& a);
-
-// Runs a whole dense sequence in one persistent kernel and returns true, or
-// returns false (nothing done) where its recurrent weights do not fit the
-// device.
-template <typename T>
-bool persistent_forward(const kernels::PersistentForwardArgs<T>& a);
 
 }  // namespace cuda
 }  // namespace pipelstm

@@ -420,7 +420,7 @@ from torch import nn
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 torch.manual_seed(0)
-for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 5e-3)):
     for H, B, reverse in ((64, 4, False), (256, 8, True), (1024, 2, False)):
         # fp64 cuDNN is the reference: fp32 cuDNN is itself about 1e-5 off.
         ref = nn.LSTM(32, H, bidirectional=reverse).cuda().double()
@@ -436,6 +436,16 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         g_r = torch.autograd.grad(out_r.sum(), list(ref.parameters()))
         for a, b in zip(g_o, g_r):
             assert ((a.double() - b).abs().max() / b.abs().max()).item() <= (tol if dtype == torch.float32 else 5e-2)
+# float16 and bfloat16 run the tensor-core kernels, forward and backward.
+for dtype in (torch.float16, torch.bfloat16):
+    ours = pipelstm.LSTM(64, 256).cuda().to(dtype)
+    x = torch.randn(20, 8, 64, device="cuda", dtype=dtype, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ours(x)[0].float().sum().backward()
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    assert any("tc_forward_kernel" in n for n in names), (dtype, sorted(names))
+    assert any("tc_backward_kernel" in n for n in names), (dtype, sorted(names))
 print("ok")
 """
 
