@@ -88,6 +88,8 @@ COLUMNS = [
     Column("predicted", "predicted step (s)", "{:.3f}"), Column("error", "error", "{:+.1%}"),
     Column("bubble", "predicted bubble", "{:.3f}"),
     Column("busy_ratio", "compute, measured / predicted", "{:.2f}"),
+    Column("at_measured", "predicted at the measured compute (s)", "{:.3f}"),
+    Column("schedule_error", "error", "{:+.1%}"),
 ]
 MEMORY_COLUMNS = [
     Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
@@ -174,11 +176,15 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             predicted_rise = [p.process_peak_bytes[rank % r["pp"]] - before[rank % r["pp"]]
                               for rank in range(len(r["rise"]))]
         predicted_busy = sum(e["end_ns"] - e["start_ns"] for e in p.events if e["phase"] != "transfer") / 1e9
-        r.update(busy_ratio=busy / (predicted_busy * r["dp"]), predicted=p.step_s, error=p.step_s / r["seconds"] - 1, bubble=p.bubble, balance=balance,
+        ratio = busy / (predicted_busy * r["dp"])
+        at_measured = sim.predict(costs.scaled(ratio), layout, cluster, s["T"], s["B"]).step_s
+        r.update(busy_ratio=ratio, at_measured=at_measured, schedule_error=at_measured / r["seconds"] - 1,
+                 predicted=p.step_s, error=p.step_s / r["seconds"] - 1, bubble=p.bubble, balance=balance,
                  predicted_rise=predicted_rise, kept=[info["kept"] for info in last],
                  memory_error=max((pr / m - 1 for pr, m in zip(predicted_rise, r["rise"])), key=abs),
                  allreduce=p.allreduce_s)
     worst = max(rows, key=lambda r: abs(r["error"]))
+    worst_schedule = max(rows, key=lambda r: abs(r["schedule_error"]))
     worst_mem = max(rows, key=lambda r: abs(r["memory_error"]))
     notes = [f"Model: {model_text}; one training step; CPU, one thread per stage; median of {args.reps} steps, all "
              f"configurations in turns of {STEPS_PER_TURN} steps, the last one timed.",
@@ -189,8 +195,12 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"{', '.join(f'{x:.1f}' for x in load_after)} ({os.cpu_count()} cores; a load above the "
              "configurations' own processes is other work sharing the cores).",
              "compute, measured / predicted: the seconds the stages computed in the median step (the engine's "
-             "trace, all ranks) over the predicted ones: above 1 where the units ran slower than calibrated.",
-             f"Worst step: {worst['config']} K={worst['K']} M={worst['M']}, {worst['error']:+.1%}. Worst memory: "
+             "trace, all ranks) over the predicted ones: above 1 where the units ran slower than calibrated "
+             "(other work on the cores). Predicted at the measured compute: the same prediction with every unit's "
+             "seconds scaled by that ratio, which leaves the schedule, the links and the overheads to the simulator.",
+             f"Worst step: {worst['config']} K={worst['K']} M={worst['M']}, {worst['error']:+.1%} (at the measured "
+             f"compute: {worst_schedule['config']} K={worst_schedule['K']} M={worst_schedule['M']}, "
+             f"{worst_schedule['schedule_error']:+.1%}). Worst memory: "
              f"{worst_mem['config']} K={worst_mem['K']} M={worst_mem['M']}, {worst_mem['memory_error']:+.1%}.",
              "Memory per process: one process holds every stage of an in-process pipeline. " + __doc__.split(
                  "Memory, per process")[1].split("their parameters.")[0].strip().replace("\n", " ")
@@ -200,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print(markdown(COLUMNS, rows))
     print()
     print(markdown(MEMORY_COLUMNS, memory))
-    for n in notes[2:4]:
+    for n in notes[2:5]:
         print(n)
     if args.json:
         report.write_json(args.json, meta, COLUMNS, rows, notes=notes,

@@ -144,6 +144,24 @@ class FittedCosts:
         s0, s1, s2 = fit.saved_first
         return s0 + s1 * b + s2 * t * b
 
+    def scaled(self, factor: float, device: Optional[str] = None) -> "FittedCosts":
+        """These costs on a device ``factor`` times as slow (every second
+        times ``factor``; bytes alike), named ``device``.
+
+        Raises:
+            ValueError: ``factor`` is not a positive number.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(f"FittedCosts.scaled: factor must be a positive number, got {factor!r}")
+        d = self.to_dict()
+        d["device"] = device or self.device
+        d["pass_gap_s"] *= factor
+        d["step_overhead_s"] *= factor
+        for u in d["units"]:
+            u["seconds"] = {ph: [c * factor for c in cs] for ph, cs in u["seconds"].items()}
+            u["measured"] = {tb: {ph: v * factor for ph, v in at.items()} for tb, at in u["measured"].items()}
+        return FittedCosts.from_dict(d)
+
     def worst_fit_error(self) -> float:
         """The largest relative error of any fit on its own measurements
         (the seconds of each phase, the saved bytes)."""
