@@ -44,21 +44,23 @@ class StageCosts:
     result to the next stage (forward) or the one before (backward), 0 when
     none is made; ``weights(s)``: the stage's parameter-gradient tasks in
     the engine's order (last unit first), as ``(seconds, bytes of the
-    gradients it makes)``.
+    gradients it makes, bytes it frees)``.
 
     Memory, in bytes (optional): ``kept(s, m, k)``, what the item's forward
     keeps for its backward (``full(s, m, k)``: what it would keep without
-    recomputation, held from a replay to the item's backward);
-    ``transient(s, m, k)``, what the stage holds only while it runs the
-    item (its output in the making, the gradient coming back).
+    recomputation, held from a replay on); ``pieces(s, m, k)``, what of it
+    outlives the item's backward, for the parameter gradients (the weight
+    tasks free it); ``transient(s, m, k)``, what the stage holds only while
+    it runs the item (its output in the making, the gradient coming back).
     """
 
     forward: Callable[[int, int, int], float]
     backward: Callable[[int, int, int], float]
     send: Callable[[int, str, int, int], float]
-    weights: Callable[[int], Sequence[Tuple[float, float]]]
+    weights: Callable[[int], Sequence[Tuple[float, float, float]]]
     kept: Callable[[int, int, int], float] = lambda s, m, k: 0.0
     full: Callable[[int, int, int], float] = lambda s, m, k: 0.0
+    pieces: Callable[[int, int, int], float] = lambda s, m, k: 0.0
     transient: Callable[[int, int, int], float] = lambda s, m, k: 0.0
 
 
@@ -117,7 +119,10 @@ def _pass(direction: str, S: int, K: int, M: int, costs: StageCosts, checkpoint:
             end = begin + seconds
             events.append(_event(s, direction, m, k, begin, end))
             memory.append((end, s, -held))
-            memory.append((end, s, costs.kept(s, m, k) if forward else -costs.kept(s, m, k)))
+            if forward:
+                memory.append((end, s, costs.kept(s, m, k)))
+            else:  # what the item kept, but what the weight tasks need
+                memory.append((end, s, costs.pieces(s, m, k) - costs.kept(s, m, k)))
             busy[s] += seconds
             free = end
             if last:
@@ -157,10 +162,10 @@ def _weights(S: int, costs: StageCosts, ready: Sequence[float], groups: Sequence
             else:
                 ends[s] = max(ends[s], t)
                 continue
-        seconds, grads = tasks[owner][nxt[owner]]
+        seconds, grads, freed = tasks[owner][nxt[owner]]
         nxt[owner] += 1
         events.append(_event(s, "weights", -1, -1, t, t + seconds))
-        memory.append((t + seconds, owner, grads))
+        memory.append((t + seconds, owner, grads - freed))
         busy[s] += seconds
         ends[s] = t + seconds
         heapq.heappush(queue, (t + seconds, 0, s))

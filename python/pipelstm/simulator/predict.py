@@ -19,10 +19,14 @@ What it adds to the schedule (``play.py``):
   stage on a device or in a process of its own, ``first_saved_bytes`` where
   the costs give it, its input included; or for a recomputed
   item what its replay needs: the stage's input and each LSTM layer's
-  initial state, the rest held from the replay to the item's backward),
-  given back by the item's backward; while an item runs, its output and
-  its gradient; each unit's parameter gradients from the end of its
-  weight task. On top, all step: the parameters; with dp > 1, DDP's
+  initial state, the rest held from the replay on); the item's backward
+  gives that back but, for each unit with parameters, keeps what their
+  gradients need until the unit's weight task (the engine's pieces: an
+  LSTM layer's input, output and gate gradients, a Linear's input and
+  output gradient; counted as the unit's saved bytes plus its output's),
+  so recomputation lowers what the forward holds, not the backward's
+  peak; while an item runs, its output and its gradient; each unit's
+  parameter gradients from the end of its weight task. On top, all step: the parameters; with dp > 1, DDP's
   gradient buckets (as large); in a process of its own before the last
   stage, the receives of every item's gradient, posted ahead. The peak of
   a stage, and of a process (all the stages of an in-process pipeline), is
@@ -122,19 +126,28 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
         nbytes = costs.output_bytes(stage_units[boundary][-1], t_sizes[k], b_sizes[m])
         return link(s, s + 1 if direction == "forward" else s - 1).seconds(nbytes)
 
-    def weights(s: int) -> List[tuple]:
-        return [(seconds(u, "weights", T, B // dp), units[u].param_bytes) for u in reversed(stage_units[s])
-                if units[u].param_bytes > 0]
-
     first_saved = getattr(costs, "first_saved_bytes", None)
 
+    def unit_saved(s: int, u: int, t: int, b: int) -> float:
+        if first_saved is not None and s > 0 and not one_device and u == stage_units[s][0]:
+            return first_saved(u, t, b)  # its input, received, is its own
+        return costs.saved_bytes(u, t, b)
+
     def full(s: int, m: int, k: int) -> float:
-        t, b = t_sizes[k], b_sizes[m]
-        total = sum(costs.saved_bytes(u, t, b) for u in stage_units[s])
-        if first_saved is not None and s > 0 and not one_device:  # its input, received, is its own
-            u = stage_units[s][0]
-            total += first_saved(u, t, b) - costs.saved_bytes(u, t, b)
-        return total
+        return sum(unit_saved(s, u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
+
+    def piece(s: int, u: int, t: int, b: int) -> float:
+        # what a unit with parameters keeps from its backward for their
+        # gradients: what its forward kept, and the gradient of its output
+        return unit_saved(s, u, t, b) + costs.output_bytes(u, t, b) if units[u].param_bytes > 0 else 0.0
+
+    def pieces(s: int, m: int, k: int) -> float:
+        return sum(piece(s, u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
+
+    def weights(s: int) -> List[tuple]:
+        return [(seconds(u, "weights", T, B // dp), units[u].param_bytes,
+                 sum(piece(s, u, t, b) for t in t_sizes for b in b_sizes))
+                for u in reversed(stage_units[s]) if units[u].param_bytes > 0]
 
     def kept(s: int, m: int, k: int) -> float:
         if not recomputes(layout.checkpoint, m, k, K, M):
@@ -147,7 +160,7 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
         return 2.0 * max(costs.output_bytes(u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
 
     stage_costs = StageCosts(forward=stage_seconds("forward"), backward=stage_seconds("backward"), send=send,
-                             weights=weights, kept=kept, full=full, transient=transient)
+                             weights=weights, kept=kept, full=full, pieces=pieces, transient=transient)
     groups = [0] * S if one_device else list(range(S))
     played = play(S, K, M, stage_costs, checkpoint=layout.checkpoint, in_process=layout.in_process,
                   groups=groups, pass_gap_s=float(getattr(costs, "pass_gap_s", 0.0)))
