@@ -182,3 +182,14 @@ def test_cluster_links_reach_the_search():
     costs = TableCosts([1e-6, 1e-6], params=10 ** 8)
     plan = choose_layout(costs, h100_node(2), 64, 32, predict=stand_in_predict)
     assert plan.layout.pp * plan.layout.dp == 2
+
+
+def test_replicas_split_the_batch_evenly():
+    # B = 3 cannot be split over 2 replicas: only the 2-stage pipeline is left.
+    costs = TableCosts([1e-6, 1e-6], overhead=1e-6)
+    plan = choose_layout(costs, free_links(2), 16, 3, predict=stand_in_predict)
+    assert (plan.layout.dp, plan.layout.pp) == (1, 2)
+    fixed = choose_layout(costs, free_links(2), 16, 4, checkpoints=["always"], predict=stand_in_predict)
+    assert fixed.layout.checkpoint == "always"
+    with pytest.raises(ValueError, match="checkpoints must be a non-empty list of"):
+        choose_layout(costs, free_links(2), 16, 4, checkpoints=["sometimes"], predict=stand_in_predict)

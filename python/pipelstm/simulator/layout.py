@@ -107,7 +107,8 @@ def _check(T, B, world, chunks, micro_batches, memory, pp) -> None:
 def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int, *,
                   pp: Optional[int] = None, balance: Optional[Sequence[int]] = None,
                   chunks: Sequence[int] = CHUNKS, micro_batches: Sequence[int] = MICRO_BATCHES,
-                  memory: Optional[float] = None, predict: Optional[Predict] = None) -> Plan:
+                  checkpoints: Sequence[str] = CHECKPOINTS, memory: Optional[float] = None,
+                  predict: Optional[Predict] = None) -> Plan:
     """The fastest predicted layout of the model ``costs`` describes for a
     global batch of ``B`` sequences of ``T`` steps that fits the devices' memory.
 
@@ -122,6 +123,8 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
             the last); default: split by the costs at the item size.
         chunks, micro_batches: the K and M to try (those that fit T and the
             replica's batch).
+        checkpoints: the recomputation modes allowed, tried in this order
+            until one fits the memory (default: none first, then more).
         memory: bytes per device; default the cluster's ``device_memory``.
         predict: the simulator (default ``pipelstm.simulator.predict``).
 
@@ -142,6 +145,8 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
         raise ValueError(f"choose_layout: cluster must be a Cluster or a process count, got {cluster!r}")
     world = cluster.world_size
     _check(T, B, world, chunks, micro_batches, memory, pp)
+    if not checkpoints or any(c not in CHECKPOINTS for c in checkpoints):
+        raise ValueError(f"choose_layout: checkpoints must be a non-empty list of {CHECKPOINTS}, got {checkpoints!r}")
     memory = cluster.device_memory if memory is None else float(memory)
     predict = predict or _default_predict()
     units = costs.units()
@@ -156,13 +161,15 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
     for p in depths:
         dp = world // p
         rows = B // dp
+        if B % dp:  # each replica runs B / dp sequences
+            continue
         for K in sorted(set(chunks)):
             for M in sorted(set(micro_batches)):
-                if K > T or M > rows or (B < dp):
+                if K > T or M > rows:
                     continue
                 t, b = -(-T // K), max(rows // M, 1)
                 split = list(balance) if balance is not None else _balance(costs, p, t, b, K, M)
-                for ck in CHECKPOINTS:
+                for ck in checkpoints:
                     layout = Layout(dp=dp, pp=p, balance=split, chunks=K, micro_batches=M, checkpoint=ck)
                     pred = predict(costs, layout, cluster, T, B)
                     need = max(pred.stage_peak_bytes) if pred.stage_peak_bytes else 0.0
@@ -176,7 +183,8 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
     if not best_of:
         if smallest_need[1] is None:
             raise ValueError(f"choose_layout: no layout of {world} devices can run a batch of B={B} sequences "
-                             f"of T={T} steps (each of dp replicas needs at least one sequence)")
+                             f"of T={T} steps (each of the dp replicas runs B / dp of them, dp = world / pp "
+                             f"for pp in {depths})")
         raise ValueError(f"choose_layout: no layout fits in {memory / GIB:.2f} GiB per device; the smallest "
                          f"needs {smallest_need[0] / GIB:.2f} GiB ({_name(smallest_need[1])})")
     winner = min(best_of, key=lambda p: best_of[p][0])
