@@ -7,6 +7,8 @@
 
 #include "engine.h"
 #include "fault_hook.h"
+#include "items.h"
+#include "schedule.h"
 #include "units/kinds.h"
 
 namespace py = pybind11;
@@ -132,6 +134,48 @@ void init_bindings(py::module_& parent) {
       .def("trace", &Engine::trace)
       .def_property_readonly("num_units", &Engine::num_units)
       .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);
+
+  // The schedule as the simulator plays it (pipelstm/simulator/schedule.py):
+  // the engine's own item order, recomputation rule and item sizes.
+  auto direction_of = [](const std::string& d) {
+    TORCH_CHECK(d == "forward" || d == "backward",
+                "pipeline schedule: expected direction 'forward' or 'backward', got '", d, "'");
+    return d == "forward" ? Direction::Forward : Direction::Backward;
+  };
+  m.def(
+      "item_order",
+      [direction_of](const std::string& direction, int64_t K, int64_t M) {
+        TORCH_CHECK(K >= 1 && M >= 1, "item_order: expected K >= 1 and M >= 1, got ", K, ", ", M);
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const Item it : item_order(direction_of(direction), K, M)) out.emplace_back(it.m, it.k);
+        return out;
+      },
+      py::arg("direction"), py::arg("K"), py::arg("M"),
+      "-> [(m, k)]: the items of a pass in the order every stage runs them (schedule.h)");
+  m.def(
+      "recomputes",
+      [](Checkpoint policy, int64_t micro_batch, int64_t chunk, int64_t K, int64_t M) {
+        return recomputes(policy, Item{micro_batch, chunk}, K, M);
+      },
+      py::arg("checkpoint"), py::arg("micro_batch"), py::arg("chunk"), py::arg("K"), py::arg("M"),
+      "Whether item (m, k) is replayed before its backward under `checkpoint` (schedule.h)");
+  m.def(
+      "ends_recurrence",
+      [direction_of](const std::string& direction, int64_t micro_batch, int64_t chunk, int64_t K) {
+        return ends_recurrence(direction_of(direction), Item{micro_batch, chunk}, K);
+      },
+      py::arg("direction"), py::arg("micro_batch"), py::arg("chunk"), py::arg("K"),
+      "Whether micro-batch m's recurrence ends at item (m, k) in this pass (schedule.h)");
+  m.def(
+      "item_grid",
+      [](int64_t T, int64_t B, int64_t chunks, int64_t micro_batches) {
+        TORCH_CHECK(T >= 1 && B >= 1 && chunks >= 1 && micro_batches >= 1,
+                    "item_grid: expected T, B, chunks, micro_batches >= 1");
+        const ItemGrid g(T, B, chunks, micro_batches);
+        return py::make_tuple(g.K, g.M, g.t_sizes, g.b_sizes);
+      },
+      py::arg("T"), py::arg("B"), py::arg("chunks"), py::arg("micro_batches"),
+      "-> (K, M, t_sizes, b_sizes): how a pass cuts [T, B] into items (items.h)");
 
   // Testing: make unit `unit` (global index in its engine) of every engine
   // in this process raise in `phase` ("forward" or "backward") at (m, k).

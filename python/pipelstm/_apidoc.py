@@ -26,7 +26,7 @@ __all__ = ["MODULES", "public_modules", "members", "missing_docstrings", "render
 
 # Submodules documented beside what pipelstm.__all__ names (optional ones
 # are skipped when absent).
-MODULES = ["pipelstm.ops", "pipelstm.pipeline", "pipelstm.distributed"]
+MODULES = ["pipelstm.ops", "pipelstm.pipeline", "pipelstm.distributed", "pipelstm.simulator"]
 OPTIONAL_MODULES = ["pipelstm.backends"]
 SECTIONS = ("Args", "Arguments", "Returns", "Raises", "Yields", "Attributes", "Example", "Examples", "Note",
             "Notes", "Keyword Args", "Keyword Arguments")

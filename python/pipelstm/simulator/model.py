@@ -129,6 +129,10 @@ class Layout:
     chunks: int
     micro_batches: int
     checkpoint: str = "never"  # as pipelstm.Pipeline: "never", "except_last", "always"
+    # The pp stages of a replica are one engine in one process (pipelstm.Pipeline,
+    # LSTM(devices=)) rather than a process each (PipelineParallel): the backward
+    # starts after the whole forward and, on the CPU, stages share the weight tasks.
+    in_process: bool = False
 
 
 @dataclass

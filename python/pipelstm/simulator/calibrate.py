@@ -1,0 +1,260 @@
+"""``calibrate``: what each of a model's units costs, measured on the engine itself.
+
+Every unit (as ``pipelstm.Pipeline`` flattens the model; the loss, if any,
+last) runs as a one-stage :class:`~pipelstm.pipeline.core.PipelineCore`
+with K = M = 1 on the device, at several item sizes ``(t, b)``: one
+forward with grad and its backward, as the pipeline runs every item. The
+engine's trace gives the seconds of the stage's ``forward``, ``backward``
+(the data gradients) and ``weights`` (the parameter gradients) spans; the
+median over ``repeats`` rounds (after an untimed one; each round runs every
+unit at every size once, so that what else the machine does falls on all
+of them alike) is fitted per phase (``costs.fit_seconds``). The loss runs inside the decoder's stage in the
+engine; its costs are those of a core of the unit before it plus the loss,
+less those of that unit alone. Output bytes come from the output tensors;
+what the forward keeps, from the engine's ``saved_activation_bytes``.
+
+Two overheads outside the engine come from the whole model as one stage
+at the largest size, once a round: the gap between the forward pass and
+the backward (autograd), and the rest of the step beyond the two passes.
+"""
+
+import copy
+import statistics
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..pipeline.core import PipelineCore
+from ..pipeline.prologue import prepare
+from .costs import FittedCosts, UnitFit, fit_bytes, fit_seconds
+from .model import PHASES, UnitInfo
+
+__all__ = ["calibrate", "Calibrator", "DEFAULT_SIZES"]
+
+# Item sizes (t, b) measured by default.
+DEFAULT_SIZES = ((4, 2), (16, 4), (32, 8), (64, 16), (16, 16), (64, 4))
+
+
+def _spans(core: PipelineCore) -> Dict[str, float]:
+    """Seconds per phase in the core's last trace (one stage, one item)."""
+    out = dict.fromkeys(PHASES, 0.0)
+    for e in core.trace():
+        if e["phase"] in out:
+            out[e["phase"]] += (e["end_ns"] - e["start_ns"]) / 1e9
+    return out
+
+
+def _run(core: PipelineCore, x: Tensor, target: Optional[Tensor]) -> Tuple[Tensor, int]:
+    """One forward with grad and its backward; (the output, bytes kept for backward)."""
+    L = core.num_layers
+    out, _, _ = core.run(x, [None] * L, [None] * L, True, target)
+    kept = core.saved_activation_bytes
+    (out if target is not None else out.float().sum()).backward()
+    return out.detach(), kept
+
+
+def _zero_grads(core: PipelineCore) -> None:
+    for u in core.units:
+        for p in u.params():
+            if p is not None:
+                p.grad = None
+
+
+def _check(model, loss_fn, device, threads, sizes, repeats) -> List[Tuple[int, int]]:
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"calibrate: model must be an nn.Sequential (as pipelstm.Pipeline takes), "
+                        f"got {type(model).__name__}")
+    if loss_fn is not None and type(loss_fn) is not nn.CrossEntropyLoss:
+        raise ValueError(f"calibrate: loss_fn must be an nn.CrossEntropyLoss or None, got {type(loss_fn).__name__}")
+    torch.device(device)  # raises on a malformed device
+    for name, v in (("threads", threads), ("repeats", repeats)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"calibrate: {name} must be a positive int, got {v!r}")
+    sizes = [tuple(s) for s in sizes]
+    if len(sizes) < 3 or any(len(s) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in s)
+                             for s in sizes):
+        raise ValueError(f"calibrate: sizes must be at least 3 (t, b) pairs of positive ints, got {sizes}")
+    return sizes
+
+
+class Calibrator:
+    """A calibration in rounds (``calibrate`` runs them all at once; a
+    benchmark may interleave them with the steps it measures, so that both
+    see the same machine). Arguments as :func:`calibrate`'s.
+
+    The constructor runs one untimed round (each unit's input at each size
+    is the output of the unit before); every :meth:`round` then runs every
+    unit at every size once, and the whole model as one stage once;
+    :meth:`costs` fits the medians of the rounds so far.
+    """
+
+    def __init__(self, model: nn.Sequential, *, loss_fn: Optional[nn.Module] = None, device: str = "cpu",
+                 threads: int = 1, sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
+                 vocab_input: Optional[int] = None) -> None:
+        self.sizes = _check(model, loss_fn, device, threads, sizes, 1)
+        self.model = copy.deepcopy(model)
+        prepared = prepare("calibrate", self.model.named_children(), [device], chunks=1, micro_batches=1,
+                           loss_fn=loss_fn)
+        self.units, self.loss, self.device, self.threads = prepared.units, prepared.loss, torch.device(device), threads
+        first = self.units[0]
+        n_in = vocab_input or (first.module.num_embeddings if first.kind == "embedding" else 0)
+        self.cores = [self._core([u]) for u in self.units]
+        self.loss_core = self._core([self.units[-1]], self.loss) if self.loss is not None else None
+        self.whole = self._core(self.units, self.loss)
+        self.runs = []  # (t, b, core index (len(cores): the loss core), input, target)
+        self.info = {}  # (core index, t, b) -> (output bytes per token, kept bytes)
+        for t, b in self.sizes:
+            g = torch.Generator().manual_seed(t * 1000 + b)
+            if first.kind == "embedding":
+                x = torch.randint(0, n_in, (t, b), generator=g).to(self.device)
+            else:
+                x = torch.randn(t, b, first.input_size, generator=g).to(self.device, first.params()[0].dtype)
+            if (t, b) == max(self.sizes, key=lambda s: s[0] * s[1]):
+                self.whole_input = x
+            for i, core in enumerate(self.cores):
+                xi = x.detach().requires_grad_(x.is_floating_point())
+                out, kept = _run(core, xi, None)
+                self.runs.append((t, b, i, xi, None))
+                self.info[(i, t, b)] = (out.numel() * out.element_size() / (t * b), kept)
+                if i == len(self.cores) - 1 and self.loss_core is not None:
+                    target = torch.randint(0, out.shape[-1], (t, b), generator=g).to(self.device)
+                    self.runs.append((t, b, len(self.cores), xi, target))
+                    self.info[(len(self.cores), t, b)] = (0.0, _run(self.loss_core, xi, target)[1])
+                    if (t, b) == max(self.sizes, key=lambda s: s[0] * s[1]):
+                        self.whole_target = target
+                x = out
+        # What a unit keeps beyond what the unit before it keeps: a unit
+        # saves its input, which the unit before saved as its output, and
+        # one stage keeps that storage once (a pair of units, less the first).
+        ins = {(i, t, b): xi for t, b, i, xi, _ in self.runs}
+        self.alone = {key: kept for key, (_, kept) in self.info.items()}
+        for i in range(1, len(self.cores)):
+            pair = self._core(self.units[i - 1 : i + 1])
+            for t, b in self.sizes:
+                both = _run(pair, ins[(i - 1, t, b)], None)[1]
+                out_bytes, _ = self.info[(i, t, b)]
+                self.info[(i, t, b)] = (out_bytes, max(both - self.alone[(i - 1, t, b)], 0))
+        self.spans: Dict[tuple, List[Dict[str, float]]] = {}
+        self.gaps: List[float] = []
+        self.rests: List[float] = []
+
+    def _core(self, units, loss=None) -> PipelineCore:
+        cpu = self.device.type == "cpu"
+        return PipelineCore(units, [self.device], [len(units)], [self.threads if cpu else 0], loss=loss,
+                            who="calibrate")
+
+    def round(self) -> None:
+        """Times every unit at every size once, and the whole model once."""
+        for t, b, i, xi, target in self.runs:
+            core = self.cores[i] if i < len(self.cores) else self.loss_core
+            _zero_grads(core)
+            _run(core, xi, target)
+            self.spans.setdefault((i, t, b), []).append(_spans(core))
+        gap, rest = _overheads(self.whole, self.whole_input, getattr(self, "whole_target", None))
+        self.gaps.append(gap)
+        self.rests.append(rest)
+
+    def costs(self) -> FittedCosts:
+        """The fit of the rounds so far (at least one).
+
+        Raises:
+            RuntimeError: no round has run yet.
+        """
+        if not self.gaps:
+            raise RuntimeError("Calibrator.costs: run round() at least once first")
+        median = {key: {ph: statistics.median(s[ph] for s in runs) for ph in PHASES}
+                  for key, runs in self.spans.items()}
+        n = len(self.cores)
+        measured: List[list] = [[] for _ in range(n + 1)]
+        for t, b in self.sizes:
+            for i in range(n):
+                measured[i].append((t, b, median[(i, t, b)]) + self.info[(i, t, b)])
+            if self.loss_core is not None:  # the loss: the decoder with it, less the decoder alone
+                diff = {ph: max(median[(n, t, b)][ph] - median[(n - 1, t, b)][ph], 0.0) for ph in PHASES}
+                measured[-1].append((t, b, diff, 0.0, max(self.alone[(n, t, b)] - self.alone[(n - 1, t, b)], 0)))
+        fits = [_fit(UnitInfo(u.name, u.kind, sum(p.numel() * p.element_size() for p in u.params() if p is not None),
+                              _state_bytes(u)), measured[i]) for i, u in enumerate(self.units)]
+        if self.loss_core is not None:
+            fits.append(_fit(UnitInfo("loss", "cross_entropy", 0, 0), measured[-1]))
+        return FittedCosts(str(self.device), fits, threads=self.threads, pass_gap_s=statistics.median(self.gaps),
+                           step_overhead_s=max(statistics.median(self.rests), 0.0),
+                           meta=dict(sizes=[list(s) for s in self.sizes], rounds=len(self.gaps),
+                                     torch=torch.__version__, threads=self.threads))
+
+
+def calibrate(model: nn.Sequential, *, loss_fn: Optional[nn.Module] = None, device: str = "cpu", threads: int = 1,
+              sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES, repeats: int = 3, vocab_input: Optional[int] = None,
+              path: Optional[str] = None) -> FittedCosts:
+    """Measures each unit of ``model`` on ``device`` with the engine and fits its costs.
+
+    Args:
+        model: the ``nn.Sequential`` a pipeline would run (not modified: a
+            copy is measured).
+        loss_fn: the ``nn.CrossEntropyLoss`` the last stage computes, or None.
+        device: where to measure, e.g. ``"cpu"`` or ``"cuda:0"``.
+        threads: intra-op threads of the measured stage (a CPU stage's budget).
+        sizes: the item sizes ``(t, b)`` to measure (at least 3).
+        repeats: timed rounds (the median per unit and size), after an
+            untimed one; each round runs every unit at every size once.
+        vocab_input: for a model that starts with an Embedding, the indices
+            are drawn below this (default: the Embedding's size).
+        path: if given, the calibration is also saved there (JSON).
+
+    Returns:
+        :class:`~pipelstm.simulator.costs.FittedCosts` for ``predict``.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range
+            (named), or a model the pipeline does not run.
+    """
+    _check(model, loss_fn, device, threads, sizes, repeats)
+    calibrator = Calibrator(model, loss_fn=loss_fn, device=device, threads=threads, sizes=sizes,
+                            vocab_input=vocab_input)
+    for _ in range(repeats):
+        calibrator.round()
+    costs = calibrator.costs()
+    if path is not None:
+        costs.save(path)
+    return costs
+
+
+def _state_bytes(u) -> int:
+    """An LSTM layer's (h, c) per sequence, in bytes."""
+    if u.kind != "lstm":
+        return 0
+    return (u.out_size + u.hidden_size) * u.element_size()
+
+
+def _fit(info: UnitInfo, rows) -> UnitFit:
+    seconds, error = {}, {}
+    for ph in PHASES:
+        samples = [(t, b, spans[ph]) for t, b, spans, _, _ in rows]
+        if ph == "weights" and info.param_bytes == 0 or not any(s for _, _, s in samples):
+            seconds[ph] = [0.0, 0.0, 0.0]
+            continue
+        seconds[ph], error[ph] = fit_seconds(samples)
+    saved, error["saved"] = fit_bytes([(t, b, kept) for t, b, _, _, kept in rows])
+    out_per_token = statistics.median(o for _, _, _, o, _ in rows)
+    table = {f"{t},{b}": dict(spans) for t, b, spans, _, _ in rows}
+    if info.param_bytes == 0:
+        for spans in table.values():
+            spans["weights"] = 0.0
+    return UnitFit(info, seconds, out_per_token, saved, error, table)
+
+
+def _overheads(core: PipelineCore, x: Tensor, target: Optional[Tensor]) -> Tuple[float, float]:
+    """(gap between the passes, the rest of the step outside them) of one
+    training step of ``core`` (the whole model as one stage)."""
+    _zero_grads(core)
+    start = time.perf_counter_ns()
+    out, _, _ = core.run(x, [None] * core.num_layers, [None] * core.num_layers, True, target)
+    (out if target is not None else out.float().sum()).backward()
+    wall = time.perf_counter_ns() - start
+    ev = core.trace()
+    f_end = max(e["end_ns"] for e in ev if e["phase"] == "forward")
+    b_start = min(e["start_ns"] for e in ev if e["phase"] in ("backward", "recompute"))
+    lo, hi = min(e["start_ns"] for e in ev), max(e["end_ns"] for e in ev)
+    gap = max(b_start - f_end, 0) / 1e9
+    return gap, max(wall - (hi - lo), 0) / 1e9 - gap
