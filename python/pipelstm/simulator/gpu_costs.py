@@ -26,6 +26,7 @@ It is not a measurement of an H100. It combines:
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -95,13 +96,13 @@ class LstmFit:
 
 def load_bench_rows(paths: Sequence[str]) -> List[dict]:
     """The rows of ``python -m pipelstm.bench gpu`` JSON files, each with its
-    file's device name (``"device"``) and path (``"source"``)."""
+    file's device name (``"device"``) and name (``"source"``)."""
     rows = []
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         device = (data.get("device") or {}).get("name", "unknown")
-        rows += [dict(r, device=device, source=path) for r in data["rows"]]
+        rows += [dict(r, device=device, source=os.path.basename(path)) for r in data["rows"]]
     return rows
 
 

@@ -21,7 +21,7 @@ LOSS_KINDS = ("cross_entropy",)  # units the engine runs inside the last stage, 
 CHUNKS = (1, 2, 4, 8)
 MICRO_BATCHES = (1, 2, 4, 8)
 CHECKPOINTS = ("never", "except_last", "always")  # cheapest first: recomputation costs time
-GIB = 2.0 ** 30
+GIB, MIB = 2.0 ** 30, 2.0 ** 20
 
 Predict = Callable[[UnitCosts, Layout, Cluster, int, int], Prediction]
 
@@ -108,7 +108,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                   pp: Optional[int] = None, balance: Optional[Sequence[int]] = None,
                   chunks: Sequence[int] = CHUNKS, micro_batches: Sequence[int] = MICRO_BATCHES,
                   checkpoints: Sequence[str] = CHECKPOINTS, memory: Optional[float] = None,
-                  predict: Optional[Predict] = None) -> Plan:
+                  in_process: bool = False, predict: Optional[Predict] = None) -> Plan:
     """The fastest predicted layout of the model ``costs`` describes for a
     global batch of ``B`` sequences of ``T`` steps that fits the devices' memory.
 
@@ -126,6 +126,8 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
         checkpoints: the recomputation modes allowed, tried in this order
             until one fits the memory (default: none first, then more).
         memory: bytes per device; default the cluster's ``device_memory``.
+        in_process: the stages of a replica are one process's
+            (``pipelstm.Pipeline``) instead of a process each.
         predict: the simulator (default ``pipelstm.simulator.predict``).
 
     Returns:
@@ -170,7 +172,8 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                 t, b = -(-T // K), max(rows // M, 1)
                 split = list(balance) if balance is not None else _balance(costs, p, t, b, K, M)
                 for ck in checkpoints:
-                    layout = Layout(dp=dp, pp=p, balance=split, chunks=K, micro_batches=M, checkpoint=ck)
+                    layout = Layout(dp=dp, pp=p, balance=split, chunks=K, micro_batches=M, checkpoint=ck,
+                                    **({"in_process": True} if in_process else {}))
                     pred = predict(costs, layout, cluster, T, B)
                     need = max(pred.stage_peak_bytes) if pred.stage_peak_bytes else 0.0
                     if need > memory:
@@ -200,7 +203,7 @@ def _name(layout: Layout) -> str:
 def _why(layout: Layout, pred: Prediction, best_of: dict, winner: int, cluster: Cluster, T: int, B: int) -> str:
     lines = [f"layout for {cluster.world_size} x {cluster.device} (T={T}, B={B}): {_name(layout)}",
              f"  predicted step {pred.step_s * 1e3:.3f} ms (bubble {pred.bubble:.0%}, all-reduce adds "
-             f"{pred.allreduce_s * 1e3:.3f} ms, peak {max(pred.stage_peak_bytes or [0]) / GIB:.3f} GiB per device)"]
+             f"{pred.allreduce_s * 1e3:.3f} ms, peak {max(pred.stage_peak_bytes or [0]) / MIB:.1f} MiB per device)"]
     for p in sorted(best_of):
         if p == winner:
             continue
