@@ -166,10 +166,17 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         f"The automatic choice: {auto['config']}, K={auto['K']}, M={auto['M']}: measured {auto['seconds']:.4f} s, "
         f"{auto['vs_best']:.2f}x the fastest measured ({fastest['config']}, K={fastest['K']}, M={fastest['M']}, "
         f"{fastest['seconds']:.4f} s); the aim is within 1.10x.",
-        "Its plan: " + chosen.why.replace("\n", ";"),
+        "Its plan: " + " ".join(chosen.why.split()) + ". The best predicted of the other kinds: " + "; ".join(
+            f"{_name(k, p.layout.pp, p.layout.dp, t)}, K={p.layout.chunks}, M={p.layout.micro_batches}: "
+            f"{p.prediction.step_s * 1e3:.1f} ms" for k, t, p in extra["candidates"] if p is not chosen) + ".",
         f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: {link.latency_s * 1e6:.0f} us + "
         f"{link.bytes_per_s / 1e9:.2f} GB/s.",
     ]
+    same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
+            and r["balance"] == auto["balance"]]
+    if same:  # the choice is also a row of the grid: two measurements of one layout, the noise between turns
+        notes.insert(2, f"The choice is also in the grid, measured there at {same[0]['seconds']:.4f} s: the "
+                        f"difference ({same[0]['seconds'] / auto['seconds'] - 1:+.0%}) is this machine's noise.")
     print(markdown(COLUMNS, rows))
     for n in notes[1:2]:
         print(n)

@@ -9,6 +9,7 @@ plans and broadcasts the plan, so every rank runs the same one; rank 0
 prints it with its predicted step time and why.
 """
 
+import dataclasses
 import logging
 import time
 from typing import Optional, Sequence, Tuple, Union
@@ -87,8 +88,10 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
         sample: ``(T, B)`` of a training step.
         loss_fn: the ``nn.CrossEntropyLoss`` computed inside the last stage, if any.
         world_size: default: the initialised process group's.
-        cluster: a :class:`pipelstm.simulator.Cluster`; default this machine,
-            its link measured between ranks 0 and 1 (:func:`measure_link`).
+        cluster: a :class:`pipelstm.simulator.Cluster`; default every rank
+            on one machine (its CPU memory shared, or each rank's GPU memory),
+            the link between ranks 0 and 1 measured (:func:`measure_link`)
+            standing for every link: give the cluster for several machines.
         costs: the units' costs; default calibrated now on ``device`` with
             ``threads`` (default this process's intra-op threads).
         pp, balance, chunks, micro_batches, checkpoint: fix what is not to be
@@ -127,6 +130,9 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
 
         link = measure_link() if shared else measure_loopback()
         cluster = local_machine(world, link=link)
+        if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            cluster = dataclasses.replace(cluster, device=props.name, device_memory=float(props.total_memory))
     elif cluster.world_size != world:
         raise ValueError(f"plan_layout: the cluster has {cluster.world_size} devices, the world {world}")
     result = [None]
