@@ -100,3 +100,14 @@ def test_bad_models_and_files_are_named(tmp_path):
         FittedCosts.from_dict({"format": "something else"})
     with pytest.raises(RuntimeError, match="round"):
         Calibrator(tiny(), sizes=SIZES).costs()
+
+
+def test_scaled_costs_are_slower_by_the_factor(costs):
+    slow = costs.scaled(2.5, device="slower cpu")
+    assert slow.device == "slower cpu"
+    for u in range(len(costs.units())):
+        for phase, (t, b) in (("forward", (8, 2)), ("backward", (12, 5)), ("weights", (4, 4))):
+            assert slow.seconds(u, phase, t, b) == pytest.approx(2.5 * costs.seconds(u, phase, t, b))
+        assert slow.saved_bytes(u, 8, 2) == costs.saved_bytes(u, 8, 2)
+    with pytest.raises(ValueError, match="factor must be a positive number"):
+        costs.scaled(0)

@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, peak, pipeline,
-               pipelining_peer, wavefront)
+               pipelining_peer, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -20,6 +20,7 @@ COMMANDS = {
     "pipeline": (pipeline.main, "the in-process pipeline on the CPU"),
     "pipelining": (pipelining_peer.main, "torch.distributed.pipelining as a peer of the pipeline"),
     "distributed": (distributed.main, "pp=2 over 2 processes against 1 process and its peers"),
+    "simulator": (simulator.main, "the pipeline simulator's predictions against measured steps"),
     "layout": (layout.main, "the automatic layout against every layout this machine runs"),
     "lm": (lm.main, "a language model's training step at equal cores"),
     "allocators": (allocators.main, "the CPU buffer cache against jemalloc and tcmalloc, on a training step"),

@@ -1,30 +1,37 @@
 """``calibrate``: what each of a model's units costs, measured on the engine itself.
 
-Every unit (as ``pipelstm.Pipeline`` flattens the model; the loss, if any,
-last) runs as a one-stage :class:`~pipelstm.pipeline.core.PipelineCore`
-with K = M = 1 on the device, at several item sizes ``(t, b)``: one
-forward with grad and its backward, as the pipeline runs every item. The
-engine's trace gives the seconds of the stage's ``forward``, ``backward``
-(the data gradients) and ``weights`` (the parameter gradients) spans; the
-median over ``repeats`` rounds (after an untimed one; each round runs every
-unit at every size once, so that what else the machine does falls on all
-of them alike) is fitted per phase (``costs.fit_seconds``). The loss runs inside the decoder's stage in the
-engine; its costs are those of a core of the unit before it plus the loss,
-less those of that unit alone. Output bytes come from the output tensors;
-what the forward keeps, from the engine's ``saved_activation_bytes``.
+The whole model (as ``pipelstm.Pipeline`` flattens it into units; the
+loss, if any, last) runs as a one-stage
+:class:`~pipelstm.pipeline.core.PipelineCore` with K = M = 1 on the
+device, one training step at each item size ``(t, b)``, under
+``torch.profiler``: the engine's ranges name every unit's forward,
+backward (the data gradients) and parameter gradients
+(``profile_range.h``), so each unit is timed in place, after the unit
+before it, as a stage runs it. The median over ``repeats`` rounds (after an
+untimed one; each round runs every size once, so that what else the
+machine does falls on all of them alike) is fitted per unit and phase
+(``costs.fit_seconds``).
 
-Two overheads outside the engine come from the whole model as one stage
-at the largest size, once a round: the gap between the forward pass and
-the backward (autograd), and the rest of the step beyond the two passes.
+Bytes come from the real tensors: a unit's output from its output, what
+its forward keeps from the engine's ``saved_activation_bytes`` of the
+unit alone, less what it shares with the unit before it (its input, which
+that unit saved too), from a run of the pair; the loss's from a run of the
+decoder with and without it.
+
+Two overheads outside the engine come from the same step at the largest
+size: the gap between the forward pass and the backward (autograd), and
+the rest of the step beyond the two passes.
 """
 
 import copy
+import re
 import statistics
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
 
 from ..pipeline.core import PipelineCore
 from ..pipeline.prologue import prepare
@@ -37,12 +44,18 @@ __all__ = ["calibrate", "Calibrator", "DEFAULT_SIZES"]
 DEFAULT_SIZES = ((4, 2), (16, 4), (32, 8), (64, 16), (16, 16), (64, 4))
 
 
-def _spans(core: PipelineCore) -> Dict[str, float]:
-    """Seconds per phase in the core's last trace (one stage, one item)."""
-    out = dict.fromkeys(PHASES, 0.0)
-    for e in core.trace():
-        if e["phase"] in out:
-            out[e["phase"]] += (e["end_ns"] - e["start_ns"]) / 1e9
+# The engine's range of one unit's work (profile_range.h).
+_UNIT_RANGE = re.compile(r"^pipelstm (forward|backward|weights) stage 0 unit (\d+) ")
+
+
+def _unit_seconds(events) -> Dict[Tuple[int, str], float]:
+    """Seconds of each (unit, phase) among a profile's events."""
+    out: Dict[Tuple[int, str], float] = {}
+    for e in events:
+        m = _UNIT_RANGE.match(e.name)
+        if m:
+            key = (int(m[2]), m[1])
+            out[key] = out.get(key, 0.0) + (e.time_range.end - e.time_range.start) / 1e6
     return out
 
 
@@ -84,9 +97,8 @@ class Calibrator:
     benchmark may interleave them with the steps it measures, so that both
     see the same machine). Arguments as :func:`calibrate`'s.
 
-    The constructor runs one untimed round (each unit's input at each size
-    is the output of the unit before); every :meth:`round` then runs every
-    unit at every size once, and the whole model as one stage once;
+    The constructor runs one untimed round (and measures the bytes); every
+    :meth:`round` then runs the whole model once at every size;
     :meth:`costs` fits the medians of the rounds so far.
     """
 
@@ -104,6 +116,7 @@ class Calibrator:
         self.loss_core = self._core([self.units[-1]], self.loss) if self.loss is not None else None
         self.whole = self._core(self.units, self.loss)
         self.runs = []  # (t, b, core index (len(cores): the loss core), input, target)
+        self.steps = []  # (t, b, the model's input, target): what a round times
         self.info = {}  # (core index, t, b) -> (output bytes per token, kept bytes)
         for t, b in self.sizes:
             g = torch.Generator().manual_seed(t * 1000 + b)
@@ -111,8 +124,7 @@ class Calibrator:
                 x = torch.randint(0, n_in, (t, b), generator=g).to(self.device)
             else:
                 x = torch.randn(t, b, first.input_size, generator=g).to(self.device, first.params()[0].dtype)
-            if (t, b) == max(self.sizes, key=lambda s: s[0] * s[1]):
-                self.whole_input = x
+            first_x = x
             for i, core in enumerate(self.cores):
                 xi = x.detach().requires_grad_(x.is_floating_point())
                 out, kept = _run(core, xi, None)
@@ -122,9 +134,9 @@ class Calibrator:
                     target = torch.randint(0, out.shape[-1], (t, b), generator=g).to(self.device)
                     self.runs.append((t, b, len(self.cores), xi, target))
                     self.info[(len(self.cores), t, b)] = (0.0, _run(self.loss_core, xi, target)[1])
-                    if (t, b) == max(self.sizes, key=lambda s: s[0] * s[1]):
-                        self.whole_target = target
                 x = out
+            self.steps.append((t, b, first_x, target if self.loss_core is not None else None))
+            _run(self.whole, first_x, self.steps[-1][3])
         # What a unit keeps beyond what the unit before it keeps: a unit
         # saves its input, which the unit before saved as its output, and
         # one stage keeps that storage once (a pair of units, less the first).
@@ -136,7 +148,7 @@ class Calibrator:
                 both = _run(pair, ins[(i - 1, t, b)], None)[1]
                 out_bytes, _ = self.info[(i, t, b)]
                 self.info[(i, t, b)] = (out_bytes, max(both - self.alone[(i - 1, t, b)], 0))
-        self.spans: Dict[tuple, List[Dict[str, float]]] = {}
+        self.spans: Dict[tuple, List[Dict[str, float]]] = {}  # (unit, t, b) -> per round, phase -> seconds
         self.gaps: List[float] = []
         self.rests: List[float] = []
 
@@ -146,13 +158,16 @@ class Calibrator:
                             who="calibrate")
 
     def round(self) -> None:
-        """Times every unit at every size once, and the whole model once."""
-        for t, b, i, xi, target in self.runs:
-            core = self.cores[i] if i < len(self.cores) else self.loss_core
-            _zero_grads(core)
-            _run(core, xi, target)
-            self.spans.setdefault((i, t, b), []).append(_spans(core))
-        gap, rest = _overheads(self.whole, self.whole_input, getattr(self, "whole_target", None))
+        """Times every unit at every size once (the whole model, one step a size)."""
+        for t, b, x, target in self.steps:
+            _zero_grads(self.whole)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                _run(self.whole, x, target)
+            got = _unit_seconds(prof.events())
+            for i in range(len(self.whole.units) + (self.loss is not None)):
+                self.spans.setdefault((i, t, b), []).append({ph: got.get((i, ph), 0.0) for ph in PHASES})
+        t, b, x, target = max(self.steps, key=lambda s: s[0] * s[1])
+        gap, rest = _overheads(self.whole, x, target)
         self.gaps.append(gap)
         self.rests.append(rest)
 
@@ -171,11 +186,13 @@ class Calibrator:
         for t, b in self.sizes:
             for i in range(n):
                 measured[i].append((t, b, median[(i, t, b)]) + self.info[(i, t, b)])
-            if self.loss_core is not None:  # the loss: the decoder with it, less the decoder alone
-                diff = {ph: max(median[(n, t, b)][ph] - median[(n - 1, t, b)][ph], 0.0) for ph in PHASES}
-                measured[-1].append((t, b, diff, 0.0, max(self.alone[(n, t, b)] - self.alone[(n - 1, t, b)], 0)))
+            if self.loss_core is not None:  # its bytes: the decoder with it, less the decoder alone
+                kept = max(self.alone[(n, t, b)] - self.alone[(n - 1, t, b)], 0)
+                measured[-1].append((t, b, median[(n, t, b)], 0.0, kept))
         fits = [_fit(UnitInfo(u.name, u.kind, sum(p.numel() * p.element_size() for p in u.params() if p is not None),
                               _state_bytes(u)), measured[i]) for i, u in enumerate(self.units)]
+        for i, fit in enumerate(fits):  # what each unit keeps as the first of a stage: all it saves
+            fit.saved_first, _ = fit_bytes([(t, b, self.alone[(i, t, b)]) for t, b in self.sizes])
         if self.loss_core is not None:
             fits.append(_fit(UnitInfo("loss", "cross_entropy", 0, 0), measured[-1]))
         return FittedCosts(str(self.device), fits, threads=self.threads, pass_gap_s=statistics.median(self.gaps),

@@ -10,13 +10,16 @@ change algorithm with the size (docs/dispatch.md), which no three
 coefficients follow, so the fit only covers sizes between. Bytes:
 ``output_bytes`` is the unit's output per token times ``t * b``;
 ``saved_bytes`` follows ``s0 + s1 * b + s2 * t * b`` (states per sequence,
-activations per token), fitted the same way.
+activations per token), fitted the same way: what the unit keeps beyond
+the unit before it in the same stage (its input, which that one kept as
+its output, counts once); ``first_saved_bytes``, all it keeps, as the
+first unit of a stage of its own.
 """
 
 import itertools
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,7 +36,9 @@ def _nnls(rows: List[List[float]], y: List[float]) -> Tuple[List[float], float]:
     without negative coefficients kept; (coefficients, worst relative error)."""
     A = torch.tensor(rows, dtype=torch.float64)
     Y = torch.tensor(y, dtype=torch.float64)
-    w = 1.0 / Y.abs().clamp_min(1e-12)
+    # relative error, with a floor so that a sample measured as 0 (a
+    # difference of two runs) does not pin the fit to 0
+    w = 1.0 / Y.abs().clamp_min(max(float(Y.abs().median()) * 0.05, 1e-12))
     Aw, Yw = A * w[:, None], Y * w
     best, best_res = torch.zeros(A.shape[1], dtype=torch.float64), float((Yw ** 2).sum())
     for n in range(1, A.shape[1] + 1):
@@ -75,6 +80,7 @@ class UnitFit:
     saved: List[float]  # (s0, s1, s2)
     error: Dict[str, float] = field(default_factory=dict)  # phase or "saved" -> worst relative error of its fit
     measured: Dict[str, Dict[str, float]] = field(default_factory=dict)  # "t,b" -> phase -> seconds
+    saved_first: Optional[List[float]] = None  # (s0, s1, s2) as the first unit of a stage (None: as ``saved``)
 
 
 class FittedCosts:
@@ -128,8 +134,37 @@ class FittedCosts:
         s0, s1, s2 = self._fit(unit).saved
         return s0 + s1 * b + s2 * t * b
 
+    def first_saved_bytes(self, unit: int, t: int, b: int) -> float:
+        """Bytes the unit's forward keeps as the first unit of a stage in a
+        process (or on a device) of its own: its input too, which the unit
+        before it, on another stage, keeps on its own side."""
+        fit = self._fit(unit)
+        if fit.saved_first is None:
+            return self.saved_bytes(unit, t, b)
+        s0, s1, s2 = fit.saved_first
+        return s0 + s1 * b + s2 * t * b
+
+    def scaled(self, factor: float, device: Optional[str] = None) -> "FittedCosts":
+        """These costs on a device ``factor`` times as slow (every second
+        times ``factor``; bytes alike), named ``device``.
+
+        Raises:
+            ValueError: ``factor`` is not a positive number.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(f"FittedCosts.scaled: factor must be a positive number, got {factor!r}")
+        d = self.to_dict()
+        d["device"] = device or self.device
+        d["pass_gap_s"] *= factor
+        d["step_overhead_s"] *= factor
+        for u in d["units"]:
+            u["seconds"] = {ph: [c * factor for c in cs] for ph, cs in u["seconds"].items()}
+            u["measured"] = {tb: {ph: v * factor for ph, v in at.items()} for tb, at in u["measured"].items()}
+        return FittedCosts.from_dict(d)
+
     def worst_fit_error(self) -> float:
-        """The largest relative error of any fit on its own measurements."""
+        """The largest relative error of any fit on its own measurements
+        (the seconds of each phase, the saved bytes)."""
         return max((e for f in self.fits for e in f.error.values()), default=0.0)
 
     # --- JSON ------------------------------------------------------------------------
@@ -139,7 +174,8 @@ class FittedCosts:
         return dict(format=FORMAT, device=self.device, threads=self.threads, pass_gap_s=self.pass_gap_s,
                     step_overhead_s=self.step_overhead_s, meta=self.meta,
                     units=[dict(asdict(f.info), seconds=f.seconds, out_bytes_per_token=f.out_bytes_per_token,
-                                saved=f.saved, error=f.error, measured=f.measured) for f in self.fits])
+                                saved=f.saved, saved_first=f.saved_first, error=f.error, measured=f.measured)
+                           for f in self.fits])
 
     @classmethod
     def from_dict(cls, d: Dict[str, object]) -> "FittedCosts":
@@ -159,7 +195,8 @@ class FittedCosts:
                             state_bytes_per_row=int(u.get("state_bytes_per_row", 0)))
             fits.append(UnitFit(info, {p: list(map(float, c)) for p, c in u["seconds"].items()},
                                 float(u["out_bytes_per_token"]), list(map(float, u["saved"])), dict(u.get("error", {})),
-                                {tb: {p: float(v) for p, v in ph.items()} for tb, ph in u.get("measured", {}).items()}))
+                                {tb: {p: float(v) for p, v in ph.items()} for tb, ph in u.get("measured", {}).items()},
+                                u.get("saved_first")))
         return cls(d["device"], fits, threads=int(d.get("threads", 0)), pass_gap_s=float(d.get("pass_gap_s", 0.0)),
                    step_overhead_s=float(d.get("step_overhead_s", 0.0)), meta=d.get("meta", {}))
 

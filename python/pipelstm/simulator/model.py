@@ -95,7 +95,15 @@ class UnitInfo:
 
 
 class UnitCosts(Protocol):
-    """What each unit of one model costs on one kind of device."""
+    """What each unit of one model costs on one kind of device.
+
+    Optional, read where present: ``pass_gap_s`` (seconds between a
+    stage's forward pass and its backward, outside the engine),
+    ``step_overhead_s`` (the rest of a step outside the passes) and
+    ``first_saved_bytes(unit, t, b)`` (what the unit keeps as the first of
+    a stage on a device of its own, its input included, where
+    ``saved_bytes`` counts only what it adds to the unit before it).
+    """
 
     device: str
 
@@ -152,6 +160,9 @@ class Prediction:
     bubble: float  # idle fraction of the stages over the forward and backward passes
     stage_peak_bytes: List[float]  # per stage: parameters, gradients, kept activations, in flight
     events: List[Dict[str, object]] = field(default_factory=list)
+    # per process of one replica (one for an in-process layout, else one per
+    # stage): the most its stages hold at once
+    process_peak_bytes: List[float] = field(default_factory=list)
     notes: Optional[str] = None
 
     def timeline(self, path: str) -> Dict[str, object]:

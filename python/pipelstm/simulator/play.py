@@ -43,19 +43,32 @@ class StageCosts:
     ``forward``); ``send(s, direction, m, k)``: the hand-over of the item's
     result to the next stage (forward) or the one before (backward), 0 when
     none is made; ``weights(s)``: the stage's parameter-gradient tasks in
-    the engine's order (last unit first).
+    the engine's order (last unit first), as ``(seconds, bytes of the
+    gradients it makes, bytes it frees)``.
+
+    Memory, in bytes (optional): ``kept(s, m, k)``, what the item's forward
+    keeps for its backward (``full(s, m, k)``: what it would keep without
+    recomputation, held from a replay on); ``pieces(s, m, k)``, what of it
+    outlives the item's backward, for the parameter gradients (the weight
+    tasks free it); ``transient(s, m, k)``, what the stage holds only while
+    it runs the item (its output in the making, the gradient coming back).
     """
 
     forward: Callable[[int, int, int], float]
     backward: Callable[[int, int, int], float]
     send: Callable[[int, str, int, int], float]
-    weights: Callable[[int], Sequence[float]]
+    weights: Callable[[int], Sequence[Tuple[float, float, float]]]
+    kept: Callable[[int, int, int], float] = lambda s, m, k: 0.0
+    full: Callable[[int, int, int], float] = lambda s, m, k: 0.0
+    pieces: Callable[[int, int, int], float] = lambda s, m, k: 0.0
+    transient: Callable[[int, int, int], float] = lambda s, m, k: 0.0
 
 
 @dataclass
 class Played:
     """One step as played: per stage, the ends of its forward and backward
-    passes; the passes' spans; the busy seconds; and the trace events."""
+    passes; the passes' spans; the busy seconds; the trace events; and the
+    memory each stage takes or gives back, ``(seconds, stage, bytes)``."""
 
     forward_end: List[float]
     backward_end: List[float]
@@ -63,6 +76,16 @@ class Played:
     backward_span: Tuple[float, float]
     busy: List[float]
     events: List[Dict[str, object]] = field(default_factory=list)
+    memory: List[Tuple[float, int, float]] = field(default_factory=list)
+
+    def peak(self, stages: Sequence[int]) -> float:
+        """The most bytes ``stages`` held at once (what ``memory`` adds up to)."""
+        live = top = 0.0
+        # at equal times, what is given back first
+        for _, _, delta in sorted((m for m in self.memory if m[1] in stages), key=lambda m: (m[0], m[2])):
+            live += delta
+            top = max(top, live)
+        return top
 
 
 def _event(stage: int, phase: str, m: int, k: int, start: float, end: float) -> Dict[str, object]:
@@ -71,7 +94,7 @@ def _event(stage: int, phase: str, m: int, k: int, start: float, end: float) -> 
 
 
 def _pass(direction: str, S: int, K: int, M: int, costs: StageCosts, checkpoint: str, start: Sequence[float],
-          events: List[dict], busy: List[float]) -> List[float]:
+          events: List[dict], busy: List[float], memory: List[tuple]) -> List[float]:
     """Plays one pass; returns each stage's end of its last item."""
     forward = direction == "forward"
     order = item_order(direction, K, M)
@@ -83,14 +106,23 @@ def _pass(direction: str, S: int, K: int, M: int, costs: StageCosts, checkpoint:
         last = (s == S - 1) if forward else (s == 0)
         for m, k in order:
             begin = max(free, arrive[(m, k)] if arrive is not None else start[s])
+            held = costs.transient(s, m, k)
+            memory.append((begin, s, held))
             if not forward and recomputes(checkpoint, m, k, K, M):
                 seconds = costs.forward(s, m, k)
                 events.append(_event(s, "recompute", m, k, begin, begin + seconds))
+                memory.append((begin, s, costs.full(s, m, k)))
+                held += costs.full(s, m, k)
                 busy[s] += seconds
                 begin += seconds
             seconds = costs.forward(s, m, k) if forward else costs.backward(s, m, k)
             end = begin + seconds
             events.append(_event(s, direction, m, k, begin, end))
+            memory.append((end, s, -held))
+            if forward:
+                memory.append((end, s, costs.kept(s, m, k)))
+            else:  # what the item kept, but what the weight tasks need
+                memory.append((end, s, costs.pieces(s, m, k) - costs.kept(s, m, k)))
             busy[s] += seconds
             free = end
             if last:
@@ -106,7 +138,7 @@ def _pass(direction: str, S: int, K: int, M: int, costs: StageCosts, checkpoint:
 
 
 def _weights(S: int, costs: StageCosts, ready: Sequence[float], groups: Sequence[int], events: List[dict],
-             busy: List[float]) -> List[float]:
+             busy: List[float], memory: List[tuple]) -> List[float]:
     """Plays the parameter-gradient tasks (weight_tasks.h); returns each
     stage's end. ``groups[s]``: stages with equal values take each other's
     tasks."""
@@ -130,9 +162,10 @@ def _weights(S: int, costs: StageCosts, ready: Sequence[float], groups: Sequence
             else:
                 ends[s] = max(ends[s], t)
                 continue
-        seconds = tasks[owner][nxt[owner]]
+        seconds, grads, freed = tasks[owner][nxt[owner]]
         nxt[owner] += 1
         events.append(_event(s, "weights", -1, -1, t, t + seconds))
+        memory.append((t + seconds, owner, grads - freed))
         busy[s] += seconds
         ends[s] = t + seconds
         heapq.heappush(queue, (t + seconds, 0, s))
@@ -160,12 +193,13 @@ def play(S: int, K: int, M: int, costs: StageCosts, *, checkpoint: str = "never"
     """
     groups = list(range(S)) if groups is None else list(groups)
     events: List[dict] = []
+    memory: List[tuple] = []
     busy = [0.0] * S
-    f_end = _pass("forward", S, K, M, costs, checkpoint, [0.0] * S, events, busy)
+    f_end = _pass("forward", S, K, M, costs, checkpoint, [0.0] * S, events, busy, memory)
     b_start = [max(f_end) + pass_gap_s] * S if in_process else [f + pass_gap_s for f in f_end]
-    items_end = _pass("backward", S, K, M, costs, checkpoint, b_start, events, busy)
-    b_end = _weights(S, costs, items_end, groups, events, busy)
+    items_end = _pass("backward", S, K, M, costs, checkpoint, b_start, events, busy, memory)
+    b_end = _weights(S, costs, items_end, groups, events, busy, memory)
     if in_process:  # the pass returns when every stage's thread is done
         b_end = [max(b_end)] * S
     return Played(forward_end=f_end, backward_end=b_end, forward_span=(0.0, max(f_end)),
-                  backward_span=(min(b_start), max(b_end)), busy=busy, events=events)
+                  backward_span=(min(b_start), max(b_end)), busy=busy, events=events, memory=memory)

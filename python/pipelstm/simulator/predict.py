@@ -14,15 +14,23 @@ What it adds to the schedule (``play.py``):
   so the all-reduce starts after the stage's backward and weight tasks.
   Then the loss is shared (a broadcast over the pipeline, an all-reduce
   over the replicas), a latency each.
-* Memory per stage (bytes), at its peak: the parameters; with dp > 1,
-  DDP's gradient buckets (as large); in a process of its own before the
-  last stage, the receives of every item's gradient, posted ahead; and the
-  larger of (a) what the forward keeps for the backward (per item every
-  unit's ``saved_bytes``, or for a recomputed item what its replay needs:
-  the stage's input and each LSTM layer's initial state) plus the largest
-  item's output and its gradient, and (b) the parameters' gradients, which
-  grow as the kept activations are freed. The optimizer's state is not
-  counted.
+* Memory (bytes), played along the schedule: what every item's forward
+  keeps for its backward (per unit ``saved_bytes``; the first unit of a
+  stage on a device or in a process of its own, ``first_saved_bytes`` where
+  the costs give it, its input included; or for a recomputed
+  item what its replay needs: the stage's input and each LSTM layer's
+  initial state, the rest held from the replay on); the item's backward
+  gives that back but, for each unit with parameters, keeps what their
+  gradients need until the unit's weight task (the engine's pieces: an
+  LSTM layer's input, output and gate gradients, a Linear's input and
+  output gradient; counted as the unit's saved bytes plus its output's),
+  so recomputation lowers what the forward holds, not the backward's
+  peak; while an item runs, its output and its gradient; each unit's
+  parameter gradients from the end of its weight task. On top, all step: the parameters; with dp > 1, DDP's
+  gradient buckets (as large); in a process of its own before the last
+  stage, the receives of every item's gradient, posted ahead. The peak of
+  a stage, and of a process (all the stages of an in-process pipeline), is
+  the most of that held at once. The optimizer's state is not counted.
 """
 
 from typing import List, Sequence
@@ -118,11 +126,41 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
         nbytes = costs.output_bytes(stage_units[boundary][-1], t_sizes[k], b_sizes[m])
         return link(s, s + 1 if direction == "forward" else s - 1).seconds(nbytes)
 
-    def weights(s: int) -> List[float]:
-        return [seconds(u, "weights", T, B // dp) for u in reversed(stage_units[s]) if units[u].param_bytes > 0]
+    first_saved = getattr(costs, "first_saved_bytes", None)
+
+    def unit_saved(s: int, u: int, t: int, b: int) -> float:
+        if first_saved is not None and s > 0 and not one_device and u == stage_units[s][0]:
+            return first_saved(u, t, b)  # its input, received, is its own
+        return costs.saved_bytes(u, t, b)
+
+    def full(s: int, m: int, k: int) -> float:
+        return sum(unit_saved(s, u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
+
+    def piece(s: int, u: int, t: int, b: int) -> float:
+        # what a unit with parameters keeps from its backward for their
+        # gradients: what its forward kept, and the gradient of its output
+        return unit_saved(s, u, t, b) + costs.output_bytes(u, t, b) if units[u].param_bytes > 0 else 0.0
+
+    def pieces(s: int, m: int, k: int) -> float:
+        return sum(piece(s, u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
+
+    def weights(s: int) -> List[tuple]:
+        return [(seconds(u, "weights", T, B // dp), units[u].param_bytes,
+                 sum(piece(s, u, t, b) for t in t_sizes for b in b_sizes))
+                for u in reversed(stage_units[s]) if units[u].param_bytes > 0]
+
+    def kept(s: int, m: int, k: int) -> float:
+        if not recomputes(layout.checkpoint, m, k, K, M):
+            return full(s, m, k)
+        first = stage_units[s][0]  # a replay needs the stage's input and each LSTM layer's initial state
+        entering = costs.output_bytes(first - 1, t_sizes[k], b_sizes[m]) if s > 0 else 0.0
+        return entering + sum(units[u].state_bytes_per_row * b_sizes[m] for u in stage_units[s])
+
+    def transient(s: int, m: int, k: int) -> float:  # the item's output in the making, its gradient coming back
+        return 2.0 * max(costs.output_bytes(u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
 
     stage_costs = StageCosts(forward=stage_seconds("forward"), backward=stage_seconds("backward"), send=send,
-                             weights=weights)
+                             weights=weights, kept=kept, full=full, pieces=pieces, transient=transient)
     groups = [0] * S if one_device else list(range(S))
     played = play(S, K, M, stage_costs, checkpoint=layout.checkpoint, in_process=layout.in_process,
                   groups=groups, pass_gap_s=float(getattr(costs, "pass_gap_s", 0.0)))
@@ -143,34 +181,18 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
     f_lo, f_hi = played.forward_span
     b_lo = f_hi + gap  # the last stage's backward (the first stage's forward may still run)
 
-    peak = [_stage_bytes(costs, units, stage_units, s, layout, K, M, t_sizes, b_sizes)
-            for s in range(S)]
+    # Bytes held all step: the parameters; DDP's gradient buckets (dp > 1);
+    # in a process of its own before the last stage, the gradient receives
+    # of every item, posted ahead.
+    held = [sum(units[u].param_bytes for u in stage_units[s]) * (2 if dp > 1 else 1) for s in range(S)]
+    if not layout.in_process:
+        for s in range(S - 1):
+            held[s] += sum(costs.output_bytes(stage_units[s][-1], t, b) for t in t_sizes for b in b_sizes)
+    peak = [held[s] + played.peak([s]) for s in range(S)]
+    processes = [list(range(S))] if layout.in_process else [[s] for s in range(S)]
+    process_peak = [sum(held[s] for s in p) + played.peak(p) for p in processes]
     notes = (f"K={K}, M={M} (items of {t_sizes[0]}x{b_sizes[0]} and smaller); replica 0 played; "
              f"the all-reduce after each stage's backward (no overlap); no optimizer step")
     return Prediction(layout=layout, step_s=step, forward_s=f_hi - f_lo, backward_s=backward_done - b_lo,
-                      allreduce_s=done - backward_done, bubble=bubble, stage_peak_bytes=peak,
+                      allreduce_s=done - backward_done, bubble=bubble, stage_peak_bytes=peak, process_peak_bytes=process_peak,
                       events=played.events, notes=notes)
-
-
-def _stage_bytes(costs: UnitCosts, units, stage_units, s: int, layout: Layout, K: int, M: int,
-                 t_sizes: Sequence[int], b_sizes: Sequence[int]) -> float:
-    """The peak bytes of stage ``s`` (see the module's docstring)."""
-    mine = stage_units[s]
-    params = sum(units[u].param_bytes for u in mine)
-    kept = 0.0
-    for m in range(M):
-        for k in range(K):
-            t, b = t_sizes[k], b_sizes[m]
-            if recomputes(layout.checkpoint, m, k, K, M):
-                kept += costs.output_bytes(mine[0] - 1, t, b) if s > 0 else 0.0
-                kept += sum(units[u].state_bytes_per_row * b for u in mine)
-            else:
-                kept += sum(costs.saved_bytes(u, t, b) for u in mine)
-    # the largest item's output being made and its gradient coming back
-    transient = 2.0 * max(costs.output_bytes(u, t_sizes[0], b_sizes[0]) for u in mine)
-    # a process of its own posts the receives of every item's gradient ahead
-    posted = 0.0
-    if not layout.in_process and s < layout.pp - 1:
-        posted = sum(costs.output_bytes(mine[-1], t, b) for t in t_sizes for b in b_sizes)
-    buckets = params if layout.dp > 1 else 0.0  # DDP's gradient buckets
-    return params + buckets + posted + max(kept + transient, params)
