@@ -126,6 +126,9 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
         checkpoints: the recomputation modes allowed, tried in this order
             until one fits the memory (default: none first, then more).
         memory: bytes per device; default the cluster's ``device_memory``.
+            A layout fits when every stage's predicted peak (parameters,
+            gradients, kept activations) does; the optimizer's state is not
+            counted: pass less to leave room for it.
         in_process: the stages of a replica are one process's
             (``pipelstm.Pipeline``) instead of a process each.
         predict: the simulator (default ``pipelstm.simulator.predict``).
