@@ -166,7 +166,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         f"The automatic choice: {auto['config']}, K={auto['K']}, M={auto['M']}: measured {auto['seconds']:.4f} s, "
         f"{auto['vs_best']:.2f}x the fastest measured ({fastest['config']}, K={fastest['K']}, M={fastest['M']}, "
         f"{fastest['seconds']:.4f} s); the aim is within 1.10x.",
-        "Its plan: " + " ".join(chosen.why.split()) + ". The best predicted of the other kinds: " + "; ".join(
+        "Its plan: " + "; ".join(line.strip() for line in chosen.why.splitlines()) + ". The best predicted of the other kinds: " + "; ".join(
             f"{_name(k, p.layout.pp, p.layout.dp, t)}, K={p.layout.chunks}, M={p.layout.micro_batches}: "
             f"{p.prediction.step_s * 1e3:.1f} ms" for k, t, p in extra["candidates"] if p is not chosen) + ".",
         f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: {link.latency_s * 1e6:.0f} us + "
