@@ -2,6 +2,7 @@
 rules give the textbook bubble and the link's costs, and bad arguments get
 clear errors. (Calibration: test_simulator_calibrate.py.)"""
 
+import json
 from dataclasses import dataclass, replace
 
 import pytest
@@ -142,9 +143,14 @@ def test_item_grid_and_order_are_the_engines():
 
 def test_the_timeline_draws_a_prediction(tmp_path):
     p = predict(EqualCosts(2), Layout(1, 2, [1, 1], 2, 2), cluster(intra=Link(0.1, 1e9)), 8, 8)
-    out = p.timeline(str(tmp_path / "predicted.json"))
-    assert (tmp_path / "predicted.json").exists()
-    assert out["theoretical_bubble"] == pytest.approx(1 / 5) if "theoretical_bubble" in out else True
+    path = str(tmp_path / "predicted.json")
+    out = p.timeline(path)
+    assert out["json"] == path
+    assert out["theoretical_bubble"] == pytest.approx(1 / 5)
+    with open(path) as f:
+        drawn = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e["cat"] != "idle"]
+    assert len(drawn) == len(p.events)
+    assert {e["cat"] for e in drawn} == {"forward", "backward", "transfer", "weights"}
 
 
 @pytest.mark.parametrize("change,match", [
