@@ -7,8 +7,8 @@ pipelstm.bench <command> --help`` gives a command's options.
 import sys
 from typing import List, Optional
 
-from . import (allocators, distributed, docs, floors, gpu, grid, layer, lm, module, peak, pipeline, pipelining_peer,
-               simulator, wavefront)
+from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, peak, pipeline,
+               pipelining_peer, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -21,10 +21,12 @@ COMMANDS = {
     "pipelining": (pipelining_peer.main, "torch.distributed.pipelining as a peer of the pipeline"),
     "distributed": (distributed.main, "pp=2 over 2 processes against 1 process and its peers"),
     "simulator": (simulator.main, "the pipeline simulator's predictions against measured steps"),
+    "layout": (layout.main, "the automatic layout against every layout this machine runs"),
     "lm": (lm.main, "a language model's training step at equal cores"),
     "allocators": (allocators.main, "the CPU buffer cache against jemalloc and tcmalloc, on a training step"),
     "gpu": (gpu.main, "pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid"),
     "floors": (floors.main, "lower bounds for a GPU run, on paper"),
+    "cluster": (cluster.main, "predicted scaling on H100 clusters, on paper (the simulator)"),
     "docs": (docs.main, "the benchmark tables of the docs, from the JSON results (--check: compare)"),
 }
 

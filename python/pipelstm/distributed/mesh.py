@@ -9,7 +9,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,8 @@ class Mesh:
     backend: str
     timeout: float  # seconds, for every collective and point-to-point operation
     device_mesh: Optional[DeviceMesh] = None  # the (dp, pp) DeviceMesh whose groups these are
+    plan: Any = None  # init_mesh(pp="auto"): the simulator's Plan (layout, prediction, why)
+    plan_costs: Any = None  # and the unit costs it planned with (global rank 0 only)
 
     @property
     def is_first_stage(self) -> bool:
@@ -137,14 +139,24 @@ def _pick(device: Optional[str], backend: Optional[str], local_rank: int, local_
     return backend, (torch.device("cuda", local_rank % gpus) if device == "cuda" else torch.device("cpu"))
 
 
-def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] = None,
-              device: Optional[str] = None, timeout: float = 1800.0) -> Mesh:
+def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Optional[str] = None,
+              device: Optional[str] = None, timeout: float = 1800.0, model=None,
+              sample: Optional[Tuple[int, int]] = None, loss_fn=None, costs=None) -> Mesh:
     """Initialises ``torch.distributed`` from torchrun's environment (unless
     already initialised) and builds the dp x pp layout.
 
     Args:
-        pp: pipeline stages (processes per pipeline).
+        pp: pipeline stages (processes per pipeline), or ``"auto"``: the
+            fastest layout the simulator predicts for ``model`` on this
+            world (:func:`pipelstm.distributed.plan_layout`: the units
+            calibrated on this machine, the link between ranks measured),
+            planned on rank 0, printed there, and kept as ``mesh.plan`` for
+            ``PipelineParallel(chunks="auto", micro_batches="auto")``.
         dp: data-parallel replicas; default ``world_size // pp``.
+        model, sample, loss_fn, costs: with ``pp="auto"``: the
+            ``nn.Sequential`` every rank builds, ``(T, B)`` of a step (B the
+            global batch), the loss computed inside the last stage (if any),
+            and optionally the units' costs (instead of calibrating).
         backend: ``"nccl"`` or ``"gloo"``; default NCCL where each process
             on this machine has a GPU of its own, gloo otherwise.
         device: ``"cuda"`` or ``"cpu"``, where this process's stage
@@ -166,8 +178,14 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
         world, rank = dist.get_world_size(), dist.get_rank()
     else:
         world, rank = _env_int("WORLD_SIZE"), _env_int("RANK")
+    auto = pp == "auto"
+    if auto and (model is None or sample is None or dp is not None):
+        raise ValueError("pipelstm.distributed.init_mesh: pp='auto' needs model= and sample=(T, B) (the global "
+                         "batch) to plan for, and no dp (the plan chooses it)")
+    if auto:
+        pp = 1  # checked below as a layout of one stage; the plan replaces it
     if not isinstance(pp, int) or pp < 1:
-        raise ValueError(f"pipelstm.distributed.init_mesh: pp must be a positive int, got {pp!r}")
+        raise ValueError(f"pipelstm.distributed.init_mesh: pp must be a positive int or 'auto', got {pp!r}")
     if world % pp != 0:
         raise ValueError(f"pipelstm.distributed.init_mesh: the world size {world} is not divisible by pp={pp}; "
                          f"launch a multiple of {pp} processes")
@@ -192,6 +210,12 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
         store = dist.PrefixStore(f"pipelstm/attempt-{attempt}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td,
                                 device_id=device if backend == "nccl" else None)
+    plan = plan_costs = None
+    if auto:  # every rank gets rank 0's plan
+        from .plan import plan_with_costs
+
+        plan, plan_costs = plan_with_costs(model, sample, loss_fn=loss_fn, costs=costs, device=device.type)
+        dp, pp = plan.layout.dp, plan.layout.pp
     # Global rank dp_rank * pp + pp_rank: row dp_rank, column pp_rank. Every
     # group gets the backend and timeout asked for (DeviceMesh would reuse the
     # default group for a dimension spanning the world, or use its defaults).
@@ -201,7 +225,8 @@ def init_mesh(pp: int = 1, *, dp: Optional[int] = None, backend: Optional[str] =
     return Mesh(rank=rank, world_size=world, local_rank=local_rank, dp=dp, pp=pp, dp_rank=dp_rank,
                 pp_rank=pp_rank, pp_group=device_mesh.get_group("pp"), dp_group=device_mesh.get_group("dp"),
                 pp_ranks=[dp_rank * pp + s for s in range(pp)], dp_ranks=[d * pp + pp_rank for d in range(dp)],
-                device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh)
+                device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh, plan=plan,
+                plan_costs=plan_costs)
 
 
 def _group_options(backend: str, timeout: datetime.timedelta):

@@ -23,6 +23,7 @@ from ..pipeline.prologue import prepare
 from ..timeline import write_timeline
 from .agreement import check_same_everywhere
 from .mesh import Mesh
+from .plan import resolve_auto
 
 __all__ = ["PipelineParallel"]
 
@@ -51,7 +52,11 @@ class PipelineParallel(nn.Module):
         model: the whole ``nn.Sequential`` (Embedding, LSTM layers, Dropout,
             Linear), built the same way on every rank.
         mesh: from :func:`pipelstm.distributed.init_mesh`.
-        chunks, micro_batches: K time chunks x M micro-batches per step.
+        chunks, micro_batches: K time chunks x M micro-batches per step, or
+            ``"auto"``: the simulator's choice (the plan of
+            ``init_mesh(pp="auto")``, else one for ``sample``; see
+            :func:`pipelstm.distributed.plan_layout`).
+        sample: ``(T, B)`` of a step (B: the global batch), for ``"auto"``.
         balance: ``"auto"`` (FLOP cost model) or the unit count per stage.
         devices: this process's devices (default ``[mesh.device]``); several
             make this process's stage an in-process pipeline of its own.
@@ -70,13 +75,17 @@ class PipelineParallel(nn.Module):
     parameters; :meth:`consolidated_state_dict` gathers the whole model.
     """
 
-    def __init__(self, model: nn.Sequential, mesh: Mesh, *, chunks: int = 1, micro_batches: int = 1,
-                 balance: Union[str, Sequence[int]] = "auto", devices: Optional[Sequence] = None,
-                 threads: Union[None, int, Sequence[int]] = None, carry_state: bool = True,
-                 checkpoint: str = "never", loss_fn: Optional[nn.Module] = None) -> None:
+    def __init__(self, model: nn.Sequential, mesh: Mesh, *, chunks: Union[int, str] = 1,
+                 micro_batches: Union[int, str] = 1, balance: Union[str, Sequence[int]] = "auto",
+                 devices: Optional[Sequence] = None, threads: Union[None, int, Sequence[int]] = None,
+                 carry_state: bool = True, checkpoint: str = "never", loss_fn: Optional[nn.Module] = None,
+                 sample: Optional[Tuple[int, int]] = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"PipelineParallel: expected an nn.Sequential, got {type(model).__name__}")
+        if "auto" in (chunks, micro_batches):
+            chunks, micro_batches, balance = resolve_auto(model, mesh, chunks, micro_batches, balance, checkpoint,
+                                                          loss_fn, sample)
         prepared = prepare("PipelineParallel", model.named_children(), chunks=chunks, micro_batches=micro_batches,
                            checkpoint=checkpoint, loss_fn=loss_fn)
         self._loss = prepared.loss

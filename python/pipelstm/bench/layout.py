@@ -1,0 +1,186 @@
+"""``python -m pipelstm.bench layout``: the automatic layout against every layout this machine runs.
+
+The pipeline benchmark's small language model (Embedding(1000, 128) -> 4 x
+LSTM(H=256) -> Linear(256, 1000), T=64, global batch B=16, the
+cross-entropy inside the last stage), one training step on the CPU's 2
+cores, in every way that uses them:
+
+* ``PipelineParallel`` over gloo, one thread a process: pp=1 x dp=2 and
+  pp=2 x dp=1, at several K x M;
+* ``pipelstm.Pipeline`` in one process: 2 stages of one thread each at
+  several K x M, and 1 stage of 2 threads.
+
+First the automatic layout plans, as ``init_mesh(pp="auto")`` does: the
+units calibrated in this process (``pipelstm.simulator.calibrate``, one
+thread, and two for the 2-thread stage), the gloo loopback link timed
+between two processes, and ``choose_layout`` over the three kinds; the
+fastest predicted is the choice. Then every layout, the choice included
+(with its balance), runs in processes of its own that take turns
+(``bench.groups``: the median of ``--reps`` turns of 2 steps, the last
+timed), and the choice's measured step is set against the fastest measured.
+"""
+
+import argparse
+import statistics
+import sys
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from .. import simulator as sim
+from ..pipeline import Pipeline
+from ..simulator.clusters import local_machine, measure_loopback
+from ..simulator.layout import choose_layout
+from . import report
+from .groups import STEPS_PER_TURN, Group, close_all, take_turns
+from .pipeline import PipelineStep, build
+from .pipelining_peer import SIZES, make_data
+from .table import Column, markdown
+
+__all__ = ["setup_layout", "main"]
+
+# (kind, pp, dp, threads per stage, K, M)
+GRID = ([("pipeline", 1, 1, 2, K, M) for K, M in ((1, 1), (4, 1))]
+        + [("pipeline", 2, 1, 1, K, M) for K, M in ((1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (8, 2))]
+        + [("parallel", 1, 2, 1, K, M) for K, M in ((1, 1), (2, 1))]
+        + [("parallel", 2, 1, 1, K, M) for K, M in ((1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (8, 2))])
+COLUMNS = [
+    Column("config", "layout"), Column("K", "K"), Column("M", "M"), Column("balance", "balance"),
+    Column("seconds", "measured step (s), median", "{:.4f}"), Column("spread", "min-max (s)"),
+    Column("predicted", "predicted (s)", "{:.4f}"), Column("vs_best", "measured / best", "{:.2f}x"),
+    Column("chosen", "automatic choice"),
+]
+
+
+class _Step:
+    """One layout of the bench's model in this process (a Group workload)."""
+
+    def __init__(self, kind: str, pp: int, threads: int, chunks: int, micro_batches: int, balance) -> None:
+        s = SIZES[True]
+        torch.manual_seed(0)
+        model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+        x, target = make_data(s["vocab"], s["T"], s["B"], seed=0)  # target [B, T]
+        loss = nn.CrossEntropyLoss()
+        if kind == "pipeline":
+            self.pipe = Pipeline(model, devices=["cpu"] * pp, chunks=chunks, micro_batches=micro_batches,
+                                 threads=threads, loss_fn=loss, balance=balance or "auto")
+            self._step = PipelineStep(self.pipe, x, target)
+        else:
+            from .. import distributed as pdist
+
+            mesh = pdist.init_mesh(pp=pp, timeout=600.0)
+            self.pipe = pdist.PipelineParallel(model, mesh, chunks=chunks, micro_batches=micro_batches,
+                                               threads=threads, carry_state=False, loss_fn=loss,
+                                               balance=balance or "auto")
+            xs, ts = mesh.shard(x), mesh.shard(target.t().contiguous())
+            self._step = lambda: (self.pipe.zero_grad(set_to_none=True), self.pipe.train_step(xs, ts))
+
+    def step(self) -> None:
+        self._step()
+
+    def info(self) -> dict:
+        return dict(balance=list(self.pipe.balance))
+
+
+def setup_layout(rank: int, world: int, kind: str, pp: int, threads: int, chunks: int, micro_batches: int,
+                 balance=None) -> _Step:
+    """A :class:`pipelstm.bench.groups.Group` workload: one layout of the bench's model."""
+    return _Step(kind, pp, threads, chunks, micro_batches, balance)
+
+
+def _name(kind: str, pp: int, dp: int, threads: int) -> str:
+    if kind == "pipeline":
+        return f"Pipeline, {pp} stage{'s' if pp > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
+    return f"PipelineParallel pp={pp} x dp={dp} (gloo, 1 thread each)"
+
+
+def plan(T: int, B: int, link: sim.Link):
+    """The automatic choice over the three kinds: (kind, pp, dp, threads, plan), the plans of each kind."""
+    s = SIZES[True]
+    torch.manual_seed(0)
+    model, loss = build(s["vocab"], s["emb"], s["hidden"], s["layers"]), nn.CrossEntropyLoss()
+    one, two = (sim.calibrate(model, loss_fn=loss, threads=n) for n in (1, 2))
+    world = local_machine(2, link=link)
+    candidates = [("parallel", 1, choose_layout(one, world, T, B)),
+                  ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True)),
+                  ("pipeline", 2, choose_layout(two, local_machine(1, link=link), T, B, in_process=True))]
+    kind, threads, best = min(candidates, key=lambda c: c[2].prediction.step_s)
+    return (kind, best.layout.pp, best.layout.dp, threads, best), dict(costs=(one, two), candidates=candidates)
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    """Runs the bench (see the module's docstring); returns its rows."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench layout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per layout (median; at least 5)")
+    ap.add_argument("--quick", action="store_true", help="3 layouts and the choice, fewer repeats allowed")
+    report.add_arguments(ap)
+    args = ap.parse_args(argv)
+    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    meta = report.metadata("layout", argv)
+    s = SIZES[True]
+    T, B = s["T"], s["B"]
+    link = measure_loopback()
+    (kind, pp, dp, threads, chosen), extra = plan(T, B, link)
+    one, two = extra["costs"]
+    print(chosen.why, flush=True)
+    lay = chosen.layout
+    chosen_balance = list(lay.balance[:-1]) + [lay.balance[-1] - 1]  # the loss is no unit of the pipeline
+    grid = [g for g in GRID if not args.quick or g[4:] == (1, 1)]
+    rows = [dict(kind=k, pp=p, dp=d, threads=t, K=K, M=M, balance=None, config=_name(k, p, d, t))
+            for k, p, d, t, K, M in grid]
+    rows.append(dict(kind=kind, pp=pp, dp=dp, threads=threads, K=lay.chunks, M=lay.micro_batches,
+                     balance=chosen_balance, config=_name(kind, pp, dp, threads), chosen="yes"))
+    groups: List[Group] = []
+    try:
+        for r in rows:
+            groups.append(Group(f"{r['config']} K={r['K']} M={r['M']}", r["pp"] * r["dp"] if r["kind"] == "parallel"
+                                else 1, setup_layout, timeout=600.0, kind=r["kind"], pp=r["pp"],
+                                threads=r["threads"], chunks=r["K"], micro_batches=r["M"], balance=r["balance"]))
+        times, infos = take_turns(groups, args.reps)
+    finally:
+        close_all(groups)
+    world2, world1 = local_machine(2, link=link), local_machine(1, link=link)
+    for i, r in enumerate(rows):
+        samples = times[str(i)]
+        balance = list(infos[i][-1][0]["balance"])
+        r.update(seconds=statistics.median(samples), spread=f"{min(samples):.4f}-{max(samples):.4f}",
+                 samples=samples, balance=balance)
+        layout = sim.Layout(r["dp"], r["pp"], balance[:-1] + [balance[-1] + 1], r["K"], r["M"],
+                            in_process=r["kind"] == "pipeline")
+        costs, cluster = (two, world1) if r["threads"] == 2 else (one, world2)
+        r["predicted"] = sim.predict(costs, layout, cluster, T, B).step_s
+    best = min(r["seconds"] for r in rows)
+    for r in rows:
+        r["vs_best"] = r["seconds"] / best
+    auto = rows[-1]
+    fastest = min(rows, key=lambda r: r["seconds"])
+    notes = [
+        f"Model: Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> Linear("
+        f"{s['hidden']}, {s['vocab']}), the cross-entropy inside the last stage; T={T}, global batch B={B}; one "
+        f"training step on 2 CPU cores; median of {args.reps} turns, every layout in turns of {STEPS_PER_TURN} "
+        "steps, the last one timed. The last row is the automatic choice, run with the balance it chose; the "
+        "others use the pipeline's own balance.",
+        f"The automatic choice: {auto['config']}, K={auto['K']}, M={auto['M']}: measured {auto['seconds']:.4f} s, "
+        f"{auto['vs_best']:.2f}x the fastest measured ({fastest['config']}, K={fastest['K']}, M={fastest['M']}, "
+        f"{fastest['seconds']:.4f} s); the aim is within 1.10x.",
+        "Its plan: " + "; ".join(line.strip() for line in chosen.why.splitlines()) + ". The best predicted of the other kinds: " + "; ".join(
+            f"{_name(k, p.layout.pp, p.layout.dp, t)}, K={p.layout.chunks}, M={p.layout.micro_batches}: "
+            f"{p.prediction.step_s * 1e3:.1f} ms" for k, t, p in extra["candidates"] if p is not chosen) + ".",
+        f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: {link.latency_s * 1e6:.0f} us + "
+        f"{link.bytes_per_s / 1e9:.2f} GB/s.",
+    ]
+    same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
+            and r["balance"] == auto["balance"]]
+    if same:  # the choice is also a row of the grid: two measurements of one layout, the noise between turns
+        notes.insert(2, f"The choice is also in the grid, measured there at {same[0]['seconds']:.4f} s: the "
+                        f"difference ({same[0]['seconds'] / auto['seconds'] - 1:+.0%}) is this machine's noise.")
+    print(markdown(COLUMNS, rows))
+    for n in notes[1:2]:
+        print(n)
+    if args.json:
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, ratio=auto["vs_best"],
+                          plans=[dict(kind=k, threads=t, why=p.why) for k, t, p in extra["candidates"]])
+    return rows

@@ -1,0 +1,209 @@
+"""The automatic layout of a ``torchrun`` job: ``init_mesh(pp="auto")`` and
+``PipelineParallel(chunks="auto", micro_batches="auto")``.
+
+The model's units are calibrated on this machine (``pipelstm.simulator.
+calibrate``), the link between two ranks is measured over the job's own
+process group, and ``pipelstm.simulator.layout.choose_layout`` picks the
+fastest predicted dp x pp, balance, K x M and recomputation. Global rank 0
+plans and broadcasts the plan, so every rank runs the same one; rank 0
+prints it with its predicted step time and why.
+"""
+
+import dataclasses
+import logging
+import time
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["plan_layout", "measure_link", "engine_balance"]
+
+logger = logging.getLogger(__name__)
+
+
+def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5):
+    """The link between global ranks 0 and 1 of the initialised process
+    group: a timed ping-pong of each of ``sizes`` bytes (the fastest of
+    ``repeats`` round trips, halved), fitted as latency + bytes / bandwidth.
+    A collective: every rank calls it (ranks past 1 only wait).
+
+    Returns:
+        A :class:`pipelstm.simulator.Link`, the same on every rank.
+    """
+    from ..simulator.model import Link
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    times = []
+    if world > 1 and rank <= 1:
+        for n in sizes:
+            buf = torch.zeros(max(n // 4, 1))
+            best = float("inf")
+            for i in range(repeats + 1):  # the first warms the connection up
+                t = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i:
+                    best = min(best, (time.perf_counter() - t) / 2)
+            times.append(best)
+    fitted = [None]
+    if rank == 0:
+        fitted = [_fit_link(list(sizes), times) if times else Link(0.0, float("inf"))]
+    dist.broadcast_object_list(fitted, src=0)
+    return fitted[0]
+
+
+def _fit_link(sizes, times):
+    from ..simulator.model import Link
+
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(times) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sum((x - mx) ** 2 for x in sizes)
+    slope = max(slope, 1e-13)  # a noisy measurement: at most 10 TB/s
+    small = min(range(n), key=lambda i: sizes[i])
+    return Link(latency_s=max(times[small] - sizes[small] * slope, 0.0), bytes_per_s=1.0 / slope)
+
+
+def engine_balance(balance: Sequence[int], loss_inside: bool) -> list:
+    """A layout's balance as the pipeline takes it: a loss computed inside
+    the last stage (``loss_inside``), which the simulator counts as that
+    stage's last unit, is not a unit of the pipeline."""
+    out = list(balance)
+    if loss_inside:
+        out[-1] -= 1
+    return out
+
+
+def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
+    """Plans the layout of ``model`` for steps of ``sample = (T, B)`` (B:
+    the global batch, over all replicas) on the job's world.
+
+    Args:
+        model: the ``nn.Sequential`` every rank builds.
+        sample: ``(T, B)`` of a training step.
+        loss_fn: the ``nn.CrossEntropyLoss`` computed inside the last stage, if any.
+        world_size: default: the initialised process group's.
+        cluster: a :class:`pipelstm.simulator.Cluster`; default every rank
+            on one machine (its CPU memory shared, or each rank's GPU memory),
+            the link between ranks 0 and 1 measured (:func:`measure_link`)
+            standing for every link: give the cluster for several machines.
+        costs: the units' costs; default calibrated now on ``device`` with
+            ``threads`` (default this process's intra-op threads).
+        pp, balance, chunks, micro_batches, checkpoint: fix what is not to be
+            chosen (``balance`` as the pipeline takes it, without the loss;
+            ``chunks``/``micro_batches``: an int, or the candidates).
+        verbose: print the plan (on global rank 0).
+
+    Returns:
+        A :class:`pipelstm.simulator.layout.Plan` (layout, prediction, why),
+        the same on every rank; its balance counts the loss (if inside) in
+        the last stage (:func:`engine_balance` gives the pipeline's).
+
+    Raises:
+        ValueError: a bad sample, or no layout for the world (named).
+    """
+    return plan_with_costs(model, sample, **options)[0]
+
+
+def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: Optional[nn.Module] = None,
+                    world_size: Optional[int] = None, cluster=None, costs=None, pp: Optional[int] = None,
+                    balance: Optional[Sequence[int]] = None, chunks: Union[int, Sequence[int], None] = None,
+                    micro_batches: Union[int, Sequence[int], None] = None, checkpoint: Optional[str] = None,
+                    device: str = "cpu", threads: Optional[int] = None, verbose: bool = True):
+    """:func:`plan_layout`, and the unit costs it planned with (None on
+    ranks other than 0, which receive the plan)."""
+    if (not isinstance(sample, (tuple, list)) or len(sample) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sample)):
+        raise ValueError(f"plan_layout: sample must be (T, B), two positive ints, got {sample!r}")
+    T, B = sample
+    shared = dist.is_available() and dist.is_initialized()
+    world = world_size or (dist.get_world_size() if shared else None)
+    if not world:
+        raise ValueError("plan_layout: world_size is needed when torch.distributed is not initialised")
+    if cluster is None:
+        from ..simulator.clusters import local_machine, measure_loopback
+
+        link = measure_link() if shared else measure_loopback()
+        cluster = local_machine(world, link=link)
+        if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            cluster = dataclasses.replace(cluster, device=props.name, device_memory=float(props.total_memory))
+    elif cluster.world_size != world:
+        raise ValueError(f"plan_layout: the cluster has {cluster.world_size} devices, the world {world}")
+    result = [None]
+    if not shared or dist.get_rank() == 0:
+        try:
+            plan, costs = _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches,
+                                  checkpoint, device, threads)
+            result = [plan]
+        except (ValueError, RuntimeError) as e:  # every rank stops with rank 0's reason
+            if not shared:
+                raise
+            result = [e]
+    if shared:
+        dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], Exception):
+        raise type(result[0])(str(result[0]))
+    plan = result[0]
+    logger.info("pipelstm.distributed: %s", plan.why)
+    if verbose and (not shared or dist.get_rank() == 0):
+        print(f"pipelstm.distributed: {plan.why}", flush=True)
+    return plan, costs
+
+
+def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches, checkpoint, device, threads):
+    """The plan and the costs it used (calibrated here unless given)."""
+    from ..simulator import layout as search
+
+    if costs is None:
+        from ..simulator import calibrate
+
+        costs = calibrate(model, loss_fn=loss_fn, device=device,
+                          threads=threads or torch.get_num_threads())
+    options = {}
+    for name, value, default in (("chunks", chunks, search.CHUNKS),
+                                 ("micro_batches", micro_batches, search.MICRO_BATCHES)):
+        options[name] = default if value is None else ([value] if isinstance(value, int) else list(value))
+    if balance is not None:  # given as the pipeline takes it: the loss goes with the last stage
+        balance = list(balance)
+        if costs.units() and costs.units()[-1].kind in search.LOSS_KINDS:
+            balance[-1] += 1
+    plan = search.choose_layout(costs, cluster, T, B, pp=pp, balance=balance,
+                                checkpoints=[checkpoint] if checkpoint else search.CHECKPOINTS, **options)
+    return plan, costs
+
+
+def resolve_auto(model: nn.Sequential, mesh, chunks, micro_batches, balance, checkpoint: str, loss_fn,
+                 sample: Optional[Tuple[int, int]]) -> Tuple[int, int, Union[str, list]]:
+    """``PipelineParallel``'s ``chunks="auto"`` / ``micro_batches="auto"``:
+    the plan of ``init_mesh(pp="auto")`` where it is for this mesh and these
+    settings, else one planned now for ``mesh.pp`` stages and ``sample``.
+    Returns ``(chunks, micro_batches, balance)``, the same on every rank.
+
+    Raises:
+        ValueError: no plan to reuse and no ``sample``.
+    """
+    from ..pipeline.units import flatten
+
+    fixed = None if isinstance(balance, str) else list(balance)
+    plan = mesh.plan
+    reuse = (plan is not None and (plan.layout.dp, plan.layout.pp) == (mesh.dp, mesh.pp) and fixed is None
+             and plan.layout.checkpoint == checkpoint and chunks in ("auto", plan.layout.chunks)
+             and micro_batches in ("auto", plan.layout.micro_batches))
+    if not reuse:
+        if sample is None:
+            raise ValueError("PipelineParallel: chunks='auto' or micro_batches='auto' needs sample=(T, B), a step's "
+                             "length and global batch, or a mesh from init_mesh(pp='auto', ...) to take them from")
+        plan, _ = plan_with_costs(model, sample, loss_fn=loss_fn, costs=mesh.plan_costs, pp=mesh.pp, balance=fixed,
+                                  chunks=None if chunks == "auto" else chunks, checkpoint=checkpoint,
+                                  micro_batches=None if micro_batches == "auto" else micro_batches,
+                                  device=mesh.device.type)
+    units = len(flatten(model.named_children()))
+    split = fixed or engine_balance(plan.layout.balance, sum(plan.layout.balance) > units)
+    return (plan.layout.chunks if chunks == "auto" else chunks,
+            plan.layout.micro_batches if micro_batches == "auto" else micro_batches, split)
