@@ -193,3 +193,23 @@ def test_replicas_split_the_batch_evenly():
     assert fixed.layout.checkpoint == "always"
     with pytest.raises(ValueError, match="checkpoints must be a non-empty list of"):
         choose_layout(costs, free_links(2), 16, 4, checkpoints=["sometimes"], predict=stand_in_predict)
+
+
+
+def test_search_sizes_are_every_size_the_real_simulator_reads():
+    from pipelstm.simulator import predict
+    from pipelstm.simulator.clusters import local_machine
+    from pipelstm.simulator.layout import search_sizes
+
+    class Recording(TableCosts):
+        def seconds(self, unit, phase, t, b):
+            asked.add((t, b))
+            return super().seconds(unit, phase, t, b)
+
+    asked = set()
+    T, B = 10, 6  # uneven items: K = 3 cuts 10 into 4, 3, 3; M = 4 cuts 6 into 2, 2, 1, 1
+    choose_layout(Recording([1e-6] * 3, kinds=["lstm", "lstm", "cross_entropy"]), local_machine(2, link=Link(1e-5, 1e9)),
+                  T, B, chunks=(1, 3), micro_batches=(1, 4), predict=predict)
+    sizes = set(search_sizes(T, B, 2, chunks=(1, 3), micro_batches=(1, 4)))
+    assert asked and asked <= sizes, sorted(asked - sizes)
+    assert (3, 1) in asked  # the smaller pieces are asked for too

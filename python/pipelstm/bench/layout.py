@@ -31,7 +31,7 @@ from torch import nn
 from .. import simulator as sim
 from ..pipeline import Pipeline
 from ..simulator.clusters import local_machine, measure_loopback
-from ..simulator.layout import choose_layout
+from ..simulator.layout import choose_layout, search_sizes
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
 from .pipeline import PipelineStep, build
@@ -100,7 +100,8 @@ def plan(T: int, B: int, link: sim.Link):
     s = SIZES[True]
     torch.manual_seed(0)
     model, loss = build(s["vocab"], s["emb"], s["hidden"], s["layers"]), nn.CrossEntropyLoss()
-    one, two = (sim.calibrate(model, loss_fn=loss, threads=n) for n in (1, 2))
+    sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
+    one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
     world = local_machine(2, link=link)
     candidates = [("parallel", 1, choose_layout(one, world, T, B)),
                   ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True)),

@@ -160,15 +160,18 @@ def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_bat
     """The plan and the costs it used (calibrated here unless given)."""
     from ..simulator import layout as search
 
-    if costs is None:
-        from ..simulator import calibrate
-
-        costs = calibrate(model, loss_fn=loss_fn, device=device,
-                          threads=threads or torch.get_num_threads())
     options = {}
     for name, value, default in (("chunks", chunks, search.CHUNKS),
                                  ("micro_batches", micro_batches, search.MICRO_BATCHES)):
         options[name] = default if value is None else ([value] if isinstance(value, int) else list(value))
+    if costs is None:  # measured at every item size the search will ask for
+        from ..simulator.calibrate import DEFAULT_SIZES, calibrate
+
+        world = cluster if isinstance(cluster, int) else cluster.world_size
+        sizes = search.search_sizes(T, B, world, **options)
+        sizes += [s for s in DEFAULT_SIZES if s not in sizes][: max(0, 3 - len(sizes))]  # a fit needs three
+        costs = calibrate(model, loss_fn=loss_fn, device=device, threads=threads or torch.get_num_threads(),
+                          sizes=sizes)
     if balance is not None:  # given as the pipeline takes it: the loss goes with the last stage
         balance = list(balance)
         if costs.units() and costs.units()[-1].kind in search.LOSS_KINDS:
@@ -207,3 +210,4 @@ def resolve_auto(model: nn.Sequential, mesh, chunks, micro_batches, balance, che
     split = fixed or engine_balance(plan.layout.balance, sum(plan.layout.balance) > units)
     return (plan.layout.chunks if chunks == "auto" else chunks,
             plan.layout.micro_batches if micro_batches == "auto" else micro_batches, split)
+

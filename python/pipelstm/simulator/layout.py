@@ -15,7 +15,8 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from ..pipeline.balance import partition
 from .model import Cluster, Layout, Prediction, UnitCosts
 
-__all__ = ["Plan", "choose_layout", "seed_layout", "stage_costs", "LOSS_KINDS", "CHUNKS", "MICRO_BATCHES"]
+__all__ = ["Plan", "choose_layout", "search_sizes", "seed_layout", "stage_costs", "LOSS_KINDS", "CHUNKS",
+           "MICRO_BATCHES"]
 
 LOSS_KINDS = ("cross_entropy",)  # units the engine runs inside the last stage, not stages of their own
 CHUNKS = (1, 2, 4, 8)
@@ -43,24 +44,31 @@ def _default_predict() -> Predict:
     return fn
 
 
-def stage_costs(costs: UnitCosts, t: int, b: int, chunks: int, micro_batches: int) -> List[float]:
+def stage_costs(costs: UnitCosts, t: int, b: int, chunks: int, micro_batches: int,
+                whole: Optional[Tuple[int, int]] = None) -> List[float]:
     """Each unit's seconds per step when a step is ``chunks`` x
     ``micro_batches`` items of ``t`` steps by ``b`` sequences: forward and
     backward per item, and the weight gradients once for the whole pass
-    (``t * chunks`` steps by ``b * micro_batches``)."""
+    (``whole``: its steps and sequences; default ``t * chunks`` by
+    ``b * micro_batches``)."""
     items = chunks * micro_batches
+    whole = whole or (t * chunks, b * micro_batches)
     out = []
     for u in range(len(costs.units())):
         per_item = costs.seconds(u, "forward", t, b) + costs.seconds(u, "backward", t, b)
-        out.append(per_item * items + costs.seconds(u, "weights", t * chunks, b * micro_batches))
+        out.append(per_item * items + costs.seconds(u, "weights", *whole))
     return out
 
 
-def _balance(costs: UnitCosts, pp: int, t: int, b: int, chunks: int, micro_batches: int) -> List[int]:
-    """Units per stage: the units before the loss split by their costs, the loss in the last stage."""
+def _balance(costs: UnitCosts, pp: int, T: int, rows: int, chunks: int, micro_batches: int) -> List[int]:
+    """Units per stage: the units before the loss split by their costs at
+    the pass's largest item, the loss in the last stage."""
+    from .schedule import item_grid
+
     units = costs.units()
     loss = 1 if units and units[-1].kind in LOSS_KINDS else 0
-    weights = stage_costs(costs, t, b, chunks, micro_batches)[: len(units) - loss]
+    K, M, t_sizes, b_sizes = item_grid(T, rows, chunks, micro_batches)
+    weights = stage_costs(costs, t_sizes[0], b_sizes[0], K, M, whole=(T, rows))[: len(units) - loss]
     sizes = partition(weights, pp)
     sizes[-1] += loss
     return sizes
@@ -102,6 +110,28 @@ def _check(T, B, world, chunks, micro_batches, memory, pp) -> None:
         raise ValueError(f"choose_layout: memory must be positive bytes, got {memory!r}")
     if pp is not None and (isinstance(pp, bool) or not isinstance(pp, int) or pp < 1 or world % pp):
         raise ValueError(f"choose_layout: pp must be a positive divisor of the world size {world}, got {pp!r}")
+
+
+def search_sizes(T: int, B: int, world: int, chunks: Sequence[int] = CHUNKS,
+                 micro_batches: Sequence[int] = MICRO_BATCHES) -> List[Tuple[int, int]]:
+    """Every item size ``(t, b)`` :func:`choose_layout` asks the costs for
+    on ``world`` devices (each dp's items as the engine cuts them, and each
+    replica's whole ``(T, B / dp)`` for the parameter gradients): calibrate
+    at these and every prediction of the search reads a measured size
+    instead of the fit's extrapolation.
+    """
+    from .schedule import item_grid
+
+    sizes = set()
+    for dp in (d for d in range(1, world + 1) if world % d == 0 and B % d == 0):
+        rows = B // dp
+        sizes.add((T, rows))
+        for K in chunks:
+            for M in micro_batches:
+                if K <= T and M <= rows:
+                    _, _, t_sizes, b_sizes = item_grid(T, rows, K, M)
+                    sizes.update((t, b) for t in t_sizes for b in b_sizes)
+    return sorted(sizes)
 
 
 def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int, *,
@@ -172,8 +202,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
             for M in sorted(set(micro_batches)):
                 if K > T or M > rows:
                     continue
-                t, b = -(-T // K), max(rows // M, 1)
-                split = list(balance) if balance is not None else _balance(costs, p, t, b, K, M)
+                split = list(balance) if balance is not None else _balance(costs, p, T, rows, K, M)
                 for ck in checkpoints:
                     layout = Layout(dp=dp, pp=p, balance=split, chunks=K, micro_batches=M, checkpoint=ck,
                                     **({"in_process": True} if in_process else {}))
