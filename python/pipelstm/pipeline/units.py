@@ -3,8 +3,8 @@
 A pipeline runs a ``Sequential``'s children as units, each run natively by
 the C++ engine (``csrc/pipeline/units.cpp``): every layer of a multi-layer
 LSTM is a unit of its own, and so is the dropout between two of its layers;
-``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm`` and the activations
-are one unit each; ``Identity`` is none.
+``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm``, ``RMSNorm`` and the
+activations are one unit each; ``Identity`` is none.
 
 The engine's table of kinds (``_C.pipeline.UNIT_KINDS``, which each
 ``csrc/pipeline/units/<kind>.cpp`` registers itself into) gives each kind's
@@ -166,6 +166,7 @@ KINDS: Dict[str, Kind] = {
     "dropout": Kind(_pointwise_cost, lambda u: lambda x: F.dropout(x, u.p, training=True)),
     "activation": Kind(_pointwise_cost, lambda u: u.module),
     "layer_norm": Kind(_pointwise_cost, lambda u: u.module),
+    "rms_norm": Kind(_pointwise_cost, lambda u: u.module),
 }
 
 # The activations the engine runs natively: module type (exactly) -> its name there.
@@ -177,8 +178,8 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.SiLU: lambda m: "silu",
     nn.Mish: lambda m: "mish",
 }
-SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
-             "ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm and RMSNorm (over the last "
+             "dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
 def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
@@ -224,13 +225,26 @@ def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[U
                  out_size=child.out_features)]
 
 
-def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
+def _normalized_width(name: str, child: nn.Module) -> int:
+    """The width a LayerNorm or RMSNorm normalises, which must be the last dimension alone."""
     if len(child.normalized_shape) != 1:
-        raise ValueError(f"Pipeline: LayerNorm {name!r} must normalise over the last dimension only, "
+        raise ValueError(f"Pipeline: {type(child).__name__} {name!r} must normalise over the last dimension only, "
                          f"got normalized_shape={tuple(child.normalized_shape)}")
-    width = child.normalized_shape[0]
+    return child.normalized_shape[0]
+
+
+def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
+    width = _normalized_width(name, child)
     return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), input_size=width, out_size=width,
                  options=dict(eps=float(child.eps)))]
+
+
+def _rms_norm_units(name: str, child: nn.RMSNorm, before: Sequence[Unit]) -> List[Unit]:
+    width = _normalized_width(name, child)
+    # eps=None: torch's default, the machine epsilon of the input's dtype (-1 to the engine).
+    eps = -1.0 if child.eps is None else float(child.eps)
+    return [Unit("rms_norm", name, child, _present_slots("rms_norm", child), input_size=width, out_size=width,
+                 options=dict(eps=eps))]
 
 
 def _activation_units(name: str, child: nn.Module, before: Sequence[Unit]) -> List[Unit]:
@@ -250,6 +264,7 @@ MODULES: Dict[type, _Flatten] = {
     nn.Linear: _linear_units,
     nn.Dropout: lambda name, child, before: [Unit("dropout", name, child, [], options=dict(p=float(child.p)))],
     nn.LayerNorm: _layer_norm_units,
+    nn.RMSNorm: _rms_norm_units,
 }
 
 
