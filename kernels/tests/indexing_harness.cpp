@@ -133,6 +133,26 @@ void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
 #undef PIPELSTM_BWD
 }
 
+// A case's name in the report.
+template <typename T, int VEC>
+std::string case_name(const char* direction, int64_t B, int64_t H, int misalign, unsigned mask,
+                      bool alias, int64_t max_blocks, bool vec) {
+  return std::string(direction) + "<" + (sizeof(T) == 4 ? "float" : "double") +
+         ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) + " H=" + std::to_string(H) +
+         " misalign=" + std::to_string(misalign) + " mask=" + std::to_string(mask) +
+         " alias=" + std::to_string(alias) + " max_blocks=" + std::to_string(max_blocks) +
+         (vec ? " [vector]" : " [scalar]");
+}
+
+// Whether the kernel took the vector path exactly where H and the
+// alignment allow it (always, for VEC == 1).
+template <int VEC>
+bool right_path(bool vec, int64_t H, int misalign, std::string* why) {
+  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
+  if (vec != want_vec) *why = "wrong path choice";
+  return vec == want_vec;
+}
+
 template <typename T, int VEC>
 void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias,
                    int64_t max_blocks) {
@@ -168,16 +188,10 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
     forward_grid<T, 1>(a, max_blocks);
   }
 
-  const std::string name = std::string("forward<") + (sizeof(T) == 4 ? "float" : "double") +
-                           ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) +
-                           " H=" + std::to_string(H) + " misalign=" + std::to_string(misalign) +
-                           " mask=" + std::to_string(mask) + " alias=" + std::to_string(alias) +
-                           " max_blocks=" + std::to_string(max_blocks) +
-                           (vec ? " [vector]" : " [scalar]");
+  const std::string name =
+      case_name<T, VEC>("forward", B, H, misalign, mask, alias, max_blocks, vec);
   std::string why;
-  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
-  bool ok = vec == want_vec;
-  if (!ok) why = "wrong path choice";
+  bool ok = right_path<VEC>(vec, H, misalign, &why);
   ok = ok && close(act, ref_act, &why) && close(c, ref_c, &why) && close(h, ref_h, &why);
   report(ok, name, why);
 }
@@ -215,16 +229,10 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
     backward_grid<T, 1>(a, max_blocks);
   }
 
-  const std::string name = std::string("backward<") + (sizeof(T) == 4 ? "float" : "double") +
-                           ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) +
-                           " H=" + std::to_string(H) + " misalign=" + std::to_string(misalign) +
-                           " mask=" + std::to_string(mask) + " alias=" + std::to_string(alias) +
-                           " max_blocks=" + std::to_string(max_blocks) +
-                           (vec ? " [vector]" : " [scalar]");
+  const std::string name =
+      case_name<T, VEC>("backward", B, H, misalign, mask, alias, max_blocks, vec);
   std::string why;
-  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
-  bool ok = vec == want_vec;
-  if (!ok) why = "wrong path choice";
+  bool ok = right_path<VEC>(vec, H, misalign, &why);
   ok = ok && close(dg, ref_dg, &why) && close(dcp, ref_dcp, &why);
   report(ok, name, why);
 }
