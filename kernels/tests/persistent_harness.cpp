@@ -62,19 +62,9 @@ int main() {
         return v;
       };
       const auto xg = vec(T * B * 4 * H), w = vec(4 * H * H), h0 = vec(B * H), c0 = vec(B * H);
-      std::vector<float> out[2], act[2], cells[2];
-      for (int run = 0; run < 2; ++run) {
-        out[run].assign(T * B * H, NAN);
-        act[run].assign(T * B * 4 * H, NAN);
-        cells[run].assign(T * B * H, NAN);
-        const PersistentForwardArgs<float> a =
-            testing::forward_args(xg.data(), w.data(), h0.data(), c0.data(), out[run].data(),
-                                  act[run].data(), cells[run].data(), T, B, H, reverse);
-        if (run == 0) run_persistent(a, blocks); else testing::reference_forward(a);
-      }
-      const double worst = std::max({testing::rel_error(out[0], out[1]),
-                                     testing::rel_error(act[0], act[1]),
-                                     testing::rel_error(cells[0], cells[1])});
+      const double worst = testing::forward_error(
+          xg, w, h0, c0, T, B, H, reverse,
+          [&](const PersistentForwardArgs<float>& a) { run_persistent(a, blocks); });
       const bool ok = worst <= 1e-5;
       (ok ? passed : failed)++;
       if (!ok) std::printf("FAIL T=%ld B=%ld H=%ld blocks=%ld reverse=%d: error %g\n", long(T), long(B),

@@ -64,19 +64,30 @@ void mma_m16n8k16(const float (&a)[32][8], const float (&b)[32][4], float (&d)[3
   }
 }
 
+// Each block's slab, as the kernel stages it: 8 elements per 16-byte slot,
+// element i of a slot w_hh[source(block, slot, i)] (zero where -1).
+template <typename Source>
+std::vector<std::vector<float>> stage_slabs(int64_t blocks, int64_t slots, const float* w_hh,
+                                            Source source) {
+  std::vector<std::vector<float>> slab(blocks);
+  for (int64_t g = 0; g < blocks; ++g) {
+    slab[g].resize(slots * 8);
+    for (int64_t slot = 0; slot < slots; ++slot)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t src = source(g, slot, i);
+        slab[g][slot * 8 + i] = src < 0 ? 0.0f : w_hh[src];
+      }
+  }
+  return slab;
+}
+
 // The forward kernel's schedule on the host.
 void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   const tc::ForwardPlan p = tc::make_forward_plan(a.batch, a.hidden, unit_tiles);
-  // Each block's slab, as the kernel stages it: 8 elements per 16-byte slot.
-  std::vector<std::vector<float>> slab(p.blocks);
-  for (int64_t g = 0; g < p.blocks; ++g) {
-    slab[g].resize(tc::slab_slots(p) * 8);
-    for (int64_t slot = 0; slot < tc::slab_slots(p); ++slot)
-      for (int i = 0; i < 8; ++i) {
-        const int64_t src = tc::fwd_slab_source(p, g, slot, i);
-        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
-      }
-  }
+  const auto slab = stage_slabs(p.blocks, tc::slab_slots(p), a.w_hh,
+                                [&](int64_t g, int64_t slot, int i) {
+                                  return tc::fwd_slab_source(p, g, slot, i);
+                                });
   std::vector<float> partial(std::max<int64_t>(tc::partial_floats(p), 1), NAN);
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
@@ -139,18 +150,9 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
   const auto xg = random_vec(T * B * 4 * H), h0 = random_vec(B * H), c0 = random_vec(B * H);
   auto w = random_vec(4 * H * H);
   for (auto& x : w) x /= std::sqrt(float(H));  // keeps the gates out of saturation
-  std::vector<float> out[2], act[2], cells[2];
-  for (int run = 0; run < 2; ++run) {
-    out[run].assign(T * B * H, NAN);
-    act[run].assign(T * B * 4 * H, NAN);
-    cells[run].assign(T * B * H, NAN);
-    const PersistentForwardArgs<float> a =
-        forward_args(xg.data(), w.data(), h0.data(), c0.data(), out[run].data(),
-                     act[run].data(), cells[run].data(), T, B, H, reverse);
-    if (run == 0) run_tc_forward(a, unit_tiles); else reference_forward(a);
-  }
-  const double worst = std::max({rel_error(out[0], out[1]), rel_error(act[0], act[1]),
-                                 rel_error(cells[0], cells[1])});
+  const double worst = testing::forward_error(
+      xg, w, h0, c0, T, B, H, reverse,
+      [&](const PersistentForwardArgs<float>& a) { run_tc_forward(a, unit_tiles); });
   const tc::ForwardPlan p = tc::make_forward_plan(B, H, unit_tiles);
   const bool ok = worst <= 1e-5;
   if (!ok)
@@ -165,15 +167,10 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
 // partial buffer, then the cell backward (or grad_h0 in the last phase).
 void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles) {
   const tc::BackwardPlan p = tc::make_backward_plan(a.batch, a.hidden, unit_tiles);
-  std::vector<std::vector<float>> slab(p.blocks);
-  for (int64_t g = 0; g < p.blocks; ++g) {
-    slab[g].resize(tc::bwd_slab_slots(p) * 8);
-    for (int64_t slot = 0; slot < tc::bwd_slab_slots(p); ++slot)
-      for (int i = 0; i < 8; ++i) {
-        const int64_t src = tc::bwd_slab_source(p, g, slot, i);
-        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
-      }
-  }
+  const auto slab = stage_slabs(p.blocks, tc::bwd_slab_slots(p), a.w_hh,
+                                [&](int64_t g, int64_t slot, int i) {
+                                  return tc::bwd_slab_source(p, g, slot, i);
+                                });
   std::vector<float> partial(std::max<int64_t>(tc::bwd_partial_floats(p), 1));
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);

@@ -1,7 +1,7 @@
 // What the persistent kernels' checks share beyond the references
 // (persistent_tc_reference.h): the kernels' argument structs filled from
-// their buffers in one call, the relative error the host harnesses report
-// and a pass-through load/store.
+// their buffers in one call, the relative error the host harnesses report,
+// a forward compared with the reference's, and a pass-through load/store.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "persistent_tc_reference.h"
 #include "pipelstm/kernels/lstm_persistent_tc.h"
 
 namespace pipelstm {
@@ -55,6 +56,27 @@ inline double rel_error(const std::vector<float>& got, const std::vector<float>&
                                                : std::fabs(double(got[i]) - want[i]) /
                                                      std::max(1.0, std::fabs(double(want[i]))));
   return worst;
+}
+
+// The largest rel_error of a forward run by run_kernel(args) against the
+// reference forward on the same inputs, over output, act_gates and cells
+// (each side's buffers start as NaN, so a value never written shows up).
+template <typename RunKernel>
+double forward_error(const std::vector<float>& xg, const std::vector<float>& w,
+                     const std::vector<float>& h0, const std::vector<float>& c0, int64_t T,
+                     int64_t B, int64_t H, bool reverse, RunKernel run_kernel) {
+  std::vector<float> out[2], act[2], cells[2];
+  for (int run = 0; run < 2; ++run) {
+    out[run].assign(T * B * H, NAN);
+    act[run].assign(T * B * 4 * H, NAN);
+    cells[run].assign(T * B * H, NAN);
+    const PersistentForwardArgs<float> a =
+        forward_args(xg.data(), w.data(), h0.data(), c0.data(), out[run].data(),
+                     act[run].data(), cells[run].data(), T, B, H, reverse);
+    if (run == 0) run_kernel(a); else reference_forward(a);
+  }
+  return std::max({rel_error(out[0], out[1]), rel_error(act[0], act[1]),
+                   rel_error(cells[0], cells[1])});
 }
 
 }  // namespace testing
