@@ -23,7 +23,9 @@ them, e.g. GELU's exact form for its tanh form, is 1e-4 and more); LayerNorm
 without elementwise affine and with its own eps; Linear without bias;
 Embedding with padding_idx and scale_grad_by_freq (its weight gradient
 counts the indices over the whole batch, not per work item); Dropout with
-p = 0 and p = 1 in training (deterministic, so compared without masks).
+p = 0 and p = 1 in training (deterministic, so compared without masks);
+RMSNorm (rms_norm), which no other test covers: alone against torch's, in
+a model against the unsplit one, recomputed, and its default eps.
 """
 
 import copy
@@ -155,3 +157,48 @@ def test_dropout_zero_and_one_in_training_match_unsplit(p):
     pipe = assert_matches_unsplit(model, torch.randn(T, B, 4, dtype=F64), balance=[1, 1, 1])
     if p == 1.0:
         assert torch.equal(pipe[0].weight.grad, torch.zeros(6, 4, dtype=F64))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(eps=0.5), dict(elementwise_affine=False, eps=0.5)],
+                         ids=["default", "eps", "no_affine_eps"])
+def test_rms_norm_matches_torch_and_unsplit(kw):
+    # Alone, the unit against torch's RMSNorm (forward, input and weight
+    # gradients); then between a Linear and an LSTM against the unsplit model.
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(6, **kw).double()
+    if norm.weight is not None:
+        with torch.no_grad():  # not the initial ones
+            norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(T, B, 6, dtype=F64)
+    pipe = pipelstm.Pipeline(copy.deepcopy(nn.Sequential(norm)), devices=["cpu"], chunks=3, micro_batches=2)
+    x_p, x_r = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_p, y_r = pipe(x_p)[0], norm(x_r)
+    assert rel_error(y_p, y_r) <= TOL
+    g = torch.randn(T, B, 6, dtype=F64)
+    (y_p * g).sum().backward()
+    (y_r * g).sum().backward()
+    assert rel_error(x_p.grad, x_r.grad) <= TOL
+    if norm.weight is not None:
+        assert rel_error(pipe[0].weight.grad, norm.weight.grad) <= TOL
+    model = nn.Sequential(nn.Linear(4, 6), copy.deepcopy(norm), nn.LSTM(6, H)).double()
+    assert_matches_unsplit(model, torch.randn(T, B, 4, dtype=F64), balance=[2, 1])
+    assert_matches_unsplit(model, torch.randn(T, B, 4, dtype=F64), balance=[1, 1, 1])
+    # Recomputed (its forward replayed before its backward): bitwise the same gradients.
+    grads = []
+    for checkpoint in ("never", "always"):
+        pipe = pipelstm.Pipeline(copy.deepcopy(model), devices=["cpu"] * 2, balance=[2, 1], chunks=3,
+                                 micro_batches=2, checkpoint=checkpoint)
+        pipe(x.new_ones(T, B, 4))[0].sum().backward()
+        grads.append([p.grad for p in pipe.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_rms_norm_default_eps_is_the_dtypes():
+    # eps=None is torch's default, the machine epsilon of the input's dtype:
+    # with a mean square of 1e-8 in float32 it moves every output by percents.
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(6)
+    x = 1e-4 * torch.randn(T, B, 6)
+    pipe = pipelstm.Pipeline(nn.Sequential(copy.deepcopy(norm)), devices=["cpu"], chunks=2)
+    assert rel_error(pipe(x)[0], norm(x)) <= 1e-6
+    assert rel_error(nn.RMSNorm(6, eps=0.0)(x), norm(x)) > 1e-3

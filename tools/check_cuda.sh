@@ -19,6 +19,21 @@ flags=(-std=c++17 -O3
        -I kernels/include)
 
 status=0
+
+# Compiles one .cu file (extra nvcc flags after it); reports OK or FAIL
+# with the compiler's messages.
+compile() {
+  local src="$1" start=$SECONDS
+  shift
+  if "$NVCC" "${flags[@]}" "$@" -c "$src" -o "$tmp/$(basename "$src" .cu).o" 2>"$tmp/log"; then
+    echo "OK   $src ($((SECONDS - start))s)"
+  else
+    cat "$tmp/log" >&2
+    echo "FAIL $src"
+    status=1
+  fi
+}
+
 shopt -s nullglob
 sources=(kernels/src/cuda/*.cu)
 if [[ ${#sources[@]} -eq 0 ]]; then
@@ -26,28 +41,12 @@ if [[ ${#sources[@]} -eq 0 ]]; then
   exit 1
 fi
 for src in "${sources[@]}"; do
-  obj="$tmp/$(basename "$src" .cu).o"
-  start=$SECONDS
-  if "$NVCC" "${flags[@]}" -c "$src" -o "$obj" 2>"$tmp/log"; then
-    echo "OK   $src ($((SECONDS - start))s)"
-  else
-    cat "$tmp/log" >&2
-    echo "FAIL $src"
-    status=1
-  fi
+  compile "$src"
 done
 
 # The GPU check programs (run on a GPU machine) must build too.
 for src in kernels/tests/*_gpu_check.cu; do
-  start=$SECONDS
-  if "$NVCC" "${flags[@]}" -I kernels/tests -c "$src" -o "$tmp/$(basename "$src" .cu).o" \
-       2>"$tmp/log"; then
-    echo "OK   $src ($((SECONDS - start))s)"
-  else
-    cat "$tmp/log" >&2
-    echo "FAIL $src"
-    status=1
-  fi
+  compile "$src" -I kernels/tests
 done
 
 # The CUDA entry-point headers must stay usable from g++-compiled sources.

@@ -18,17 +18,21 @@ namespace pipelstm::pipeline {
 void init_bindings(py::module_& parent) {
   auto m = parent.def_submodule("pipeline", "The pipeline engine (see pipelstm.Pipeline).");
 
-  // One value per kind of unit, from the table (units/kinds.h).
+  // One value per kind of unit, from the table its files register into
+  // (units/kinds.h), and per kind (by its Python name): its parameter
+  // slots, its UnitSpec options, whether it carries a recurrent state and
+  // whether it is the loss, for pipelstm/pipeline/units.py.
   py::enum_<UnitKind> unit_kind(m, "UnitKind");
-  for (const UnitKindOps* kind : unit_kinds()) unit_kind.value(kind->py_name, kind->kind);
-  // Per kind (by its Python name): its parameter slots, its UnitSpec options
-  // and whether it carries a recurrent state, for pipelstm/pipeline/units.py.
   py::dict kinds;
-  for (const UnitKindOps* kind : unit_kinds()) {
+  const auto& table = unit_kinds();
+  for (size_t i = 0; i < table.size(); ++i) {
+    const UnitKindOps* kind = table[i];
+    unit_kind.value(kind->py_name, UnitKind{static_cast<int32_t>(i)});
     py::dict k;
     k["slots"] = py::tuple(py::cast(kind->slots));
     k["options"] = py::tuple(py::cast(kind->options));
-    k["has_state"] = kind->kind == UnitKind::Lstm;
+    k["has_state"] = kind->has_state;
+    k["is_loss"] = kind->is_loss;
     kinds[kind->py_name] = k;
   }
   m.attr("UNIT_KINDS") = kinds;

@@ -41,7 +41,7 @@ class CarriedState {
   void for_each_layer(F f) const {
     for (size_t j = 0; j < stage_.units.size(); ++j) {
       const UnitSpec& u = stage_.units[j];
-      if (u.kind == UnitKind::Lstm) f(static_cast<int64_t>(j), u.state_index);
+      if (unit_kind_has_state(u.kind)) f(static_cast<int64_t>(j), u.state_index);
     }
   }
 

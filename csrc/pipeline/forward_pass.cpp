@@ -138,7 +138,7 @@ void scatter_initial_states(RunState& st, const std::vector<OptTensor>& h0,
   st.c0_parts.resize(L * M);
   for (int64_t gu = 0; gu < stages.num_units(); ++gu) {
     const UnitSpec& u = stages.unit(gu);
-    if (u.kind != UnitKind::Lstm) continue;
+    if (!unit_kind_has_state(u.kind)) continue;
     const int64_t l = u.state_index;
     const UnitParams& p = st.params[gu];
     const Tensor& w_ih = need(p[0], u, "w_ih");

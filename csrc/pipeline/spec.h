@@ -17,12 +17,11 @@ namespace pipelstm::pipeline {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// CrossEntropy: the loss as the last unit of the last stage; each work item
-// computes the loss of its tokens (the pass's output is their mean or sum)
-// and its backward the gradient of its logits.
-// Activation and LayerNorm (over the last dimension) are the pointwise
-// layers that commonly sit between LSTM layers and the decoder.
-enum class UnitKind { Lstm, Embedding, Linear, Dropout, Activation, LayerNorm, CrossEntropy };
+// A kind of unit (an LSTM layer, Linear, the CrossEntropy loss, ...): its
+// index in the engine's table of kinds, to which each kind's own file
+// (units/<kind>.cpp) adds its record (units/kinds.h). No list of the kinds
+// here: the bindings name each value after its record.
+enum class UnitKind : int32_t {};
 
 // Activation recomputation: which work items keep only what replaying their
 // forward needs (the stage input, each LSTM layer's initial (h, c) and the
@@ -71,5 +70,10 @@ struct TraceEvent {
 
 // "LSTM layer", "Embedding", ...: for messages.
 const char* unit_kind_name(UnitKind kind);
+// Whether units of this kind carry a recurrent state (h, c) from chunk to
+// chunk, in the slot UnitSpec::state_index (an LSTM layer).
+bool unit_kind_has_state(UnitKind kind);
+// Whether this kind is the loss: the last unit, taking each item's target.
+bool unit_kind_is_loss(UnitKind kind);
 
 }  // namespace pipelstm::pipeline

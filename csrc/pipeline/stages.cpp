@@ -17,9 +17,9 @@ Stages::Stages(std::vector<StageSpec> specs)
     for (size_t j = 0; j < st.units.size(); ++j) {
       const UnitSpec& u = st.units[j];
       TORCH_CHECK(!has_loss_, "pipelstm.Pipeline: the loss must be the last unit");
-      has_loss_ = u.kind == UnitKind::CrossEntropy;
+      has_loss_ = unit_kind_is_loss(u.kind);
       unit_at_.emplace_back(static_cast<int64_t>(s), static_cast<int64_t>(j));
-      if (u.kind == UnitKind::Lstm) {
+      if (unit_kind_has_state(u.kind)) {
         TORCH_CHECK(u.state_index == num_lstm_layers(),
                     "pipelstm.Pipeline: LSTM layers must be numbered in order");
         layer_stage_.push_back(static_cast<int64_t>(s));

@@ -3,7 +3,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "units/kinds.h"
 
@@ -24,17 +28,30 @@ const UnitKindOps& ops(UnitKind kind) {
   return *kinds[i];
 }
 
+// The records in the order they registered (the link order of their
+// files): a function's static, so it exists before the first
+// registration, whichever file's initialisers run first.
+std::vector<const UnitKindOps*>& registered() {
+  static std::vector<const UnitKindOps*> records;
+  return records;
+}
+
 }  // namespace
 
+RegisterUnitKind::RegisterUnitKind(UnitKindOps ops) : record(std::move(ops)) {
+  registered().push_back(&record);
+}
+
 const std::vector<const UnitKindOps*>& unit_kinds() {
-  // The table: one entry per UnitKind, in its order (checked once).
+  // Ordered by name, so that a kind's index does not hang on the link order.
   static const std::vector<const UnitKindOps*> table = [] {
-    std::vector<const UnitKindOps*> t{&kLstmUnit,       &kEmbeddingUnit, &kLinearUnit,
-                                      &kDropoutUnit,    &kActivationUnit, &kLayerNormUnit,
-                                      &kCrossEntropyUnit};
-    for (size_t i = 0; i < t.size(); ++i) {
-      if (static_cast<size_t>(t[i]->kind) != i) {
-        throw std::logic_error("pipelstm: the unit table is out of UnitKind's order");
+    std::vector<const UnitKindOps*> t = registered();
+    std::sort(t.begin(), t.end(), [](const UnitKindOps* a, const UnitKindOps* b) {
+      return std::string_view(a->py_name) < std::string_view(b->py_name);
+    });
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (std::string_view(t[i - 1]->py_name) == t[i]->py_name) {
+        throw std::logic_error(std::string("pipelstm: two unit kinds are named ") + t[i]->py_name);
       }
     }
     return t;
@@ -52,6 +69,8 @@ void accumulate(std::vector<Tensor>& acc, size_t i, const Tensor& t) {
 }
 
 const char* unit_kind_name(UnitKind kind) { return ops(kind).name; }
+bool unit_kind_has_state(UnitKind kind) { return ops(kind).has_state; }
+bool unit_kind_is_loss(UnitKind kind) { return ops(kind).is_loss; }
 
 const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what) {
   TORCH_CHECK(t.has_value() && t->defined(), "missing parameter ", what, " of unit '", u.name, "'");
@@ -94,23 +113,24 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
     const UnitSpec& u = units[j];
     std::vector<Tensor>& saved = item.units[j];
     const bool last = j == n - 1;
-    if (u.kind == UnitKind::Dropout) {
+    const UnitKindOps& kind = ops(u.kind);
+    if (kind.replay == Replay::Mask) {
       if (!last && !saved.empty()) x = x * saved[0];
       continue;
     }
-    if (u.kind == UnitKind::CrossEntropy) {
+    if (kind.is_loss) {
       Tensor h, c;
       const Tensor target = saved[0];
       unit_forward(u, {}, x, training, /*keep=*/true, h, c, saved, /*seed=*/0, target);
       break;
     }
-    if (last && (u.kind == UnitKind::Linear || u.kind == UnitKind::Embedding)) {
+    if (last && kind.replay == Replay::InputIfLast) {
       // its backward needs only its input
       saved = {x};
       break;
     }
     Tensor h, c;
-    if (u.kind == UnitKind::Lstm) {
+    if (kind.has_state) {
       h = saved[0];
       c = saved[1];
     }

@@ -134,6 +134,47 @@ void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
 }
 
 template <typename T, int VEC>
+void on_grid(const PointwiseForwardArgs<T>& a, int64_t max_blocks) {
+  forward_grid<T, VEC>(a, max_blocks);
+}
+
+template <typename T, int VEC>
+void on_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
+  backward_grid<T, VEC>(a, max_blocks);
+}
+
+// The launcher's choice, simulated: the VEC path where can_vectorize allows
+// it, else the scalar one; returns whether the VEC path ran.
+template <typename T, int VEC, typename Args>
+bool launch(const Args& a, int64_t max_blocks) {
+  const bool vec = indexing::can_vectorize<T, VEC>(a);
+  if (vec) {
+    on_grid<T, VEC>(a, max_blocks);
+  } else {
+    on_grid<T, 1>(a, max_blocks);
+  }
+  return vec;
+}
+
+// Reports one case: passed if the kernel took the vector path exactly
+// where H and the alignment allow it (always, for VEC == 1) and
+// outputs_close(&why) holds.
+template <typename T, int VEC, typename Close>
+void report_case(const char* direction, int64_t B, int64_t H, int misalign, unsigned mask,
+                 bool alias, int64_t max_blocks, bool vec, Close outputs_close) {
+  const std::string name =
+      std::string(direction) + "<" + (sizeof(T) == 4 ? "float" : "double") +
+      ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) + " H=" + std::to_string(H) +
+      " misalign=" + std::to_string(misalign) + " mask=" + std::to_string(mask) +
+      " alias=" + std::to_string(alias) + " max_blocks=" + std::to_string(max_blocks) +
+      (vec ? " [vector]" : " [scalar]");
+  std::string why;
+  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
+  if (vec != want_vec) why = "wrong path choice";
+  report(vec == want_vec && outputs_close(&why), name, why);
+}
+
+template <typename T, int VEC>
 void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias,
                    int64_t max_blocks) {
   Buf<T> gates(B * 4 * H, misalign), hid(B * 4 * H, misalign), bih(4 * H, misalign),
@@ -161,25 +202,12 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
     a.gates = act.p;
   }
   a.act_gates = act.p, a.c = c.p, a.h = h.p;
-  const bool vec = indexing::can_vectorize<T, VEC>(a);
-  if (vec) {
-    forward_grid<T, VEC>(a, max_blocks);
-  } else {
-    forward_grid<T, 1>(a, max_blocks);
-  }
-
-  const std::string name = std::string("forward<") + (sizeof(T) == 4 ? "float" : "double") +
-                           ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) +
-                           " H=" + std::to_string(H) + " misalign=" + std::to_string(misalign) +
-                           " mask=" + std::to_string(mask) + " alias=" + std::to_string(alias) +
-                           " max_blocks=" + std::to_string(max_blocks) +
-                           (vec ? " [vector]" : " [scalar]");
-  std::string why;
-  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
-  bool ok = vec == want_vec;
-  if (!ok) why = "wrong path choice";
-  ok = ok && close(act, ref_act, &why) && close(c, ref_c, &why) && close(h, ref_h, &why);
-  report(ok, name, why);
+  const bool vec = launch<T, VEC>(a, max_blocks);
+  report_case<T, VEC>("forward", B, H, misalign, mask, alias, max_blocks, vec,
+                      [&](std::string* why) {
+                        return close(act, ref_act, why) && close(c, ref_c, why) &&
+                               close(h, ref_h, why);
+                      });
 }
 
 template <typename T, int VEC>
@@ -208,25 +236,11 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
     a.grad_c = dcp.p;
   }
   a.grad_gates = dg.p, a.grad_c_prev = dcp.p;
-  const bool vec = indexing::can_vectorize<T, VEC>(a);
-  if (vec) {
-    backward_grid<T, VEC>(a, max_blocks);
-  } else {
-    backward_grid<T, 1>(a, max_blocks);
-  }
-
-  const std::string name = std::string("backward<") + (sizeof(T) == 4 ? "float" : "double") +
-                           ",VEC=" + std::to_string(VEC) + "> B=" + std::to_string(B) +
-                           " H=" + std::to_string(H) + " misalign=" + std::to_string(misalign) +
-                           " mask=" + std::to_string(mask) + " alias=" + std::to_string(alias) +
-                           " max_blocks=" + std::to_string(max_blocks) +
-                           (vec ? " [vector]" : " [scalar]");
-  std::string why;
-  const bool want_vec = (VEC == 1) || (H % VEC == 0 && misalign == 0);
-  bool ok = vec == want_vec;
-  if (!ok) why = "wrong path choice";
-  ok = ok && close(dg, ref_dg, &why) && close(dcp, ref_dcp, &why);
-  report(ok, name, why);
+  const bool vec = launch<T, VEC>(a, max_blocks);
+  report_case<T, VEC>("backward", B, H, misalign, mask, alias, max_blocks, vec,
+                      [&](std::string* why) {
+                        return close(dg, ref_dg, why) && close(dcp, ref_dcp, why);
+                      });
 }
 
 template <typename T, int VEC>

@@ -10,12 +10,10 @@
 #include "pipelstm/kernels/lstm_persistent.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 #include "persistent_tc_reference.h"  // the reference the tensor-core kernels share
+#include "persistent_test_support.h"
 
 using namespace pipelstm::kernels;
-
-struct Identity {
-  float operator()(float v) const { return v; }
-};
+using testing::Identity;
 
 // The kernel's schedule on the host: `blocks` blocks of `units` units each.
 void run_persistent(const PersistentForwardArgs<float>& a, int64_t blocks) {
@@ -64,31 +62,9 @@ int main() {
         return v;
       };
       const auto xg = vec(T * B * 4 * H), w = vec(4 * H * H), h0 = vec(B * H), c0 = vec(B * H);
-      std::vector<float> out[2], act[2], cells[2];
-      for (int run = 0; run < 2; ++run) {
-        out[run].assign(T * B * H, NAN);
-        act[run].assign(T * B * 4 * H, NAN);
-        cells[run].assign(T * B * H, NAN);
-        PersistentForwardArgs<float> a;
-        a.input_gates = xg.data();
-        a.w_hh = w.data();
-        a.h0 = h0.data();
-        a.c0 = c0.data();
-        a.output = out[run].data();
-        a.act_gates = act[run].data();
-        a.cells = cells[run].data();
-        a.steps = T;
-        a.batch = B;
-        a.hidden = H;
-        a.reverse = reverse;
-        if (run == 0) run_persistent(a, blocks); else testing::reference_forward(a);
-      }
-      double worst = 0;
-      for (auto* pair : {out, act, cells})
-        for (size_t i = 0; i < pair[0].size(); ++i)
-          worst = std::max(worst, std::isnan(pair[0][i]) ? INFINITY
-                                                           : std::fabs(double(pair[0][i]) - pair[1][i]) /
-                                                                 std::max(1.0, std::fabs(double(pair[1][i]))));
+      const double worst = testing::forward_error(
+          xg, w, h0, c0, T, B, H, reverse,
+          [&](const PersistentForwardArgs<float>& a) { run_persistent(a, blocks); });
       const bool ok = worst <= 1e-5;
       (ok ? passed : failed)++;
       if (!ok) std::printf("FAIL T=%ld B=%ld H=%ld blocks=%ld reverse=%d: error %g\n", long(T), long(B),

@@ -12,14 +12,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "persistent_tc_reference.h"
+#include "persistent_test_support.h"
 #include "pipelstm/kernels/lstm_persistent_tc_cuda.h"
 
 using namespace pipelstm::kernels;
+using testing::backward_args;
+using testing::forward_args;
+using testing::GradsIn;
 
 namespace {
 
@@ -107,6 +113,24 @@ void report(bool ok, const std::string& what) {
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
 }
 
+// After one direction of a shape: whether the kernel ran (a refusal is a
+// failure, reported); if it did, reports its largest error over `outputs`,
+// each (kernel's, reference's).
+template <typename T>
+bool check_outputs(const std::string& what, TcFit fit,
+                   std::initializer_list<std::pair<const DeviceBuf<T>*, const std::vector<float>*>>
+                       outputs) {
+  CHECK_CUDA(cudaDeviceSynchronize());
+  if (fit != TcFit::kFits) {
+    report(false, what + ": " + tc_fit_message(fit));
+    return false;
+  }
+  double err = 0;
+  for (const auto& [got, want] : outputs) err = std::max(err, error(got->get(), *want));
+  report(err <= Type<T>::tol, what + " error " + std::to_string(err));
+  return true;
+}
+
 // Forward and backward of one shape against the references.
 template <typename T>
 void check_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t unit_tiles, bool reverse) {
@@ -121,90 +145,37 @@ void check_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t unit_tile
                 Type<T>::name, long(steps), long(B), long(H), long(unit_tiles), int(reverse));
 
   std::vector<float> out(N * H), act(N * 4 * H), cells(N * H);
-  PersistentForwardArgs<float> rf;
-  rf.input_gates = xg.data();
-  rf.w_hh = w.data();
-  rf.h0 = h0.data();
-  rf.c0 = c0.data();
-  rf.output = out.data();
-  rf.act_gates = act.data();
-  rf.cells = cells.data();
-  rf.steps = steps;
-  rf.batch = B;
-  rf.hidden = H;
-  rf.reverse = reverse;
+  const PersistentForwardArgs<float> rf =
+      forward_args(xg.data(), w.data(), h0.data(), c0.data(), out.data(), act.data(),
+                   cells.data(), steps, B, H, reverse);
   testing::reference_forward(rf, Round<T>());
 
   DeviceBuf<T> d_xg(xg), d_w(w), d_h0(h0), d_c0(c0), d_out({}, N * H), d_act({}, N * 4 * H),
       d_cells({}, N * H);
-  PersistentForwardArgs<T> f;
-  f.input_gates = d_xg.ptr;
-  f.w_hh = d_w.ptr;
-  f.h0 = d_h0.ptr;
-  f.c0 = d_c0.ptr;
-  f.output = d_out.ptr;
-  f.act_gates = d_act.ptr;
-  f.cells = d_cells.ptr;
-  f.steps = steps;
-  f.batch = B;
-  f.hidden = H;
-  f.reverse = reverse;
+  PersistentForwardArgs<T> f = forward_args(d_xg.ptr, d_w.ptr, d_h0.ptr, d_c0.ptr, d_out.ptr,
+                                            d_act.ptr, d_cells.ptr, steps, B, H, reverse);
   TcFit fit;
   CHECK_CUDA(tc_persistent_forward_cuda(f, unit_tiles, nullptr, &fit));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  if (fit != TcFit::kFits) {
-    report(false, std::string("forward ") + name + ": " + tc_fit_message(fit));
+  if (!check_outputs<T>(std::string("forward ") + name, fit,
+                        {{&d_out, &out}, {&d_act, &act}, {&d_cells, &cells}}))
     return;
-  }
-  const double ef = std::max({error(d_out.get(), out), error(d_act.get(), act),
-                              error(d_cells.get(), cells)});
-  report(ef <= Type<T>::tol, std::string("forward ") + name + " error " + std::to_string(ef));
 
   std::vector<float> gg(N * 4 * H), gh0(B * H), gc0(B * H);
-  PersistentBackwardArgs<float> rb;
-  rb.grad_output = go.data();
-  rb.grad_h_n = ghn.data();
-  rb.grad_c_n = gcn.data();
-  rb.w_hh = w.data();
-  rb.c0 = c0.data();
-  rb.act_gates = act.data();
-  rb.cells = cells.data();
-  rb.grad_gates = gg.data();
-  rb.grad_h0 = gh0.data();
-  rb.grad_c0 = gc0.data();
-  rb.steps = steps;
-  rb.batch = B;
-  rb.hidden = H;
-  rb.reverse = reverse;
-  testing::reference_backward(rb, Round<T>());
+  testing::reference_backward(
+      backward_args(rf, GradsIn<float>{go.data(), ghn.data(), gcn.data()}, gg.data(),
+                    gh0.data(), gc0.data()),
+      Round<T>());
 
   // The backward reads the reference's forward workspace (the same numbers).
   DeviceBuf<T> d_ract(act), d_rcells(cells), d_go(go), d_ghn(ghn), d_gcn(gcn),
       d_gg({}, N * 4 * H), d_gh0({}, B * H), d_gc0({}, B * H);
-  PersistentBackwardArgs<T> b;
-  b.grad_output = d_go.ptr;
-  b.grad_h_n = d_ghn.ptr;
-  b.grad_c_n = d_gcn.ptr;
-  b.w_hh = d_w.ptr;
-  b.c0 = d_c0.ptr;
-  b.act_gates = d_ract.ptr;
-  b.cells = d_rcells.ptr;
-  b.grad_gates = d_gg.ptr;
-  b.grad_h0 = d_gh0.ptr;
-  b.grad_c0 = d_gc0.ptr;
-  b.steps = steps;
-  b.batch = B;
-  b.hidden = H;
-  b.reverse = reverse;
+  f.act_gates = d_ract.ptr;
+  f.cells = d_rcells.ptr;
+  const PersistentBackwardArgs<T> b = backward_args(
+      f, GradsIn<T>{d_go.ptr, d_ghn.ptr, d_gcn.ptr}, d_gg.ptr, d_gh0.ptr, d_gc0.ptr);
   CHECK_CUDA(tc_persistent_backward_cuda(b, 0, nullptr, &fit));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  if (fit != TcFit::kFits) {
-    report(false, std::string("backward ") + name + ": " + tc_fit_message(fit));
-    return;
-  }
-  const double eb = std::max({error(d_gg.get(), gg), error(d_gh0.get(), gh0),
-                              error(d_gc0.get(), gc0)});
-  report(eb <= Type<T>::tol, std::string("backward ") + name + " error " + std::to_string(eb));
+  check_outputs<T>(std::string("backward ") + name, fit,
+                   {{&d_gg, &gg}, {&d_gh0, &gh0}, {&d_gc0, &gc0}});
 }
 
 // A shape the kernel must refuse, with the reason expected, and nothing written.
@@ -213,17 +184,8 @@ void check_refused(int64_t batch, int64_t hidden, int64_t unit_tiles, TcFit expe
   const int64_t steps = 2, B = batch, H = hidden;
   DeviceBuf<T> xg({}, steps * B * 4 * H), w({}, 4 * H * H), h0({}, B * H), c0({}, B * H),
       out({}, steps * B * H), act({}, steps * B * 4 * H), cells({}, steps * B * H);
-  PersistentForwardArgs<T> f;
-  f.input_gates = xg.ptr;
-  f.w_hh = w.ptr;
-  f.h0 = h0.ptr;
-  f.c0 = c0.ptr;
-  f.output = out.ptr;
-  f.act_gates = act.ptr;
-  f.cells = cells.ptr;
-  f.steps = steps;
-  f.batch = B;
-  f.hidden = H;
+  const PersistentForwardArgs<T> f = forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr,
+                                                  cells.ptr, steps, B, H, false);
   TcFit fit;
   CHECK_CUDA(tc_persistent_forward_cuda(f, unit_tiles, nullptr, &fit));
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -243,29 +205,10 @@ void time_shape(int64_t steps, int64_t batch, int64_t hidden) {
       h0(random_vec<T>(B * H, 0.5f)), c0(random_vec<T>(B * H, 0.5f)), out({}, N * H),
       act({}, N * 4 * H), cells({}, N * H), go(random_vec<T>(N * H, 0.5f)), gg({}, N * 4 * H),
       gh0({}, B * H), gc0({}, B * H);
-  PersistentForwardArgs<T> f;
-  f.input_gates = xg.ptr;
-  f.w_hh = w.ptr;
-  f.h0 = h0.ptr;
-  f.c0 = c0.ptr;
-  f.output = out.ptr;
-  f.act_gates = act.ptr;
-  f.cells = cells.ptr;
-  f.steps = steps;
-  f.batch = B;
-  f.hidden = H;
-  PersistentBackwardArgs<T> b;
-  b.grad_output = go.ptr;
-  b.w_hh = w.ptr;
-  b.c0 = c0.ptr;
-  b.act_gates = act.ptr;
-  b.cells = cells.ptr;
-  b.grad_gates = gg.ptr;
-  b.grad_h0 = gh0.ptr;
-  b.grad_c0 = gc0.ptr;
-  b.steps = steps;
-  b.batch = B;
-  b.hidden = H;
+  const PersistentForwardArgs<T> f = forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr,
+                                                  cells.ptr, steps, B, H, false);
+  const PersistentBackwardArgs<T> b =
+      backward_args(f, GradsIn<T>{go.ptr, nullptr, nullptr}, gg.ptr, gh0.ptr, gc0.ptr);
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));

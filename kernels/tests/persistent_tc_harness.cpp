@@ -17,16 +17,18 @@
 #include "pipelstm/kernels/lstm_persistent_tc.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 #include "persistent_tc_reference.h"
+#include "persistent_test_support.h"
 
 using namespace pipelstm::kernels;
+using testing::backward_args;
+using testing::forward_args;
+using testing::GradsIn;
+using testing::Identity;
 using testing::reference_backward;
 using testing::reference_forward;
+using testing::rel_error;
 
 namespace {
-
-struct Identity {
-  float operator()(float v) const { return v; }
-};
 
 // d += A @ B for one warp, fragments per lane as the PTX ISA lays them out
 // for mma.m16n8k16 (16-bit A/B, f32 C/D): groupID g = lane / 4,
@@ -62,19 +64,30 @@ void mma_m16n8k16(const float (&a)[32][8], const float (&b)[32][4], float (&d)[3
   }
 }
 
+// Each block's slab, as the kernel stages it: 8 elements per 16-byte slot,
+// element i of a slot w_hh[source(block, slot, i)] (zero where -1).
+template <typename Source>
+std::vector<std::vector<float>> stage_slabs(int64_t blocks, int64_t slots, const float* w_hh,
+                                            Source source) {
+  std::vector<std::vector<float>> slab(blocks);
+  for (int64_t g = 0; g < blocks; ++g) {
+    slab[g].resize(slots * 8);
+    for (int64_t slot = 0; slot < slots; ++slot)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t src = source(g, slot, i);
+        slab[g][slot * 8 + i] = src < 0 ? 0.0f : w_hh[src];
+      }
+  }
+  return slab;
+}
+
 // The forward kernel's schedule on the host.
 void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   const tc::ForwardPlan p = tc::make_forward_plan(a.batch, a.hidden, unit_tiles);
-  // Each block's slab, as the kernel stages it: 8 elements per 16-byte slot.
-  std::vector<std::vector<float>> slab(p.blocks);
-  for (int64_t g = 0; g < p.blocks; ++g) {
-    slab[g].resize(tc::slab_slots(p) * 8);
-    for (int64_t slot = 0; slot < tc::slab_slots(p); ++slot)
-      for (int i = 0; i < 8; ++i) {
-        const int64_t src = tc::fwd_slab_source(p, g, slot, i);
-        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
-      }
-  }
+  const auto slab = stage_slabs(p.blocks, tc::slab_slots(p), a.w_hh,
+                                [&](int64_t g, int64_t slot, int i) {
+                                  return tc::fwd_slab_source(p, g, slot, i);
+                                });
   std::vector<float> partial(std::max<int64_t>(tc::partial_floats(p), 1), NAN);
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
@@ -123,15 +136,6 @@ void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   }
 }
 
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::isnan(got[i]) ? INFINITY
-                                               : std::fabs(double(got[i]) - want[i]) /
-                                                     std::max(1.0, std::fabs(double(want[i]))));
-  return worst;
-}
-
 std::mt19937 rng(0);
 
 std::vector<float> random_vec(int64_t n) {
@@ -146,27 +150,9 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
   const auto xg = random_vec(T * B * 4 * H), h0 = random_vec(B * H), c0 = random_vec(B * H);
   auto w = random_vec(4 * H * H);
   for (auto& x : w) x /= std::sqrt(float(H));  // keeps the gates out of saturation
-  std::vector<float> out[2], act[2], cells[2];
-  for (int run = 0; run < 2; ++run) {
-    out[run].assign(T * B * H, NAN);
-    act[run].assign(T * B * 4 * H, NAN);
-    cells[run].assign(T * B * H, NAN);
-    PersistentForwardArgs<float> a;
-    a.input_gates = xg.data();
-    a.w_hh = w.data();
-    a.h0 = h0.data();
-    a.c0 = c0.data();
-    a.output = out[run].data();
-    a.act_gates = act[run].data();
-    a.cells = cells[run].data();
-    a.steps = T;
-    a.batch = B;
-    a.hidden = H;
-    a.reverse = reverse;
-    if (run == 0) run_tc_forward(a, unit_tiles); else reference_forward(a);
-  }
-  const double worst = std::max({rel_error(out[0], out[1]), rel_error(act[0], act[1]),
-                                 rel_error(cells[0], cells[1])});
+  const double worst = testing::forward_error(
+      xg, w, h0, c0, T, B, H, reverse,
+      [&](const PersistentForwardArgs<float>& a) { run_tc_forward(a, unit_tiles); });
   const tc::ForwardPlan p = tc::make_forward_plan(B, H, unit_tiles);
   const bool ok = worst <= 1e-5;
   if (!ok)
@@ -181,15 +167,10 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
 // partial buffer, then the cell backward (or grad_h0 in the last phase).
 void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles) {
   const tc::BackwardPlan p = tc::make_backward_plan(a.batch, a.hidden, unit_tiles);
-  std::vector<std::vector<float>> slab(p.blocks);
-  for (int64_t g = 0; g < p.blocks; ++g) {
-    slab[g].resize(tc::bwd_slab_slots(p) * 8);
-    for (int64_t slot = 0; slot < tc::bwd_slab_slots(p); ++slot)
-      for (int i = 0; i < 8; ++i) {
-        const int64_t src = tc::bwd_slab_source(p, g, slot, i);
-        slab[g][slot * 8 + i] = src < 0 ? 0.0f : a.w_hh[src];
-      }
-  }
+  const auto slab = stage_slabs(p.blocks, tc::bwd_slab_slots(p), a.w_hh,
+                                [&](int64_t g, int64_t slot, int i) {
+                                  return tc::bwd_slab_source(p, g, slot, i);
+                                });
   std::vector<float> partial(std::max<int64_t>(tc::bwd_partial_floats(p), 1));
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
@@ -198,7 +179,7 @@ void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles)
       if (pos < a.steps - 1) {
         std::fill(partial.begin(), partial.end(), NAN);
         for (int64_t it = 0; it < p.pairs * p.slices; ++it) {
-          const tc::Item w = tc::bwd_item_at(p, it);
+          const tc::Item w = tc::item_at(p, it);
           float acc[32][4] = {};
           for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
             float af[32][8], bf[32][4];
@@ -226,7 +207,7 @@ void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles)
                   sum[(pair * 32 + lane) * 4 + e] += partial[tc::bwd_partial_index(p, s, pair, e, lane)];
       }
       for (int64_t pair = 0; pair < p.pairs; ++pair) {
-        const tc::Item w = tc::bwd_item_at(p, pair);
+        const tc::Item w = tc::item_at(p, pair);
         for (int lane = 0; lane < 32; ++lane) {
           float acc[4];
           for (int e = 0; e < 4; ++e) acc[e] = sum[(pair * 32 + lane) * 4 + e];
@@ -246,18 +227,9 @@ bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool re
   auto w = random_vec(4 * H * H);
   for (auto& x : w) x /= std::sqrt(float(H));
   std::vector<float> out(T * B * H), act(T * B * 4 * H), cells(T * B * H);
-  PersistentForwardArgs<float> f;
-  f.input_gates = xg.data();
-  f.w_hh = w.data();
-  f.h0 = h0.data();
-  f.c0 = c0.data();
-  f.output = out.data();
-  f.act_gates = act.data();
-  f.cells = cells.data();
-  f.steps = T;
-  f.batch = B;
-  f.hidden = H;
-  f.reverse = reverse;
+  const PersistentForwardArgs<float> f = forward_args(
+      xg.data(), w.data(), h0.data(), c0.data(), out.data(), act.data(), cells.data(), T, B, H,
+      reverse);
   reference_forward(f);
   const auto go = random_vec(T * B * H), ghn = random_vec(B * H), gcn = random_vec(B * H);
   std::vector<float> gg[2], gh0[2], gc0[2];
@@ -265,21 +237,11 @@ bool check_backward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool re
     gg[run].assign(T * B * 4 * H, NAN);
     gh0[run].assign(B * H, NAN);
     gc0[run].assign(B * H, NAN);
-    PersistentBackwardArgs<float> a;
-    a.grad_output = optional & 1 ? go.data() : nullptr;
-    a.grad_h_n = optional & 2 ? ghn.data() : nullptr;
-    a.grad_c_n = optional & 4 ? gcn.data() : nullptr;
-    a.w_hh = w.data();
-    a.c0 = c0.data();
-    a.act_gates = act.data();
-    a.cells = cells.data();
-    a.grad_gates = gg[run].data();
-    a.grad_h0 = gh0[run].data();
-    a.grad_c0 = gc0[run].data();
-    a.steps = T;
-    a.batch = B;
-    a.hidden = H;
-    a.reverse = reverse;
+    const GradsIn<float> in{optional & 1 ? go.data() : nullptr,
+                            optional & 2 ? ghn.data() : nullptr,
+                            optional & 4 ? gcn.data() : nullptr};
+    const PersistentBackwardArgs<float> a =
+        backward_args(f, in, gg[run].data(), gh0[run].data(), gc0[run].data());
     if (run == 0) run_tc_backward(a, unit_tiles); else reference_backward(a);
   }
   const double worst = std::max({rel_error(gg[0], gg[1]), rel_error(gh0[0], gh0[1]),

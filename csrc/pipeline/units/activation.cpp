@@ -73,8 +73,10 @@ int64_t activation_index(const std::string& name) {
   TORCH_CHECK(false, "pipelstm.Pipeline: unknown activation '", name, "'");
 }
 
-const UnitKindOps kActivationUnit{UnitKind::Activation, "activation", "activation", &forward,
-                                  &backward_data, nullptr, &keep_for_replay,
-                                  {}, {"activation"}};
+const RegisterUnitKind kRegistered{{.name = "activation", .py_name = "activation",
+                                    .forward = &forward, .backward_data = &backward_data,
+                                    .weight_grads = nullptr,
+                                    .keep_for_replay = &keep_for_replay,
+                                    .options = {"activation"}}};
 
 }  // namespace pipelstm::pipeline

@@ -75,8 +75,9 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1]}; }  // the
 
 }  // namespace
 
-const UnitKindOps kCrossEntropyUnit{UnitKind::CrossEntropy, "CrossEntropy", "cross_entropy",
-                                    &forward, &backward_data, nullptr, &keep_for_replay,
-                                    {}, {"ignore_index", "mean"}};
+const RegisterUnitKind kRegistered{{.name = "CrossEntropy", .py_name = "cross_entropy",
+                                    .forward = &forward, .backward_data = &backward_data,
+                                    .weight_grads = nullptr, .keep_for_replay = &keep_for_replay,
+                                    .options = {"ignore_index", "mean"}, .is_loss = true}};
 
 }  // namespace pipelstm::pipeline

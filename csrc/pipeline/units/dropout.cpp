@@ -46,7 +46,9 @@ void keep_for_replay(std::vector<Tensor>&) {}  // the mask
 
 }  // namespace
 
-const UnitKindOps kDropoutUnit{UnitKind::Dropout, "Dropout", "dropout", &forward, &backward_data,
-                               nullptr, &keep_for_replay, {}, {"p"}};
+const RegisterUnitKind kRegistered{{.name = "Dropout", .py_name = "dropout", .forward = &forward,
+                                    .backward_data = &backward_data, .weight_grads = nullptr,
+                                    .keep_for_replay = &keep_for_replay, .options = {"p"},
+                                    .replay = Replay::Mask}};
 
 }  // namespace pipelstm::pipeline

@@ -42,8 +42,11 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 
 }  // namespace
 
-const UnitKindOps kEmbeddingUnit{UnitKind::Embedding, "Embedding", "embedding", &forward,
-                                 &backward_data, &weight_grads, &keep_for_replay,
-                                 {"weight"}, {"padding_idx", "scale_grad_by_freq"}};
+const RegisterUnitKind kRegistered{{.name = "Embedding", .py_name = "embedding",
+                                    .forward = &forward, .backward_data = &backward_data,
+                                    .weight_grads = &weight_grads,
+                                    .keep_for_replay = &keep_for_replay, .slots = {"weight"},
+                                    .options = {"padding_idx", "scale_grad_by_freq"},
+                                    .replay = Replay::InputIfLast}};
 
 }  // namespace pipelstm::pipeline

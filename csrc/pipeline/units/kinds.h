@@ -1,9 +1,10 @@
-// What the engine does with each kind of unit: one UnitKindOps per kind, in
-// a file of its own beside this one (its ops, parameter slots and options),
-// and one table (units.cpp) from UnitKind to it. Adding a kind of unit: its
-// enum value (spec.h), its file here, and its entry in the table; the
-// bindings, the messages and Python read the table. A new activation is a
-// row of units/activation.cpp's table only.
+// What the engine does with each kind of unit: one UnitKindOps record per
+// kind, in a file of its own beside this one (its ops, parameter slots,
+// options and what the engine does differently for it), which adds the
+// record to the table of kinds (units.cpp) as the module loads, through a
+// RegisterUnitKind object. Adding a kind of unit: its file here; the
+// bindings, the messages and Python (pipelstm/pipeline/units.py) read the
+// table. A new activation is a row of units/activation.cpp's table only.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,15 @@
 
 namespace pipelstm::pipeline {
 
+// How a recomputed item runs a unit again (units.cpp, replay), from what
+// its keep_for_replay left of its saved tensors.
+enum class Replay {
+  Forward,      // its forward again (a state's initial (h, c), a loss's target kept)
+  InputIfLast,  // its forward; as the stage's last unit only its input (all its backward needs)
+  Mask,         // multiplies by the mask it kept (saved[0]); never draws another
+};
+
 struct UnitKindOps {
-  UnitKind kind;
   const char* name;     // for messages, e.g. "LSTM layer"
   const char* py_name;  // its name in the bindings' UnitKind, e.g. "lstm"
   // unit_forward, unit_backward_data, unit_weight_grads and keep_for_replay
@@ -33,19 +41,27 @@ struct UnitKindOps {
   // Its parameter slots in UnitParams' order (an LSTM layer's are suffixed
   // with _l<layer> on the module), and the UnitSpec options it reads; Python
   // (pipelstm/pipeline/units.py) reads both through the bindings.
-  std::vector<std::string> slots;
-  std::vector<std::string> options;
+  std::vector<std::string> slots = {};
+  std::vector<std::string> options = {};
+  // unit_kind_has_state and unit_kind_is_loss (spec.h); how it replays.
+  bool has_state = false;
+  bool is_loss = false;
+  Replay replay = Replay::Forward;
 };
 
-extern const UnitKindOps kLstmUnit;
-extern const UnitKindOps kEmbeddingUnit;
-extern const UnitKindOps kLinearUnit;
-extern const UnitKindOps kDropoutUnit;
-extern const UnitKindOps kActivationUnit;
-extern const UnitKindOps kLayerNormUnit;
-extern const UnitKindOps kCrossEntropyUnit;
+// Adds its record to the table of kinds; one per units/<kind>.cpp, at
+// namespace scope, so it runs as the module loads:
+//   const RegisterUnitKind kRegistered{{.name = "Linear", .py_name = "linear", ...}};
+// It keeps the record (the table points to it).
+struct RegisterUnitKind {
+  explicit RegisterUnitKind(UnitKindOps record);
+  const UnitKindOps record;
+};
 
-// Every kind, in UnitKind's order.
+// Every kind, ordered by py_name: UnitKind{i} is the i-th. Fixed from its
+// first call, which every registration has run before (they run as the
+// module loads; nothing calls this until its bindings are made). Raises for
+// two kinds of one name.
 const std::vector<const UnitKindOps*>& unit_kinds();
 
 // The activations an Activation unit runs (units/activation.cpp): their

@@ -39,8 +39,10 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 
 }  // namespace
 
-const UnitKindOps kLayerNormUnit{UnitKind::LayerNorm, "LayerNorm", "layer_norm", &forward,
-                                 &backward_data, &weight_grads, &keep_for_replay,
-                                 {"weight", "bias"}, {"eps"}};
+const RegisterUnitKind kRegistered{{.name = "LayerNorm", .py_name = "layer_norm",
+                                    .forward = &forward, .backward_data = &backward_data,
+                                    .weight_grads = &weight_grads,
+                                    .keep_for_replay = &keep_for_replay,
+                                    .slots = {"weight", "bias"}, .options = {"eps"}}};
 
 }  // namespace pipelstm::pipeline

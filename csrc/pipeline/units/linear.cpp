@@ -45,7 +45,11 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the inpu
 
 }  // namespace
 
-const UnitKindOps kLinearUnit{UnitKind::Linear, "Linear", "linear", &forward, &backward_data,
-                              &weight_grads, &keep_for_replay, {"weight", "bias"}, {}};
+const RegisterUnitKind kRegistered{{.name = "Linear", .py_name = "linear", .forward = &forward,
+                                    .backward_data = &backward_data,
+                                    .weight_grads = &weight_grads,
+                                    .keep_for_replay = &keep_for_replay,
+                                    .slots = {"weight", "bias"},
+                                    .replay = Replay::InputIfLast}};
 
 }  // namespace pipelstm::pipeline

@@ -99,8 +99,9 @@ void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1], saved[2]};
 
 }  // namespace
 
-const UnitKindOps kLstmUnit{UnitKind::Lstm, "LSTM layer", "lstm", &forward, &backward_data,
-                            &weight_grads, &keep_for_replay,
-                            {"weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"}, {}};
+const RegisterUnitKind kRegistered{
+    {.name = "LSTM layer", .py_name = "lstm", .forward = &forward, .backward_data = &backward_data,
+     .weight_grads = &weight_grads, .keep_for_replay = &keep_for_replay,
+     .slots = {"weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"}, .has_state = true}};
 
 }  // namespace pipelstm::pipeline

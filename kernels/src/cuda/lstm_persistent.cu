@@ -15,15 +15,8 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 
-template <typename T>
-struct Load {
-  __device__ float operator()(T v) const { return indexing::Storage<T>::load(v); }
-};
-
-template <typename T>
-struct Store {
-  __device__ T operator()(float v) const { return indexing::Storage<T>::store(v); }
-};
+using indexing::Load;
+using indexing::Store;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)

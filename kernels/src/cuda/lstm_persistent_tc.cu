@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "pipelstm/kernels/lstm_persistent_tc_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_indexing.h"
@@ -15,49 +16,89 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-template <typename T>
-struct Load {
-  __device__ float operator()(T v) const { return indexing::Storage<T>::load(v); }
-};
+using indexing::Load;
+using indexing::Store;
+
+// d[0..3] += A @ B for one 16 x 8 x 16 tile (fragments as in lstm_persistent_tc.h),
+// A and B of type `ab` ("f16" or "bf16").
+#define PIPELSTM_TC_MMA(ab)                                                             \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab ".f32 "             \
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"     \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                        \
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1))
 
 template <typename T>
-struct Store {
-  __device__ T operator()(float v) const { return indexing::Storage<T>::store(v); }
-};
-
-// d[0..3] += A @ B for one 16 x 8 x 16 tile (fragments as in lstm_persistent_tc.h).
-template <typename T>
-struct Mma;
-
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();  // never launched there: the plan answers TcFit::kArchitecture
+  __trap();  // never launched there: the plan answers TcFit::kArchitecture
 #else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-#endif
+  if constexpr (std::is_same_v<T, __half>) {
+    PIPELSTM_TC_MMA("f16");
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "the tensor-core kernels take fp16 or bf16");
+    PIPELSTM_TC_MMA("bf16");
   }
-};
+#endif
+}
 
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();  // never launched there: the plan answers TcFit::kArchitecture
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-#endif
+#undef PIPELSTM_TC_MMA
+
+// Stages a block's weights once, before its first step: slot by slot, two
+// 16-bit elements per register, the lower index in the low half (as
+// mma.sync reads them); source(slot, i) is the index into w_hh of element i
+// of a slot, or -1 for the zero padding of the tails.
+template <typename T, typename Source>
+__device__ __forceinline__ void stage_slab(uint4* slab, const T* w_hh, int64_t slots,
+                                           Source source) {
+  const auto* w_bits = reinterpret_cast<const unsigned short*>(w_hh);
+  for (int64_t slot = threadIdx.x; slot < slots; slot += tc::kThreads) {
+    uint32_t reg[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t lo = source(slot, 2 * r);
+      const int64_t hi = source(slot, 2 * r + 1);
+      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
+               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
+    }
+    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
   }
-};
+  __syncthreads();
+}
+
+// One step's product of a block, either direction: warp `warp` runs items
+// warp, warp + kWarps, ... (a pair's K slice each); product(item, acc) adds
+// the slice's mma tiles into the N accumulators of this lane. With one slice
+// a pair's sums go to finish(item, acc) at once; with several they meet in
+// shared memory (`partial`, at partial_index(slice, pair, e)) and one warp
+// per pair sums them, slice by slice, and finishes.
+template <int N, typename PartialIndex, typename Product, typename Finish>
+__device__ __forceinline__ void step_product(const tc::TilePlan& p, int warp, float* partial,
+                                             PartialIndex partial_index, Product product,
+                                             Finish finish) {
+  const int64_t items = tc::item_count(p);
+  for (int64_t it = warp; it < items; it += tc::kWarps) {
+    const tc::Item w = tc::item_at(p, it);
+    float acc[N] = {};
+    product(w, acc);
+    if (p.slices == 1) {
+      finish(w, acc);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) partial[partial_index(w.slice, w.pair, e)] = acc[e];
+    }
+  }
+  if (p.slices > 1) {
+    __syncthreads();  // every slice's partial sums are in shared memory
+    for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+      float acc[N] = {};
+      for (int64_t s = 0; s < p.slices; ++s) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) acc[e] += partial[partial_index(s, pair, e)];
+      }
+      finish(tc::item_at(p, pair), acc);
+    }
+  }
+}
 
 // Register r (0 or 1) of a lane's B fragment: elements 2r (low half) and
 // 2r + 1 (high half), consecutive columns k, k + 1 of one h row. h_{t-1}
@@ -94,55 +135,30 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   const Load<T> load;
   const Store<T> store;
 
-  // Stage this block's weights once: slot by slot, two 16-bit elements per
-  // register, the lower index in the low half (as mma.sync reads them).
-  const auto* w_bits = reinterpret_cast<const unsigned short*>(a.w_hh);
-  for (int64_t slot = threadIdx.x; slot < tc::slab_slots(p); slot += tc::kThreads) {
-    uint32_t reg[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t lo = tc::fwd_slab_source(p, block, slot, 2 * r);
-      const int64_t hi = tc::fwd_slab_source(p, block, slot, 2 * r + 1);
-      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
-               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
-    }
-    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
-  }
-  __syncthreads();
+  stage_slab(slab, a.w_hh, tc::slab_slots(p),
+             [&](int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
 
-  const int64_t items = tc::item_count(p);
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
-    for (int64_t it = warp; it < items; it += tc::kWarps) {
-      const tc::Item w = tc::item_at(p, it);
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    step_product<8>(
+        p, warp, partial,
+        [&](int64_t slice, int64_t pair, int e) {
+          return tc::partial_index(p, slice, pair, e, lane);
+        },
+        [&](const tc::Item& w, float (&acc)[8]) {
 #pragma unroll 4
-      for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
-        const uint4 a0 = slab[tc::slab_slot(p, w.tau, kt, 0, lane)];
-        const uint4 a1 = slab[tc::slab_slot(p, w.tau, kt, 1, lane)];
-        const uint32_t b0 = load_b(a, p, pos, w, kt, lane, 0, paired);
-        const uint32_t b1 = load_b(a, p, pos, w, kt, lane, 1, paired);
-        Mma<T>::run(acc, a0, b0, b1);
-        Mma<T>::run(acc + 4, a1, b0, b1);
-      }
-      if (p.slices == 1) {
-        tc::fwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) partial[tc::partial_index(p, w.slice, w.pair, e, lane)] = acc[e];
-      }
-    }
-    if (p.slices > 1) {
-      __syncthreads();  // every slice's partial sums are in shared memory
-      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int64_t s = 0; s < p.slices; ++s) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += partial[tc::partial_index(p, s, pair, e, lane)];
-        }
-        tc::fwd_finish(a, p, block, tc::item_at(p, pair), lane, t, pos, acc, load, store);
-      }
-    }
+          for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+            const uint4 a0 = slab[tc::slab_slot(p, w.tau, kt, 0, lane)];
+            const uint4 a1 = slab[tc::slab_slot(p, w.tau, kt, 1, lane)];
+            const uint32_t b0 = load_b(a, p, pos, w, kt, lane, 0, paired);
+            const uint32_t b1 = load_b(a, p, pos, w, kt, lane, 1, paired);
+            mma<T>(acc, a0, b0, b1);
+            mma<T>(acc + 4, a1, b0, b1);
+          }
+        },
+        [&](const tc::Item& w, const float (&acc)[8]) {
+          tc::fwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+        });
     // h_t and c_t of every unit are visible to every block before step
     // pos + 1; the barrier also orders this step's reads of `partial` before
     // the next step's writes.
@@ -182,62 +198,37 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   const Load<T> load;
   const Store<T> store;
 
-  const auto* w_bits = reinterpret_cast<const unsigned short*>(a.w_hh);
-  for (int64_t slot = threadIdx.x; slot < tc::bwd_slab_slots(p); slot += tc::kThreads) {
-    uint32_t reg[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t lo = tc::bwd_slab_source(p, block, slot, 2 * r);
-      const int64_t hi = tc::bwd_slab_source(p, block, slot, 2 * r + 1);
-      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
-               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
-    }
-    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
-  }
-  __syncthreads();
+  stage_slab(slab, a.w_hh, tc::bwd_slab_slots(p),
+             [&](int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
 
-  const int64_t items = p.pairs * p.slices;
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
     if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
       for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
         const float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        tc::bwd_finish(a, p, block, tc::bwd_item_at(p, pair), lane, t, pos, acc, load, store);
+        tc::bwd_finish(a, p, block, tc::item_at(p, pair), lane, t, pos, acc, load, store);
       }
       grid.sync();
       continue;
     }
-    for (int64_t it = warp; it < items; it += tc::kWarps) {
-      const tc::Item w = tc::bwd_item_at(p, it);
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    step_product<4>(
+        p, warp, partial,
+        [&](int64_t slice, int64_t pair, int e) {
+          return tc::bwd_partial_index(p, slice, pair, e, lane);
+        },
+        [&](const tc::Item& w, float (&acc)[4]) {
 #pragma unroll 4
-      for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
-        const uint4 av = slab[tc::bwd_slab_slot(p, w.tau, kt, lane)];
-        const uint32_t b0 = load_bwd_b(a, p, pos, w, kt, lane, 0, paired);
-        const uint32_t b1 = load_bwd_b(a, p, pos, w, kt, lane, 1, paired);
-        Mma<T>::run(acc, av, b0, b1);
-      }
-      if (p.slices == 1) {
-        if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
-        else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) partial[tc::bwd_partial_index(p, w.slice, w.pair, e, lane)] = acc[e];
-      }
-    }
-    if (p.slices > 1) {
-      __syncthreads();
-      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int64_t s = 0; s < p.slices; ++s) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[e] += partial[tc::bwd_partial_index(p, s, pair, e, lane)];
-        }
-        const tc::Item w = tc::bwd_item_at(p, pair);
-        if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
-        else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
-      }
-    }
+          for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+            const uint4 av = slab[tc::bwd_slab_slot(p, w.tau, kt, lane)];
+            const uint32_t b0 = load_bwd_b(a, p, pos, w, kt, lane, 0, paired);
+            const uint32_t b1 = load_bwd_b(a, p, pos, w, kt, lane, 1, paired);
+            mma<T>(acc, av, b0, b1);
+          }
+        },
+        [&](const tc::Item& w, const float (&acc)[4]) {
+          if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+          else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+        });
     if (pos >= 0) grid.sync();  // this step's grad_gates before the next product
   }
 }
@@ -284,6 +275,46 @@ cudaError_t check_shape(int64_t batch, int64_t hidden, int64_t unit_tiles, int d
   return cudaSuccess;
 }
 
+// The plan of one direction on `device`: the shape checks both directions
+// share, the unit tiles per block (default_tiles(hidden, SMs) where 0), the
+// plan (make(batch, hidden, unit_tiles)) and whether its blocks, with
+// smem_bytes(plan) each, are resident at once.
+template <typename Plan>
+cudaError_t plan_for(const void* kernel, int64_t batch, int64_t hidden, int64_t unit_tiles,
+                     int device, int64_t (*default_tiles)(int64_t, int64_t),
+                     Plan (*make)(int64_t, int64_t, int64_t), int64_t (*smem_bytes)(const Plan&),
+                     Plan* plan, TcFit* fit) {
+  cudaDeviceProp prop;
+  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
+  if (unit_tiles == 0) unit_tiles = default_tiles(hidden, prop.multiProcessorCount);
+  *plan = make(batch, hidden, unit_tiles);
+  return check_fit(kernel, smem_bytes(*plan), plan->blocks, prop, fit);
+}
+
+// One cooperative launch of `kernel` (args, plan, paired) over its plan
+// (plan_of) on the current device; nothing runs for a plan that does not
+// fit, nor for zero steps (which fit only where steps_zero_fits).
+template <typename Args, typename Plan>
+cudaError_t launch(void* kernel, const Args& args, int64_t unit_tiles, bool steps_zero_fits,
+                   bool paired,
+                   cudaError_t (*plan_of)(int64_t, int64_t, int64_t, int, Plan*, TcFit*),
+                   int64_t (*smem_bytes)(const Plan&), cudaStream_t stream, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (args.steps < 0 || (args.steps == 0 && !steps_zero_fits)) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  Plan plan;
+  err = plan_of(args.batch, args.hidden, unit_tiles, device, &plan, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
+  Args a = args;
+  void* params[] = {&a, &plan, &paired};
+  return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(plan.blocks)),
+                                     dim3(tc::kThreads), params,
+                                     static_cast<size_t>(smem_bytes(plan)), stream);
+}
+
 }  // namespace
 
 const char* tc_fit_message(TcFit fit) {
@@ -309,66 +340,34 @@ const char* tc_fit_message(TcFit fit) {
 template <typename T>
 cudaError_t tc_persistent_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
                                        int device, tc::ForwardPlan* plan, TcFit* fit) {
-  cudaDeviceProp prop;
-  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
-  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
-  if (unit_tiles == 0) unit_tiles = tc::default_unit_tiles(hidden, prop.multiProcessorCount);
-  *plan = tc::make_forward_plan(batch, hidden, unit_tiles);
-  return check_fit(reinterpret_cast<const void*>(tc_forward_kernel<T>),
-                   tc::forward_smem_bytes(*plan), plan->blocks, prop, fit);
+  return plan_for(reinterpret_cast<const void*>(tc_forward_kernel<T>), batch, hidden, unit_tiles,
+                  device, &tc::default_unit_tiles, &tc::make_forward_plan,
+                  &tc::forward_smem_bytes, plan, fit);
 }
 
 template <typename T>
 cudaError_t tc_persistent_forward_cuda(const PersistentForwardArgs<T>& args, int64_t unit_tiles,
                                        cudaStream_t stream, TcFit* fit) {
-  *fit = TcFit::kBadShape;
-  if (args.steps < 0) return cudaSuccess;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  tc::ForwardPlan plan;
-  err = tc_persistent_forward_plan<T>(args.batch, args.hidden, unit_tiles, device, &plan, fit);
-  if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
-  PersistentForwardArgs<T> a = args;
-  bool paired = args.hidden % 2 == 0 && aligned4(args.h0) && aligned4(args.output);
-  void* params[] = {&a, &plan, &paired};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(tc_forward_kernel<T>),
-                                     dim3(static_cast<unsigned>(plan.blocks)), dim3(tc::kThreads),
-                                     params, static_cast<size_t>(tc::forward_smem_bytes(plan)),
-                                     stream);
+  return launch(reinterpret_cast<void*>(tc_forward_kernel<T>), args, unit_tiles,
+                /*steps_zero_fits=*/true,
+                args.hidden % 2 == 0 && aligned4(args.h0) && aligned4(args.output),
+                &tc_persistent_forward_plan<T>, &tc::forward_smem_bytes, stream, fit);
 }
 
 template <typename T>
 cudaError_t tc_persistent_backward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles,
                                         int device, tc::BackwardPlan* plan, TcFit* fit) {
-  cudaDeviceProp prop;
-  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
-  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
-  if (unit_tiles == 0)
-    unit_tiles = tc::default_backward_unit_tiles(hidden, prop.multiProcessorCount);
-  *plan = tc::make_backward_plan(batch, hidden, unit_tiles);
-  return check_fit(reinterpret_cast<const void*>(tc_backward_kernel<T>),
-                   tc::backward_smem_bytes(*plan), plan->blocks, prop, fit);
+  return plan_for(reinterpret_cast<const void*>(tc_backward_kernel<T>), batch, hidden,
+                  unit_tiles, device, &tc::default_backward_unit_tiles, &tc::make_backward_plan,
+                  &tc::backward_smem_bytes, plan, fit);
 }
 
 template <typename T>
 cudaError_t tc_persistent_backward_cuda(const PersistentBackwardArgs<T>& args,
                                         int64_t unit_tiles, cudaStream_t stream, TcFit* fit) {
-  *fit = TcFit::kBadShape;
-  if (args.steps <= 0) return cudaSuccess;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  tc::BackwardPlan plan;
-  err = tc_persistent_backward_plan<T>(args.batch, args.hidden, unit_tiles, device, &plan, fit);
-  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
-  PersistentBackwardArgs<T> a = args;
-  bool paired = aligned4(args.grad_gates);
-  void* params[] = {&a, &plan, &paired};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(tc_backward_kernel<T>),
-                                     dim3(static_cast<unsigned>(plan.blocks)), dim3(tc::kThreads),
-                                     params, static_cast<size_t>(tc::backward_smem_bytes(plan)),
-                                     stream);
+  return launch(reinterpret_cast<void*>(tc_backward_kernel<T>), args, unit_tiles,
+                /*steps_zero_fits=*/false, aligned4(args.grad_gates),
+                &tc_persistent_backward_plan<T>, &tc::backward_smem_bytes, stream, fit);
 }
 
 template cudaError_t tc_persistent_forward_plan<__half>(int64_t, int64_t, int64_t, int,

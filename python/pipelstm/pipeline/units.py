@@ -3,23 +3,25 @@
 A pipeline runs a ``Sequential``'s children as units, each run natively by
 the C++ engine (``csrc/pipeline/units.cpp``): every layer of a multi-layer
 LSTM is a unit of its own, and so is the dropout between two of its layers;
-``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm`` and the activations
-are one unit each; ``Identity`` is none.
+``Embedding``, ``Linear``, ``Dropout``, ``LayerNorm``, ``RMSNorm`` and the
+activations are one unit each; ``Identity`` is none.
 
-The engine's table of kinds (``_C.pipeline.UNIT_KINDS``, from
-``csrc/pipeline/units/``) gives each kind's parameter slots, the
-``UnitSpec`` options it reads and whether it carries a state; two tables
-here say the rest. ``MODULES``: for each module type, the units it
-flattens into. ``KINDS``: for each kind of unit (the engine's ``UnitKind``
-of the same name), the values of its options, its cost per token for the
-balancing cost model, and a plain-torch forward for the profiler. ``ACTIVATIONS``: the activation modules the engine runs, each by
-one of the names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
+The engine's table of kinds (``_C.pipeline.UNIT_KINDS``, which each
+``csrc/pipeline/units/<kind>.cpp`` registers itself into) gives each kind's
+parameter slots, the ``UnitSpec`` options it reads and whether it carries a
+state; two tables here say the rest. ``MODULES``: for each module type, the
+units it flattens into (with the values of their options). ``KINDS``: for
+each kind of unit (the engine's ``UnitKind`` of the same name), its cost per
+token for the balancing cost model and a plain-torch forward for the
+profiler. A new kind is its file there, its entries here and its test.
+``ACTIVATIONS``: the activation modules the engine runs, each by one of the
+names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
 ``csrc/pipeline/units/activation.cpp``); a new activation is a row there,
 an entry here and its test.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -38,12 +40,14 @@ class Unit:
     """One unit of a pipeline: a piece of ``module`` that one stage runs.
 
     ``param_names`` are the unit's parameter slots in the engine's order
-    (``None`` where a slot is empty, e.g. a Linear without bias); ``cost``
+    (``None`` where a slot is empty, e.g. a Linear without bias); ``options``
+    the values of the engine ``UnitSpec`` options of its kind (the kind's
+    ``options`` in the engine's table, e.g. a Dropout's ``p``); ``cost``
     and ``act_bytes`` are filled in by the balancing (pipeline/balance.py),
     ``device`` by the placement (pipeline/placement.py).
     """
 
-    kind: str  # a key of KINDS: "lstm", "embedding", "linear", "dropout", "activation", "layer_norm"
+    kind: str  # a key of KINDS: "lstm", "embedding", "linear", "dropout", "activation", "layer_norm", ...
     name: str
     module: nn.Module
     param_names: List[Optional[str]]
@@ -51,13 +55,21 @@ class Unit:
     input_size: int = 0
     hidden_size: int = 0
     proj_size: int = 0
-    p: float = 0.0
-    activation: str = ""  # activation: its name in the engine's table, e.g. "gelu_tanh"
-    eps: float = 1e-5  # layer_norm
+    options: Dict[str, Any] = field(default_factory=dict)
     out_size: int = 0
     cost: float = 0.0  # estimated seconds (profiled) or FLOPs per token (cost model)
     act_bytes: float = 0.0  # saved for backward, per token (or in all, with a sample)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def p(self) -> float:
+        """A dropout unit's probability of zeroing an element (0 for other kinds)."""
+        return self.options.get("p", 0.0)
+
+    @property
+    def activation(self) -> str:
+        """An activation unit's name in the engine's table, e.g. ``"gelu_tanh"`` (``""`` for other kinds)."""
+        return self.options.get("activation", "")
 
     def params(self) -> List[Optional[Tensor]]:
         """The parameter slots, looked up on the module by name each call."""
@@ -84,7 +96,7 @@ class Unit:
     def spec(self, state_index: int = -1) -> "_engine.UnitSpec":
         """The engine's description of this unit; ``state_index``: an LSTM
         layer's slot among the initial and final states."""
-        kw = KINDS[self.kind].engine_args(self)
+        kw = dict(self.options)
         assert set(kw) <= set(_engine.UNIT_KINDS[self.kind]["options"]), (self.kind, kw)
         if self.has_state:
             kw["state_index"] = state_index
@@ -101,13 +113,10 @@ class Kind:
     """What pipelstm knows of one kind of unit.
 
     Args:
-        engine_args: the values of the options of the unit's engine ``UnitSpec``
-            (the kind's ``options`` in the engine's table).
         cost: (forward + backward FLOPs per token, bytes saved for backward per token).
         reference: the unit's forward in plain torch.
     """
 
-    engine_args: Callable[[Unit], dict]
     cost: Callable[[Unit], Tuple[float, float]]
     reference: Callable[[Unit], Callable[[Tensor], Tensor]]
 
@@ -144,26 +153,20 @@ def _embedding_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     return lambda x: F.embedding(x, weight, m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
 
 
-def _embedding_args(u: Unit) -> dict:
-    pad = u.module.padding_idx
-    return dict(padding_idx=-1 if pad is None else pad, scale_grad_by_freq=u.module.scale_grad_by_freq)
-
-
 def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     weight, bias = u.params()
     return lambda x: F.linear(x, weight, bias)
 
 
 KINDS: Dict[str, Kind] = {
-    "lstm": Kind(lambda u: {}, _lstm_cost, _lstm_reference),
-    "embedding": Kind(_embedding_args, lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
-    "linear": Kind(lambda u: {}, lambda u: (3.0 * 2 * u.input_size * u.out_size,
-                                            float(u.input_size * u.element_size())), _linear_reference),
-    "dropout": Kind(lambda u: dict(p=float(u.p)), _pointwise_cost,
-                    lambda u: lambda x: F.dropout(x, u.p, training=True)),
-    "activation": Kind(lambda u: dict(activation=u.activation), _pointwise_cost,
-                       lambda u: u.module),
-    "layer_norm": Kind(lambda u: dict(eps=float(u.eps)), _pointwise_cost, lambda u: u.module),
+    "lstm": Kind(_lstm_cost, _lstm_reference),
+    "embedding": Kind(lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
+    "linear": Kind(lambda u: (3.0 * 2 * u.input_size * u.out_size, float(u.input_size * u.element_size())),
+                   _linear_reference),
+    "dropout": Kind(_pointwise_cost, lambda u: lambda x: F.dropout(x, u.p, training=True)),
+    "activation": Kind(_pointwise_cost, lambda u: u.module),
+    "layer_norm": Kind(_pointwise_cost, lambda u: u.module),
+    "rms_norm": Kind(_pointwise_cost, lambda u: u.module),
 }
 
 # The activations the engine runs natively: module type (exactly) -> its name there.
@@ -175,8 +178,8 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.SiLU: lambda m: "silu",
     nn.Mish: lambda m: "mish",
 }
-SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm (over the last dimension), "
-             "ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm and RMSNorm (over the last "
+             "dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
 def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
@@ -204,14 +207,17 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
         units.append(Unit("lstm", f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
                           hidden_size=H, proj_size=P, out_size=g.out_size))
         if child.dropout > 0 and l < child.num_layers - 1:
-            units.append(Unit("dropout", f"{prefix}dropout{l}", child, [], p=child.dropout, out_size=g.out_size))
+            units.append(Unit("dropout", f"{prefix}dropout{l}", child, [], options=dict(p=float(child.dropout)),
+                              out_size=g.out_size))
     return units
 
 
 def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> List[Unit]:
     if child.max_norm is not None or child.sparse:
         raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
-    return [Unit("embedding", name, child, list(_slots("embedding")), out_size=child.embedding_dim)]
+    pad = -1 if child.padding_idx is None else child.padding_idx
+    return [Unit("embedding", name, child, list(_slots("embedding")), out_size=child.embedding_dim,
+                 options=dict(padding_idx=pad, scale_grad_by_freq=child.scale_grad_by_freq))]
 
 
 def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[Unit]:
@@ -219,18 +225,31 @@ def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[U
                  out_size=child.out_features)]
 
 
-def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
+def _normalized_width(name: str, child: nn.Module) -> int:
+    """The width a LayerNorm or RMSNorm normalises, which must be the last dimension alone."""
     if len(child.normalized_shape) != 1:
-        raise ValueError(f"Pipeline: LayerNorm {name!r} must normalise over the last dimension only, "
+        raise ValueError(f"Pipeline: {type(child).__name__} {name!r} must normalise over the last dimension only, "
                          f"got normalized_shape={tuple(child.normalized_shape)}")
-    width = child.normalized_shape[0]
-    return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), eps=child.eps, input_size=width,
-                 out_size=width)]
+    return child.normalized_shape[0]
+
+
+def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
+    width = _normalized_width(name, child)
+    return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), input_size=width, out_size=width,
+                 options=dict(eps=float(child.eps)))]
+
+
+def _rms_norm_units(name: str, child: nn.RMSNorm, before: Sequence[Unit]) -> List[Unit]:
+    width = _normalized_width(name, child)
+    # eps=None: torch's default, the machine epsilon of the input's dtype (-1 to the engine).
+    eps = -1.0 if child.eps is None else float(child.eps)
+    return [Unit("rms_norm", name, child, _present_slots("rms_norm", child), input_size=width, out_size=width,
+                 options=dict(eps=eps))]
 
 
 def _activation_units(name: str, child: nn.Module, before: Sequence[Unit]) -> List[Unit]:
     width = before[-1].out_size if before else 0
-    return [Unit("activation", name, child, [], activation=ACTIVATIONS[type(child)](child),
+    return [Unit("activation", name, child, [], options=dict(activation=ACTIVATIONS[type(child)](child)),
                  input_size=width, out_size=width)]
 
 
@@ -243,8 +262,9 @@ MODULES: Dict[type, _Flatten] = {
     nn.RNNBase: _lstm_units,
     nn.Embedding: _embedding_units,
     nn.Linear: _linear_units,
-    nn.Dropout: lambda name, child, before: [Unit("dropout", name, child, [], p=child.p)],
+    nn.Dropout: lambda name, child, before: [Unit("dropout", name, child, [], options=dict(p=float(child.p)))],
     nn.LayerNorm: _layer_norm_units,
+    nn.RMSNorm: _rms_norm_units,
 }
 
 

@@ -88,33 +88,45 @@ struct GateRow {
 
 PIPELSTM_HD GateRow fwd_row(int m, int r) { return {2 * m + (r >> 3), r & 7}; }
 
-// The launch geometry of one forward call.
-struct ForwardPlan {
+// The launch geometry of one call, either direction (ForwardPlan,
+// BackwardPlan say what their tiles hold).
+struct TilePlan {
   int64_t batch = 0, hidden = 0;
-  int64_t k_tiles = 0;     // ceil(H / 16)
-  int64_t unit_tiles = 0;  // unit tiles per block
+  int64_t k_tiles = 0;     // K-tiles of the product
+  int64_t unit_tiles = 0;  // tiles of hidden units per block
   int64_t blocks = 0;
   int64_t n_tiles = 0;     // ceil(B / 8)
   int64_t pairs = 0;       // (unit tile, N-tile) pairs per block
   int64_t slices = 0;      // K slices per pair
 };
 
+// Forward: k_tiles = ceil(H / 16), unit tiles of 8 units (two M-tiles).
+struct ForwardPlan : TilePlan {};
+
 PIPELSTM_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// `unit_tiles` unit tiles per block (the caller picks it: the fewest for
-// which every block has a multiprocessor, see default_unit_tiles).
-PIPELSTM_HD ForwardPlan make_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles) {
-  ForwardPlan p;
+// `unit_tiles` tiles of `units_per_tile` units per block, K over `k` rows;
+// the K dimension split so that every warp has a work item where the pairs
+// are fewer than the warps.
+PIPELSTM_HD TilePlan make_tile_plan(int64_t batch, int64_t hidden, int64_t k,
+                                    int64_t units_per_tile, int64_t unit_tiles) {
+  TilePlan p;
   p.batch = batch;
   p.hidden = hidden;
-  p.k_tiles = ceil_div(hidden, kTileK);
+  p.k_tiles = ceil_div(k, kTileK);
   p.unit_tiles = unit_tiles;
-  p.blocks = ceil_div(ceil_div(hidden, kUnitsPerTile), unit_tiles);
+  p.blocks = ceil_div(ceil_div(hidden, units_per_tile), unit_tiles);
   p.n_tiles = ceil_div(batch, kTileN);
   p.pairs = unit_tiles * p.n_tiles;
   const int64_t split = kWarps / p.pairs;
   p.slices = split < 1 ? 1 : (split > p.k_tiles ? p.k_tiles : split);
   return p;
+}
+
+// `unit_tiles` unit tiles per block (the caller picks it: the fewest for
+// which every block has a multiprocessor, see default_unit_tiles).
+PIPELSTM_HD ForwardPlan make_forward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles) {
+  return {make_tile_plan(batch, hidden, hidden, kUnitsPerTile, unit_tiles)};
 }
 
 // The fewest unit tiles per block that need at most `sms` blocks.
@@ -159,9 +171,10 @@ struct Item {
   int64_t pair, tau, n_tile, slice, kt_begin, kt_end;
 };
 
-PIPELSTM_HD int64_t item_count(const ForwardPlan& p) { return p.pairs * p.slices; }
+PIPELSTM_HD int64_t item_count(const TilePlan& p) { return p.pairs * p.slices; }
 
-PIPELSTM_HD Item item_at(const ForwardPlan& p, int64_t it) {
+// Item `it` of a step: pair it % pairs, K slice it / pairs.
+PIPELSTM_HD Item item_at(const TilePlan& p, int64_t it) {
   Item w;
   w.pair = it % p.pairs;
   w.slice = it / p.pairs;
@@ -180,14 +193,19 @@ struct BSource {
   bool valid;
 };
 
-PIPELSTM_HD BSource fwd_b_source(const ForwardPlan& p, int64_t n_tile, int64_t kt, int lane,
-                                 int i) {
+PIPELSTM_HD BSource b_source(const TilePlan& p, int64_t k_rows, int64_t n_tile, int64_t kt,
+                             int lane, int i) {
   const Coord c = b_elem(lane, i);
   BSource s;
   s.n = n_tile * kTileN + c.col;
   s.k = kt * kTileK + c.row;
-  s.valid = s.n < p.batch && s.k < p.hidden;
+  s.valid = s.n < p.batch && s.k < k_rows;
   return s;
+}
+
+PIPELSTM_HD BSource fwd_b_source(const ForwardPlan& p, int64_t n_tile, int64_t kt, int lane,
+                                 int i) {
+  return b_source(p, p.hidden, n_tile, kt, lane, i);
 }
 
 // The partial accumulators of slice s of a pair: [slice][pair][8][lane]
@@ -231,31 +249,14 @@ PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan
 
 // ---- Backward recurrent product: grad_h^T = w_hh^T @ grad_gates^T ----
 
-// Geometry: blocks own M-tiles of 16 hidden units; K runs over the 4H gate
-// rows as one dimension (a K-tile may hold rows of two gates when H is not a
-// multiple of 16; nothing depends on where the gates meet).
-struct BackwardPlan {
-  int64_t batch = 0, hidden = 0;
-  int64_t k_tiles = 0;     // ceil(4H / 16)
-  int64_t unit_tiles = 0;  // M-tiles (16 units) per block
-  int64_t blocks = 0;
-  int64_t n_tiles = 0;
-  int64_t pairs = 0;       // (M-tile, N-tile) pairs per block
-  int64_t slices = 0;
-};
+// Geometry: blocks own M-tiles of 16 hidden units (the unit tiles, pairs
+// (M-tile, N-tile)); K runs over the 4H gate rows as one dimension,
+// k_tiles = ceil(4H / 16) (a K-tile may hold rows of two gates when H is
+// not a multiple of 16; nothing depends on where the gates meet).
+struct BackwardPlan : TilePlan {};
 
 PIPELSTM_HD BackwardPlan make_backward_plan(int64_t batch, int64_t hidden, int64_t unit_tiles) {
-  BackwardPlan p;
-  p.batch = batch;
-  p.hidden = hidden;
-  p.k_tiles = ceil_div(4 * hidden, kTileK);
-  p.unit_tiles = unit_tiles;
-  p.blocks = ceil_div(ceil_div(hidden, kTileM), unit_tiles);
-  p.n_tiles = ceil_div(batch, kTileN);
-  p.pairs = unit_tiles * p.n_tiles;
-  const int64_t split = kWarps / p.pairs;
-  p.slices = split < 1 ? 1 : (split > p.k_tiles ? p.k_tiles : split);
-  return p;
+  return {make_tile_plan(batch, hidden, 4 * hidden, kTileM, unit_tiles)};
 }
 
 PIPELSTM_HD int64_t bwd_slab_slots(const BackwardPlan& p) { return p.unit_tiles * p.k_tiles * kLanes; }
@@ -279,27 +280,11 @@ PIPELSTM_HD int64_t bwd_slab_source(const BackwardPlan& p, int64_t block, int64_
   return k * H + j;
 }
 
-PIPELSTM_HD Item bwd_item_at(const BackwardPlan& p, int64_t it) {
-  Item w;
-  w.pair = it % p.pairs;
-  w.slice = it / p.pairs;
-  w.tau = w.pair / p.n_tiles;
-  w.n_tile = w.pair % p.n_tiles;
-  w.kt_begin = w.slice * p.k_tiles / p.slices;
-  w.kt_end = (w.slice + 1) * p.k_tiles / p.slices;
-  return w;
-}
-
 // Element i of a lane's B fragment: batch row n, gate column k of
 // grad_gates [B, 4H].
 PIPELSTM_HD BSource bwd_b_source(const BackwardPlan& p, int64_t n_tile, int64_t kt, int lane,
                                  int i) {
-  const Coord c = b_elem(lane, i);
-  BSource s;
-  s.n = n_tile * kTileN + c.col;
-  s.k = kt * kTileK + c.row;
-  s.valid = s.n < p.batch && s.k < 4 * p.hidden;
-  return s;
+  return b_source(p, 4 * p.hidden, n_tile, kt, lane, i);
 }
 
 // The (hidden unit, batch row) of accumulator i (0 .. 3) of a lane; valid

@@ -57,6 +57,18 @@ struct Storage<__nv_bfloat16> {
 };
 #endif
 
+// Storage<T>'s load and store as function objects: what the persistent
+// kernels' shared bodies take (lstm_persistent.h, lstm_persistent_tc.h).
+template <typename T>
+struct Load {
+  PIPELSTM_HD typename Storage<T>::compute_t operator()(T v) const { return Storage<T>::load(v); }
+};
+
+template <typename T>
+struct Store {
+  PIPELSTM_HD T operator()(typename Storage<T>::compute_t v) const { return Storage<T>::store(v); }
+};
+
 // VEC elements moved as one access (16 bytes for the CUDA kernels).
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
