@@ -23,6 +23,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
   return op.call(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+      const OptTensor&, const OptTensor&, const OptTensor&, bool)>(
+      "pipelstm::lstm_packed_layer_forward");
+  const OpGuard guard(input);
+  return op.call(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace, bool reverse) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
+      const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&,
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const Tensor&,
+      const Tensor&, bool)>("pipelstm::lstm_packed_layer_backward");
+  const OpGuard guard(input);
+  return op.call(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr,
+                 output, workspace, reverse);
+}
+
 LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptTensor& grad_h_n,
                                         const OptTensor& grad_c_n, const Tensor& input,
                                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
