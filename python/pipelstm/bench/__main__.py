@@ -7,7 +7,7 @@ pipelstm.bench <command> --help`` gives a command's options.
 import sys
 from typing import List, Optional
 
-from . import allocators, distributed, docs, floors, gpu, grid, layer, lm, module, peak, pipeline, pipelining_peer, wavefront
+from . import allocators, distributed, docs, floors, gpu, grid, layer, lm, module, packed, peak, pipeline, pipelining_peer, wavefront
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -17,6 +17,7 @@ COMMANDS = {
     "wavefront": (wavefront.main, "where the layer wavefront beats intra-op threads"),
     "peak": (peak.main, "the cores' FMA peak, the ceiling of every rate"),
     "pipeline": (pipeline.main, "the in-process pipeline on the CPU"),
+    "packed": (packed.main, "a PackedSequence through the pipeline against the padded batch"),
     "pipelining": (pipelining_peer.main, "torch.distributed.pipelining as a peer of the pipeline"),
     "distributed": (distributed.main, "pp=2 over 2 processes against 1 process and its peers"),
     "lm": (lm.main, "a language model's training step at equal cores"),
