@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-__all__ = ["check_packed_input", "packed_target", "sort_states", "unsort_states"]
+__all__ = ["check_packed_input", "packed_target", "sort_states", "stage_input", "unsort_states"]
 
 
 def check_packed_input(core, data: Tensor, batch_sizes: Tensor, on_device: bool = False) -> None:
@@ -71,7 +71,8 @@ def packed_target(who: str, target: Union[None, Tensor, PackedSequence], seq: Pa
 
 def sort_states(states: Sequence[Optional[Tensor]], sorted_indices: Optional[Tensor]) -> List[Optional[Tensor]]:
     """Per-layer initial states ``[B, ...]`` in the caller's order, put in
-    the order of the sorted sequences the engine runs (None stays None)."""
+    the order of the sorted sequences the engine runs (None stays None);
+    with ``unsorted_indices`` instead, per-layer final states back."""
     if sorted_indices is None:
         return list(states)
     return [None if s is None else s.index_select(0, sorted_indices.to(s.device)) for s in states]
@@ -82,3 +83,32 @@ def unsort_states(states: Tensor, unsorted_indices: Optional[Tensor]) -> Tensor:
     if unsorted_indices is None:
         return states
     return states.index_select(1, unsorted_indices.to(states.device))
+
+
+def stage_input(core, seq: PackedSequence, target, first: bool, loss_here: bool, device: torch.device,
+                features: int, dtype: torch.dtype):
+    """One rank's view of a packed run of ``PipelineParallel`` (every rank
+    gets the same PackedSequence, or at least its ``batch_sizes`` and data
+    shape): ``(x, target)``, ``x`` the data on the first stage's device on
+    the first rank, elsewhere only its shape ``[N, features]`` (meta: the
+    activations come from the previous rank); ``target`` the packed rows
+    where this rank computes the loss, else None.
+
+    Raises:
+        ValueError, RuntimeError: as ``check_packed_input`` (the first rank:
+            also the data) and ``packed_target`` (the loss's rank).
+    """
+    if first:
+        check_packed_input(core, seq.data, seq.batch_sizes)
+        x = seq.data.to(device)
+    else:
+        if seq.batch_sizes.dim() != 1 or int(seq.batch_sizes.sum()) != seq.data.size(0):
+            raise ValueError(f"{core.who}: the PackedSequence's data has {seq.data.size(0)} rows, but its "
+                             f"batch_sizes sum to {int(seq.batch_sizes.sum())}")
+        x = torch.empty(seq.data.size(0), features, dtype=dtype, device="meta")
+    if not loss_here:
+        return x, None
+    target = packed_target(core.who, target, seq)
+    if target is None:
+        core.check_target(None, 0, 0)  # raises: the loss needs its target
+    return x, target
