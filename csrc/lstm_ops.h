@@ -52,15 +52,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
     const OptTensor& w_hr, bool reverse);
 
-// Its backward, weight gradients included: the op
-// pipelstm::lstm_packed_layer_backward.
-// -> (grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_backward(
-    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
-    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
-    const Tensor& workspace, bool reverse);
-
 // pipelstm::lstm_layer_backward in two parts (forward direction, dense), for a
 // scheduler that computes the weight gradients later, e.g. once over the
 // pieces of several calls (the "B" and "W" of zero-bubble pipeline
@@ -77,6 +68,14 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
                                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                                         const Tensor& w_hh, const OptTensor& w_hr,
                                         const Tensor& output, const Tensor& workspace);
+// The same over a packed sequence (forward direction): input [N, I] and
+// output [N, P] by rows, batch_sizes as lstm_packed_layer_forward's. The
+// internal op pipelstm::lstm_packed_layer_backward_data.
+LayerDataGrads lstm_packed_layer_backward_data(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace);
 
 // The weight part over T steps: `grads` of those steps (rows time-major),
 // input [T, B, I], h0 the state before the first step, output [T, B, P].

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include "../../backend.h"
+#include "../../layer_steps.h"
+#include "../../layer_weight_grads.h"
 #include "../../lstm_ops.h"
 #include "kinds.h"
 
@@ -45,9 +47,9 @@ Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bo
   return out;
 }
 
-// A packed item's piece is its weight gradients themselves (kPackedPiece
-// entries: w_ih, w_hh, bias, w_hr), from the packed op's backward.
-constexpr size_t kPackedPiece = 4;
+// A packed item's piece has its batch sizes after the dense piece's six
+// entries (backward_data).
+constexpr size_t kPackedPiece = 7;
 
 // The state gradient of the micro-batch's rows from that of the first n0
 // (those the item ran) and the rest's, carried through unchanged.
@@ -72,13 +74,13 @@ Tensor backward_packed(const UnitParams& p, const Tensor& g, const std::vector<T
     return t->narrow(0, 0, n0).contiguous();
   };
   if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
-  auto [gx, gh0, gc0, gw_ih, gw_hh, gbias, gw_hr] = lstm_packed_layer_backward(
+  LayerDataGrads d = lstm_packed_layer_backward_data(
       g.defined() ? OptTensor(g) : std::nullopt, first(grad_h), first(grad_c), x, bs, h0, c0,
-      *p[0], *p[1], p[4], out, ws, /*reverse=*/false);
-  grad_h = join_state_grad(gh0, grad_h, rows);
-  grad_c = join_state_grad(gc0, grad_c, rows);
-  piece = {gw_ih, gw_hh, gbias, p[4].has_value() ? gw_hr : Tensor()};
-  return gx;
+      *p[0], *p[1], p[4], out, ws);
+  grad_h = join_state_grad(d.grad_h0, grad_h, rows);
+  grad_c = join_state_grad(d.grad_c0, grad_c, rows);
+  piece = {x, h0, out, d.grad_gates, d.grad_h, d.raw_h, bs};
+  return d.grad_input;
 }
 
 Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
@@ -103,34 +105,23 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
 // input and output were 192 MiB beside the pieces themselves.
 constexpr int64_t kJoinRows = 1024;
 
-// Adds a packed item's weight gradients into `w`.
-void add_packed_piece(const Piece& piece, LayerWeightGrads& w) {
-  // The pieces are the op's own results, freed after this: added into in place.
-  Tensor* into[] = {&w.w_ih, &w.w_hh, &w.bias, &w.w_hr};
-  for (size_t i = 0; i < kPackedPiece; ++i) {
-    if (!piece[i].defined() || piece[i].numel() == 0) continue;
-    if (into[i]->defined()) {
-      into[i]->add_(piece[i]);
-    } else {
-      *into[i] = piece[i];
-    }
-  }
-}
-
 // Per micro-batch, each run of consecutive chunks as sequences (joined up to
 // kJoinRows), all added into one set of gradients: pieces {x, h0, out,
-// grad_gates, grad_h, raw_h}, rows time-major.
+// grad_gates, grad_h, raw_h}, rows time-major, and packed ones the item's
+// batch sizes after them (consecutive packed items of a micro-batch joined
+// are one packed sequence: its running sequences only end).
+std::vector<Tensor> joined_parts(const std::vector<Piece>& row, int64_t k, int64_t end, size_t i) {
+  std::vector<Tensor> parts;
+  for (int64_t j = k; j < end; ++j) parts.push_back(row[j][i]);
+  return parts;
+}
+
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   LayerWeightGrads w;  // every group's gradients added in
   for (const auto& row : pieces) {
     const int64_t K = static_cast<int64_t>(row.size());
     for (int64_t k = 0; k < K;) {
-      if (row[k].size() == kPackedPiece) {
-        add_packed_piece(row[k], w);
-        ++k;
-        continue;
-      }
       if (row[k].empty()) {
         ++k;
         continue;
@@ -162,7 +153,12 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       d.grad_gates = joined(3);
       d.grad_h = joined(4);
       d.raw_h = joined(5);
-      lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
+      if (row[k].size() == kPackedPiece) {
+        add_weight_grads(packed_steps("LSTM unit", at::cat(joined_parts(row, k, end, 6))), d,
+                         joined(0), row[k][1], joined(2), /*reverse=*/false, w);
+      } else {
+        lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
+      }
       k = end;
     }
   }
