@@ -133,6 +133,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_
           r.grad_w_hr};
 }
 
+// The internal op behind lstm_packed_layer_backward_data (lstm_ops.h): the
+// data part of packed_layer_backward; grad_h and raw_h are empty without a
+// projection.
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_backward_data(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace) {
+  constexpr const char* op = "lstm_packed_layer_backward_data";
+  const OpGuard guard(input);
+  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {steps.rows, s.out});
+  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
+              workspace);
+  LayerDataGrads d = Backend::backward_data(steps, s, grad_output, grad_h_n, grad_c_n,
+                                            input.contiguous(), h0, c0, w_ih, w_hh, w_hr,
+                                            workspace, /*reverse=*/false);
+  const auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, input.options()); };
+  return {d.grad_input, d.grad_h0, d.grad_c0, d.grad_gates, or_empty(d.grad_h), or_empty(d.raw_h)};
+}
+
 // The kernels of every op for `Backend`, called by the backend's
 // TORCH_LIBRARY_IMPL block for its own dispatch key.
 template <class Backend>
@@ -144,6 +168,7 @@ void register_lstm_ops(torch::Library& m) {
   m.impl("lstm_layer_backward_data", &layer_backward_data<Backend>);
   m.impl("lstm_packed_layer_forward", &packed_layer_forward<Backend>);
   m.impl("lstm_packed_layer_backward", &packed_layer_backward<Backend>);
+  m.impl("lstm_packed_layer_backward_data", &packed_layer_backward_data<Backend>);
 }
 
 }  // namespace pipelstm

@@ -23,6 +23,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
   return op.call(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+      const OptTensor&, const OptTensor&, const OptTensor&, bool)>(
+      "pipelstm::lstm_packed_layer_forward");
+  const OpGuard guard(input);
+  return op.call(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+}
+
 LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptTensor& grad_h_n,
                                         const OptTensor& grad_c_n, const Tensor& input,
                                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
@@ -35,6 +47,27 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
   const OpGuard guard(input);
   auto [grad_input, grad_h0, grad_c0, grad_gates, grad_h, raw_h] = op.call(
       grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace);
+  LayerDataGrads d{grad_input, grad_h0, grad_c0, grad_gates, Tensor(), Tensor()};
+  if (w_hr.has_value()) {  // else the op returns them empty
+    d.grad_h = grad_h;
+    d.raw_h = raw_h;
+  }
+  return d;
+}
+
+LayerDataGrads lstm_packed_layer_backward_data(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
+      const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&,
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const Tensor&,
+      const Tensor&)>("pipelstm::lstm_packed_layer_backward_data");
+  const OpGuard guard(input);
+  auto [grad_input, grad_h0, grad_c0, grad_gates, grad_h, raw_h] =
+      op.call(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr,
+              output, workspace);
   LayerDataGrads d{grad_input, grad_h0, grad_c0, grad_gates, Tensor(), Tensor()};
   if (w_hr.has_value()) {  // else the op returns them empty
     d.grad_h = grad_h;

@@ -43,6 +43,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
     bool reverse);
 
+// The same over a packed sequence: input [N, I] by rows, step t holding the
+// first batch_sizes[t] sequences (1-D int64 on the CPU), h0/c0 of the
+// batch_sizes[0] sequences; output [N, P]. The op
+// pipelstm::lstm_packed_layer_forward.
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_packed_layer_forward(
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse);
+
 // pipelstm::lstm_layer_backward in two parts (forward direction, dense), for a
 // scheduler that computes the weight gradients later, e.g. once over the
 // pieces of several calls (the "B" and "W" of zero-bubble pipeline
@@ -59,6 +68,14 @@ LayerDataGrads lstm_layer_backward_data(const OptTensor& grad_output, const OptT
                                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                                         const Tensor& w_hh, const OptTensor& w_hr,
                                         const Tensor& output, const Tensor& workspace);
+// The same over a packed sequence (forward direction): input [N, I] and
+// output [N, P] by rows, batch_sizes as lstm_packed_layer_forward's. The
+// internal op pipelstm::lstm_packed_layer_backward_data.
+LayerDataGrads lstm_packed_layer_backward_data(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
+    const Tensor& workspace);
 
 // The weight part over T steps: `grads` of those steps (rows time-major),
 // input [T, B, I], h0 the state before the first step, output [T, B, P].

@@ -30,6 +30,13 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
       "Tensor output, Tensor workspace) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, "
       "Tensor grad_gates, Tensor grad_h, Tensor raw_h)");
+  // Internal, for the pipeline engine: lstm_packed_layer_backward's data part,
+  // as lstm_layer_backward_data.
+  m.def(
+      "lstm_packed_layer_backward_data(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor? w_hr, Tensor output, Tensor workspace) -> (Tensor grad_input, Tensor grad_h0, "
+      "Tensor grad_c0, Tensor grad_gates, Tensor grad_h, Tensor raw_h)");
   m.def(
       "lstm_packed_layer_forward(Tensor input, Tensor batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "

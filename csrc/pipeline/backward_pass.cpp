@@ -49,11 +49,20 @@ class BackwardWork final : public StageWork {
   Tensor run(Item it, Tensor g, int64_t& j) override {
     RunState& st = sh_.st;
     const int64_t m = it.m, k = it.k;
-    SavedItem& item = st.saved[s_][st.grid.index(it)];
+    const ItemGrid& grid = st.grid;
+    const int64_t i = grid.index(it);
+    SavedItem& item = st.saved[s_][i];
+    // A packed item without rows leaves its units no weight gradient.
+    const bool no_rows = grid.packed && grid.item_rows[i] == 0;
     if (item.recompute) {
       const int64_t tr = now_ns();
       const ProfileRange range({"recompute", s_, nullptr, -1, m, k});
-      replay(stage_.units, st.params, first_unit_, st.training, item);
+      ItemContext context;
+      if (grid.packed) {
+        context.packed = true;
+        context.batch_sizes = grid.item_batch_sizes[i];
+      }
+      replay(stage_.units, st.params, first_unit_, st.training, context, item);
       trace_.push_back({s_, "recompute", static_cast<int>(m), static_cast<int>(k), tr, now_ns()});
     }
     const int64_t t0 = now_ns();
@@ -63,6 +72,7 @@ class BackwardWork final : public StageWork {
       const ProfileRange range({"backward", s_, &stage_.units[j], gu, m, k});
       g = unit_backward_data(stage_.units[j], st.params[gu], g, item.units[j], grads_.h(j, m),
                              grads_.c(j, m), sh_.pieces[gu][m][k]);
+      if (no_rows) sh_.pieces[gu][m][k].clear();
       item.units[j].clear();  // free activations as soon as they are used
     }
     j = -1;

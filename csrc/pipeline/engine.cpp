@@ -7,6 +7,8 @@
 #include <chrono>
 #include <utility>
 
+#include "../layer_steps.h"
+
 namespace pipelstm::pipeline {
 
 Engine::Engine(std::vector<StageSpec> stages)
@@ -26,26 +28,36 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
                                      const std::vector<UnitParams>& params, int64_t chunks,
                                      int64_t micro_batches, bool training,
                                      bool keep_for_backward, Checkpoint checkpoint,
-                                     const OptTensor& target) {
+                                     const OptTensor& target, const OptTensor& batch_sizes) {
   const int64_t U = stages_->num_units(), L = stages_->num_lstm_layers();
   TORCH_CHECK(static_cast<int64_t>(params.size()) == U, "pipelstm.Pipeline: expected ", U,
               " parameter lists, got ", params.size());
   TORCH_CHECK(static_cast<int64_t>(h0.size()) == L && static_cast<int64_t>(c0.size()) == L,
               "pipelstm.Pipeline: expected an initial state for each of the ", L,
               " LSTM layers");
-  TORCH_CHECK(input.dim() >= 2, "pipelstm.Pipeline: expected input of shape [T, B, ...], got ",
-              input.sizes());
   TORCH_CHECK(chunks > 0 && micro_batches > 0,
               "pipelstm.Pipeline: chunks and micro_batches must be positive");
-  const int64_t T = input.size(0), B = input.size(1);
-  TORCH_CHECK(T > 0 && B > 0, "pipelstm.Pipeline: expected a non-empty input, got ",
-              input.sizes());
+  ItemGrid grid;
+  if (batch_sizes.has_value()) {
+    const LayerSteps steps = packed_steps("Pipeline", *batch_sizes);  // checks them
+    TORCH_CHECK(input.dim() >= 1 && input.size(0) == steps.rows,
+                "pipelstm.Pipeline: expected packed input of ", steps.rows,
+                " rows (the sum of batch_sizes), got ", input.sizes());
+    grid = ItemGrid::packed_grid(*batch_sizes, chunks, micro_batches);
+  } else {
+    TORCH_CHECK(input.dim() >= 2,
+                "pipelstm.Pipeline: expected input of shape [T, B, ...], got ", input.sizes());
+    const int64_t T = input.size(0), B = input.size(1);
+    TORCH_CHECK(T > 0 && B > 0, "pipelstm.Pipeline: expected a non-empty input, got ",
+                input.sizes());
+    grid = ItemGrid(T, B, chunks, micro_batches);
+  }
 
   auto st = std::make_shared<RunState>();
   st->stages = stages_;
   st->links = links_;
   st->trace = trace_;
-  st->grid = ItemGrid(T, B, chunks, micro_batches);
+  st->grid = std::move(grid);
   st->training = training;
   st->kept = keep_for_backward;
   st->index_input = !at::isFloatingType(input.scalar_type());

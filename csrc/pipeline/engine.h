@@ -53,14 +53,17 @@ class Engine {
   // h0/c0: per LSTM layer, [B, P] / [B, H] (nullopt: zeros); params: per unit
   // in stage order. chunks/micro_batches are clamped to T and B. target:
   // [T, B] class indices, exactly when the last unit is a CrossEntropy (the
-  // output is then the loss, a scalar).
+  // output is then the loss, a scalar). batch_sizes: packed input (items.h),
+  // a PackedSequence's: input is then its data, [N] or [N, I], the target [N],
+  // the states those of the sorted sequences, the output [N, ...].
   // Runs the forward pass; raises naming the stage and unit that failed.
   std::shared_ptr<Run> forward(const Tensor& input, const std::vector<OptTensor>& h0,
                                const std::vector<OptTensor>& c0,
                                const std::vector<UnitParams>& params, int64_t chunks,
                                int64_t micro_batches, bool training, bool keep_for_backward,
                                Checkpoint checkpoint = Checkpoint::Never,
-                               const OptTensor& target = std::nullopt);
+                               const OptTensor& target = std::nullopt,
+                               const OptTensor& batch_sizes = std::nullopt);
 
   // Makes this engine one part of a pipeline over processes: its first
   // stage receives its input (activations) from `prev` and sends back the

@@ -68,7 +68,16 @@ class ForwardWork final : public StageWork {
     const int64_t m = it.m, t0 = now_ns();
     SavedItem& item = st.saved[s_][grid.index(it)];
     item.units.resize(n_units_);
-    item.recompute = st.kept && recomputes(sh_.checkpoint, it, grid.K, grid.M);
+    const int64_t i = grid.index(it);
+    ItemContext context;
+    context.target = sh_.targets[i];
+    if (grid.packed) {
+      context.packed = true;
+      context.batch_sizes = grid.item_batch_sizes[i];
+    }
+    // an item without rows keeps nothing to replay
+    item.recompute = st.kept && recomputes(sh_.checkpoint, it, grid.K, grid.M) &&
+                     (!grid.packed || grid.item_rows[i] > 0);
     if (item.recompute) item.input = x;
     for (j = 0; j < n_units_; ++j) {
       const int64_t gu = first_unit_ + j;
@@ -76,7 +85,7 @@ class ForwardWork final : public StageWork {
       const ProfileRange range({"forward", s_, &stage_.units[j], gu, m, it.k});
       x = unit_forward(stage_.units[j], st.params[gu], x, st.training, st.kept, state_.h(j, m),
                        state_.c(j, m), item.units[j], dropout_seed(sh_.pass_seed, gu, m, it.k),
-                       sh_.targets[grid.index(it)]);
+                       context);
       if (item.recompute) keep_for_replay(stage_.units[j], item.units[j]);
     }
     j = -1;
@@ -107,15 +116,22 @@ std::vector<Tensor> scatter_targets(RunState& st, const OptTensor& target) {
   const Stages& stages = *st.stages;
   const UnitSpec* loss = stages.loss();
   const ItemGrid& grid = st.grid;
-  const int64_t T = st.input_sizes[0], B = st.input_sizes[1];
   TORCH_CHECK(target.has_value() == (loss != nullptr),
               loss ? "pipelstm.Pipeline: this pipeline ends in a loss; pass the targets"
                    : "pipelstm.Pipeline: targets given, but this pipeline has no loss");
   if (!loss) return std::vector<Tensor>(grid.count());
   TORCH_CHECK(!st.links.next, "pipelstm.Pipeline: the loss must be on the last process's last stage");
-  TORCH_CHECK(target->dim() == 2 && target->size(0) == T && target->size(1) == B,
-              "pipelstm.Pipeline: expected target of shape [", T, ", ", B,
-              "] (the input's time and batch sizes), got ", target->sizes());
+  if (grid.packed) {
+    const int64_t N = st.input_sizes[0];
+    TORCH_CHECK(target->dim() == 1 && target->size(0) == N,
+                "pipelstm.Pipeline: expected packed target of shape [", N,
+                "] (one per token of the packed input), got ", target->sizes());
+  } else {
+    const int64_t T = st.input_sizes[0], B = st.input_sizes[1];
+    TORCH_CHECK(target->dim() == 2 && target->size(0) == T && target->size(1) == B,
+                "pipelstm.Pipeline: expected target of shape [", T, ", ", B,
+                "] (the input's time and batch sizes), got ", target->sizes());
+  }
   TORCH_CHECK(target->scalar_type() == at::kLong,
               "pipelstm.Pipeline: expected target of dtype torch.int64 (class indices), got ",
               target->scalar_type());

@@ -3,6 +3,16 @@
 // torch.tensor_split gives them (the first pieces one longer), and how it
 // puts the items' results back together (scatter and gather); likewise the
 // per-sequence states [B, ...] of each LSTM layer, by micro-batch.
+//
+// Packed input (a PackedSequence's data [N, ...], rows time-major, step t
+// holding the first batch_sizes[t] of the B sequences, sorted by decreasing
+// length): micro-batch m is still rows [b_off[m], b_off[m] + b_sizes[m]) of
+// the sorted sequences, and at each step its running sequences are a prefix
+// of them, so item (m, k) is itself packed: micro-batch m's rows over chunk
+// k's steps, [N_item, ...], with its own batch sizes. The chunks are cut to
+// hold about equal tokens, not equal steps. No padding is made anywhere; a
+// micro-batch whose sequences have all ended before a chunk has an item
+// without rows there.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,27 +32,41 @@ class ItemGrid {
   ItemGrid() = default;
   // K = min(chunks, T), M = min(micro_batches, B).
   ItemGrid(int64_t T, int64_t B, int64_t chunks, int64_t micro_batches);
+  // Packed: T = batch_sizes.numel(), B = batch_sizes[0] (checked by the caller:
+  // 1-D int64 on the CPU, positive, non-increasing).
+  static ItemGrid packed_grid(const at::Tensor& batch_sizes, int64_t chunks,
+                              int64_t micro_batches);
 
   int64_t K = 1, M = 1;
   std::vector<int64_t> t_sizes, b_sizes, t_off, b_off;
+
+  // Packed: per item (at index), its batch sizes (undefined: no rows), its
+  // rows and where they start among all items' rows, in index order;
+  // `order` [N] the packed input's row of each of those rows.
+  bool packed = false;
+  std::vector<at::Tensor> item_batch_sizes;
+  std::vector<int64_t> item_rows, item_start;
+  at::Tensor order;
 
   int64_t count() const { return K * M; }
   // Item (m, k)'s place in per-item vectors.
   int64_t index(int64_t m, int64_t k) const { return m * K + k; }
   int64_t index(Item it) const { return index(it.m, it.k); }
 
-  // Item (m, k) of x [T, B, ...] (a view).
+  // Item (m, k) of x [T, B, ...] (a view); dense only.
   at::Tensor piece(const at::Tensor& x, int64_t m, int64_t k) const;
   // Micro-batch m's rows of a per-sequence tensor [B, ...] (a view).
   at::Tensor rows(const at::Tensor& x, int64_t m) const;
-  // The sizes of item (m, k) of a tensor of sizes `full` [T, B, ...].
+  // The sizes of item (m, k) of a tensor of sizes `full` [T, B, ...]
+  // (packed: [N, ...]).
   std::vector<int64_t> piece_sizes(std::vector<int64_t> full, int64_t m, int64_t k) const;
-  // [T, B, ...] from every item's piece (at index(m, k)).
+  // [T, B, ...] (packed: [N, ...]) from every item's piece (at index(m, k)).
   at::Tensor assemble(const std::vector<at::Tensor>& pieces) const;
   // [B, ...] from each micro-batch's rows.
   at::Tensor join_rows(const std::vector<at::Tensor>& per_m) const;
 
-  // Scatter: every item's piece of x [T, B, ...] (at index(m, k)).
+  // Scatter: every item's piece of x [T, B, ...] (packed: [N, ...]) (at
+  // index(m, k)).
   std::vector<at::Tensor> scatter(const at::Tensor& x) const;
   // Every item's piece_sizes.
   std::vector<std::vector<int64_t>> scatter_sizes(const std::vector<int64_t>& full) const;

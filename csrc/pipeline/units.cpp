@@ -85,8 +85,8 @@ uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
 
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
                     bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed,
-                    const Tensor& target) {
-  return ops(u.kind).forward(u, p, x, training, keep, h, c, saved, seed, target);
+                    const ItemContext& item) {
+  return ops(u.kind).forward(u, p, x, training, keep, h, c, saved, seed, item);
 }
 
 Tensor unit_backward_data(const UnitSpec& u, const UnitParams& p, const Tensor& g,
@@ -106,7 +106,7 @@ void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved) {
 }
 
 void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& params,
-            int64_t first_unit, bool training, SavedItem& item) {
+            int64_t first_unit, bool training, const ItemContext& context, SavedItem& item) {
   Tensor x = std::move(item.input);
   const int64_t n = static_cast<int64_t>(units.size());
   for (int64_t j = 0; j < n; ++j) {
@@ -120,8 +120,9 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
     }
     if (kind.is_loss) {
       Tensor h, c;
-      const Tensor target = saved[0];
-      unit_forward(u, {}, x, training, /*keep=*/true, h, c, saved, /*seed=*/0, target);
+      ItemContext with_target = context;
+      with_target.target = saved[0];
+      unit_forward(u, {}, x, training, /*keep=*/true, h, c, saved, /*seed=*/0, with_target);
       break;
     }
     if (last && kind.replay == Replay::InputIfLast) {
@@ -135,7 +136,7 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
       c = saved[1];
     }
     x = unit_forward(u, params[first_unit + j], x, training, /*keep=*/true, h, c, saved,
-                     /*seed=*/0);  // dropout masks are replayed, never drawn here
+                     /*seed=*/0, context);  // dropout masks are replayed, never drawn here
   }
   item.recompute = false;
 }

@@ -13,6 +13,22 @@ namespace pipelstm::pipeline {
 
 const Tensor& need(const OptTensor& t, const UnitSpec& u, const char* what);
 
+// What a unit may need to know of the work item it runs on besides its
+// input: the loss's targets, and for packed input (a PackedSequence) the
+// item's own packing.
+struct ItemContext {
+  // A CrossEntropy unit's targets for the item (time-major [T, B], packed
+  // [N]); undefined for the other units.
+  Tensor target;
+  // Packed input: the item's rows per step (1-D int64 on the CPU, positive
+  // and non-increasing; the item's tensors are [N, ...], rows time-major,
+  // step t holding the first batch_sizes[t] of the micro-batch's sequences).
+  // Undefined for dense items ([T, B, ...]) and for packed items without
+  // rows (a micro-batch whose sequences all ended before the chunk).
+  Tensor batch_sizes;
+  bool packed = false;
+};
+
 // What one stage keeps of one work item for its backward.
 struct SavedItem {
   // Recomputed: `units` holds only what replaying the forward needs (each
@@ -36,10 +52,10 @@ uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k);
 
 // One unit forward on x; returns the output and updates the carried (h, c)
 // of an LSTM layer. With `keep`, fills `saved` with what its backward needs.
-// A CrossEntropy unit takes the item's `target` and returns its loss sum.
+// A CrossEntropy unit takes the item's target and returns its loss sum.
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
                     bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed,
-                    const Tensor& target = Tensor());
+                    const ItemContext& item = {});
 
 // One unit backward without its parameter gradients ("B"): g (the gradient
 // of its output, possibly undefined) -> the gradient of its input; updates
@@ -65,7 +81,8 @@ void keep_for_replay(const UnitSpec& u, std::vector<Tensor>& saved);
 // Runs a recomputed item's forward again from its stage input, leaving in
 // item.units what each unit's backward needs (bitwise what the first
 // forward saved: the same ops on the same inputs and thread budget).
+// `context` as the first forward had it (its target is read from `item`).
 void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& params,
-            int64_t first_unit, bool training, SavedItem& item);
+            int64_t first_unit, bool training, const ItemContext& context, SavedItem& item);
 
 }  // namespace pipelstm::pipeline

@@ -75,9 +75,9 @@ class LSTM(nn.RNNBase):
     ``c_n`` are on the last stage's device. Gradients flow to the input, the
     initial states and every parameter through the pipelined backward.
     ``bidirectional=True`` is rejected (the reverse direction cannot run in
-    time chunks) and so is ``PackedSequence`` input (pad the batch, or drop
-    ``devices=``). ``plan``, ``trace()`` and ``timeline(path)`` are those of
-    :class:`pipelstm.Pipeline`.
+    time chunks). A ``PackedSequence`` runs without padding: each stage
+    computes only the real steps of each sequence. ``plan``, ``trace()`` and
+    ``timeline(path)`` are those of :class:`pipelstm.Pipeline`.
     """
 
     _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
@@ -184,12 +184,17 @@ class LSTM(nn.RNNBase):
         return s
 
     def _forward_pipelined(self, input, hx) -> Tuple[Tensor, _State]:
-        if isinstance(input, PackedSequence):
-            raise ValueError(
-                "LSTM: PackedSequence input is not supported with devices= (the pipeline splits a padded "
-                "[T, B, ...] batch into time chunks and micro-batches); pad the batch "
-                "(torch.nn.utils.rnn.pad_packed_sequence) or construct the LSTM without devices="
-            )
+        if isinstance(input, PackedSequence):  # nn.LSTM's checks, then the engine on the packed rows
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            h0 = c0 = [None] * self.num_layers
+            if hx is None:
+                self.check_input(data, batch_sizes)
+            else:
+                hx = self._initial_state(data, packed_batch(batch_sizes), hx, True)
+                self.check_forward_args(data, hx, batch_sizes)
+                h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))
+            output, h_n, c_n = self._pipeline.run(data, h0, c0, self.training, packed=input)
+            return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), (h_n, c_n)
         data, is_batched, batch_dim = self._batched(input)
         L = self.num_layers
         if hx is None:

@@ -44,7 +44,7 @@ const ActivationOps& activation_of(const UnitSpec& u) {
 }
 
 Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext&) {
   Tensor y = activation_of(u).forward(x);
   if (keep) saved = {x, y};
   return y;

@@ -21,9 +21,10 @@ namespace {
 bool cpu_float(const Tensor& x) { return x.device().is_cpu() && x.scalar_type() == at::kFloat; }
 
 Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor& target) {
-  TORCH_CHECK(x.dim() == 3 && target.defined(), "the loss expects logits [T, B, classes], got ",
-              x.sizes());
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext& item) {
+  const Tensor& target = item.target;
+  TORCH_CHECK(target.defined() && x.dim() == target.dim() + 1,
+              "the loss expects logits [T, B, classes] (packed: [N, classes]), got ", x.sizes());
   const Tensor x2 = x.reshape({-1, x.size(-1)});
   Tensor lsm;
   if (cpu_float(x)) {
@@ -62,7 +63,8 @@ Tensor backward_data(const UnitSpec& u, const UnitParams&, const Tensor& g,
                      const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece&) {
   if (!g.defined()) return g;
   const Tensor &lsm = saved[0], &target = saved[1];
-  const auto shape = std::vector<int64_t>{target.size(0), target.size(1), lsm.size(1)};
+  std::vector<int64_t> shape = target.sizes().vec();  // [T, B] or packed [N]
+  shape.push_back(lsm.size(1));
   if (cpu_float(lsm) && lsm.is_contiguous()) {
     return gradient_in_place(lsm, target, g, u.ignore_index).view(shape);
   }

@@ -24,7 +24,7 @@ at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
 }
 
 Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool training, bool keep,
-               Tensor&, Tensor&, std::vector<Tensor>& saved, uint64_t seed, const Tensor&) {
+               Tensor&, Tensor&, std::vector<Tensor>& saved, uint64_t seed, const ItemContext&) {
   if (!training || u.p == 0.0) return x;
   Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
   if (u.p >= 1.0) {

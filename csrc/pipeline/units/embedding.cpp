@@ -8,7 +8,7 @@ namespace pipelstm::pipeline {
 namespace {
 
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext&) {
   TORCH_CHECK(x.scalar_type() == at::kLong || x.scalar_type() == at::kInt,
               "Embedding expects integer indices, got ", x.scalar_type());
   if (keep) saved = {x};

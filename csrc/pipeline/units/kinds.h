@@ -31,7 +31,7 @@ struct UnitKindOps {
   // parameters.
   Tensor (*forward)(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
                     bool keep, Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed,
-                    const Tensor& target);
+                    const ItemContext& item);
   Tensor (*backward_data)(const UnitSpec& u, const UnitParams& p, const Tensor& g,
                           const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
                           Piece& piece);

@@ -8,7 +8,7 @@ namespace pipelstm::pipeline {
 namespace {
 
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext&) {
   auto [y, mean, rstd] = at::native_layer_norm(x, {x.size(-1)}, p[0], p[1], u.eps);
   if (keep) saved = {x, mean, rstd};
   return y;

@@ -14,7 +14,7 @@ namespace pipelstm::pipeline {
 namespace {
 
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext&) {
   if (keep) saved = {x};
   return backend::linear(x, need(p[0], u, "weight"), p[1]);
 }

@@ -4,14 +4,40 @@
 #include <ATen/ATen.h>
 
 #include "../../backend.h"
+#include "../../layer_steps.h"
+#include "../../layer_weight_grads.h"
 #include "../../lstm_ops.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
 namespace {
 
+// Packed (ItemContext::batch_sizes): the packed layer op over the item's
+// rows, from the carried state of the sequences still running at its first
+// step (a prefix of the micro-batch's, which is sorted by decreasing length);
+// the others keep their state, final since their sequence has ended. An
+// item without rows computes nothing.
+Tensor forward_packed(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool keep,
+                      Tensor& h, Tensor& c, std::vector<Tensor>& saved, const Tensor& bs) {
+  const Tensor& w_ih = need(p[0], u, "w_ih");
+  const int64_t out_size = p[4].has_value() ? p[4]->size(0) : need(p[1], u, "w_hh").size(1);
+  if (!bs.defined()) {
+    if (keep) saved.clear();
+    return at::empty({0, out_size}, w_ih.options());
+  }
+  const int64_t n0 = bs.const_data_ptr<int64_t>()[0], rest = h.size(0) - n0;
+  const Tensor h0 = h.narrow(0, 0, n0).contiguous(), c0 = c.narrow(0, 0, n0).contiguous();
+  auto [out, h_n, c_n, ws] = lstm_packed_layer_forward(x, bs, h0, c0, w_ih, need(p[1], u, "w_hh"),
+                                                       p[2], p[3], p[4], /*reverse=*/false);
+  if (keep) saved = {x, h, c, out, ws, bs};  // the micro-batch's whole state before the item
+  h = rest == 0 ? h_n : at::cat({h_n, h.narrow(0, n0, rest)});
+  c = rest == 0 ? c_n : at::cat({c_n, c.narrow(0, n0, rest)});
+  return out;
+}
+
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor& h,
-               Tensor& c, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor& c, std::vector<Tensor>& saved, uint64_t, const ItemContext& item) {
+  if (item.packed) return forward_packed(u, p, x, keep, h, c, saved, item.batch_sizes);
   auto [out, h_n, c_n, ws] = lstm_layer_forward(x, h, c, need(p[0], u, "w_ih"),
                                                 need(p[1], u, "w_hh"), p[2], p[3], p[4],
                                                 /*reverse=*/false);
@@ -21,9 +47,46 @@ Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bo
   return out;
 }
 
+// A packed item's piece has its batch sizes after the dense piece's six
+// entries (backward_data).
+constexpr size_t kPackedPiece = 7;
+
+// The state gradient of the micro-batch's rows from that of the first n0
+// (those the item ran) and the rest's, carried through unchanged.
+OptTensor join_state_grad(const Tensor& first, const OptTensor& all, int64_t rows) {
+  const int64_t n0 = first.size(0);
+  if (n0 == rows) return first;
+  const Tensor rest = all.has_value() ? all->narrow(0, n0, rows - n0)
+                                      : at::zeros({rows - n0, first.size(1)}, first.options());
+  return at::cat({first, rest});
+}
+
+Tensor backward_packed(const UnitParams& p, const Tensor& g, const std::vector<Tensor>& saved,
+                       OptTensor& grad_h, OptTensor& grad_c, Piece& piece) {
+  if (saved.empty()) {  // an item without rows
+    return g.defined() ? at::zeros({0, p[0]->size(1)}, g.options()) : Tensor();
+  }
+  const Tensor &x = saved[0], &out = saved[3], &ws = saved[4], &bs = saved[5];
+  const int64_t n0 = bs.const_data_ptr<int64_t>()[0], rows = saved[1].size(0);
+  const Tensor h0 = saved[1].narrow(0, 0, n0).contiguous(), c0 = saved[2].narrow(0, 0, n0).contiguous();
+  auto first = [&](const OptTensor& t) -> OptTensor {
+    if (!t.has_value()) return std::nullopt;
+    return t->narrow(0, 0, n0).contiguous();
+  };
+  if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
+  LayerDataGrads d = lstm_packed_layer_backward_data(
+      g.defined() ? OptTensor(g) : std::nullopt, first(grad_h), first(grad_c), x, bs, h0, c0,
+      *p[0], *p[1], p[4], out, ws);
+  grad_h = join_state_grad(d.grad_h0, grad_h, rows);
+  grad_c = join_state_grad(d.grad_c0, grad_c, rows);
+  piece = {x, h0, out, d.grad_gates, d.grad_h, d.raw_h, bs};
+  return d.grad_input;
+}
+
 Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
                      const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
                      Piece& piece) {
+  if (saved.size() != 5) return backward_packed(p, g, saved, grad_h, grad_c, piece);
   const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &out = saved[3], &ws = saved[4];
   if (!g.defined() && !grad_h.has_value() && !grad_c.has_value()) return Tensor();
   LayerDataGrads d = lstm_layer_backward_data(g.defined() ? OptTensor(g) : std::nullopt, grad_h,
@@ -44,7 +107,15 @@ constexpr int64_t kJoinRows = 1024;
 
 // Per micro-batch, each run of consecutive chunks as sequences (joined up to
 // kJoinRows), all added into one set of gradients: pieces {x, h0, out,
-// grad_gates, grad_h, raw_h}, rows time-major.
+// grad_gates, grad_h, raw_h}, rows time-major, and packed ones the item's
+// batch sizes after them (consecutive packed items of a micro-batch joined
+// are one packed sequence: its running sequences only end).
+std::vector<Tensor> joined_parts(const std::vector<Piece>& row, int64_t k, int64_t end, size_t i) {
+  std::vector<Tensor> parts;
+  for (int64_t j = k; j < end; ++j) parts.push_back(row[j][i]);
+  return parts;
+}
+
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   LayerWeightGrads w;  // every group's gradients added in
@@ -82,7 +153,12 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       d.grad_gates = joined(3);
       d.grad_h = joined(4);
       d.raw_h = joined(5);
-      lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
+      if (row[k].size() == kPackedPiece) {
+        add_weight_grads(packed_steps("LSTM unit", at::cat(joined_parts(row, k, end, 6))), d,
+                         joined(0), row[k][1], joined(2), /*reverse=*/false, w);
+      } else {
+        lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
+      }
       k = end;
     }
   }

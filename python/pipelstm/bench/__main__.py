@@ -7,8 +7,8 @@ pipelstm.bench <command> --help`` gives a command's options.
 import sys
 from typing import List, Optional
 
-from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, peak, pipeline,
-               pipelining_peer, simulator, wavefront)
+from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, packed, peak,
+               pipeline, pipelining_peer, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -18,6 +18,7 @@ COMMANDS = {
     "wavefront": (wavefront.main, "where the layer wavefront beats intra-op threads"),
     "peak": (peak.main, "the cores' FMA peak, the ceiling of every rate"),
     "pipeline": (pipeline.main, "the in-process pipeline on the CPU"),
+    "packed": (packed.main, "a PackedSequence through the pipeline against the padded batch"),
     "pipelining": (pipelining_peer.main, "torch.distributed.pipelining as a peer of the pipeline"),
     "distributed": (distributed.main, "pp=2 over 2 processes against 1 process and its peers"),
     "simulator": (simulator.main, "the pipeline simulator's predictions against measured steps"),

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils.rnn import PackedSequence
 
 from .._C import pipeline as _engine
 from ..pipeline import PipelineCore
 from ..pipeline.balance import partition, resolve_balance
+from ..pipeline.packed import sort_states, stage_input
 from ..pipeline.prologue import prepare
 from ..timeline import write_timeline
 from .agreement import check_same_everywhere
@@ -40,8 +42,8 @@ class _Stage(nn.Module):
         self._input_features, self._dtype = input_features, dtype
 
     def forward(self, input: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]],
-                target: Optional[Tensor] = None):
-        return self.core.run(input, h0, c0, self.training, target)
+                target: Optional[Tensor] = None, batch_sizes: Optional[Tensor] = None):
+        return self.core.run(input, h0, c0, self.training, target, batch_sizes)
 
 
 class PipelineParallel(nn.Module):
@@ -156,12 +158,13 @@ class PipelineParallel(nn.Module):
         """Start the next step from zero LSTM states (a new sequence)."""
         self._hidden = None
 
-    def forward(self, input: Tensor, target: Optional[Tensor] = None) -> Optional[Tensor]:
+    def forward(self, input: Union[Tensor, PackedSequence], target=None) -> Union[None, Tensor, PackedSequence]:
         """The pipelined forward of this replica's batch ``input`` ([T, B]
-        indices, the same tensor, or at least the same shape, on every stage).
-        Returns the model output on the last stage (with ``loss_fn``: the loss
-        of ``target`` [T, B], which only the last stage reads), an empty
-        placeholder (that ``backward`` starts from) elsewhere.
+        indices, the same tensor, or at least the same shape, on every stage;
+        or a ``PackedSequence``, the same on every stage, run without padding).
+        Returns the model output on the last stage (with ``loss_fn``: the
+        loss of ``target`` [T, B], packed: packed like it or its data [N], which
+        only the last stage reads), an empty placeholder elsewhere.
 
         Raises:
             ValueError, RuntimeError: before any work, on the rank that
@@ -171,31 +174,39 @@ class PipelineParallel(nn.Module):
                 (the last stage, with ``loss_fn``). The other stages then
                 fail waiting for it (an error naming that stage and rank).
         """
-        if not isinstance(input, Tensor) or input.dim() < 2:
-            raise ValueError(f"PipelineParallel: expected input of shape [T, B, ...], got "
-                             f"{getattr(input, 'shape', type(input).__name__)}")
-        T, B = input.shape[0], input.shape[1]
-        local = self._local
-        if self.mesh.is_first_stage:  # what the model's first unit reads (the others use only T and B)
-            local.core.check_input(input)
-        if self._loss is not None and self.mesh.is_last_stage:
-            local.core.check_target(target, T, B)
-        if self.mesh.is_first_stage:
-            x = input.to(self.devices[0])
-        else:  # only the shape: the activations come from the previous stage
-            x = torch.empty(T, B, local._input_features, dtype=local._dtype, device="meta")
-        L = local.core.num_layers
-        h0: List[Optional[Tensor]] = [None] * L
-        c0: List[Optional[Tensor]] = [None] * L
+        local, seq = self._local, input if isinstance(input, PackedSequence) else None
+        loss_here = self._loss is not None and self.mesh.is_last_stage
+        if seq is not None:
+            x, target = stage_input(local.core, seq, target, self.mesh.is_first_stage, loss_here, self.devices[0],
+                                    local._input_features, local._dtype)
+            B = int(seq.batch_sizes[0])
+        else:
+            if not isinstance(input, Tensor) or input.dim() < 2:
+                raise ValueError(f"PipelineParallel: expected input of shape [T, B, ...], got "
+                                 f"{getattr(input, 'shape', type(input).__name__)}")
+            T, B = input.shape[0], input.shape[1]
+            if self.mesh.is_first_stage:  # what the model's first unit reads (the others use only T and B)
+                local.core.check_input(input)
+            if loss_here:
+                local.core.check_target(target, T, B)
+            x = input.to(self.devices[0]) if self.mesh.is_first_stage else None
+            if x is None:  # only the shape: the activations come from the previous stage
+                x = torch.empty(T, B, local._input_features, dtype=local._dtype, device="meta")
+        h0: List[Optional[Tensor]] = [None] * local.core.num_layers
+        c0 = list(h0)
         if self.carry_state and self._hidden is not None:
             if self._hidden[0] and self._hidden[0][0].shape[0] != B:
                 raise ValueError(f"PipelineParallel: the batch changed from {self._hidden[0][0].shape[0]} to {B} "
                                  "while carrying the LSTM state; call reset_state() first")
             h0, c0 = list(self._hidden[0]), list(self._hidden[1])
-        if self._loss is not None and self.mesh.is_last_stage:
-            out, h_n, c_n = self.stage(x, h0, c0, target.to(self.devices[-1]))
-        else:
-            out, h_n, c_n = self.stage(x, h0, c0)
+        order = None if seq is None else seq.sorted_indices  # packed: the engine runs the sorted sequences
+        out, h_n, c_n = self.stage(x, sort_states(h0, order), sort_states(c0, order),
+                                   target.to(self.devices[-1]) if loss_here else None,
+                                   None if seq is None else seq.batch_sizes)
+        if seq is not None:
+            h_n, c_n = sort_states(h_n, seq.unsorted_indices), sort_states(c_n, seq.unsorted_indices)
+            if self.mesh.is_last_stage and not loss_here:
+                out = PackedSequence(out, seq.batch_sizes, seq.sorted_indices, seq.unsorted_indices)
         if self.carry_state:
             self._hidden = ([h.detach() for h in h_n], [c.detach() for c in c_n])
         return out
@@ -210,7 +221,7 @@ class PipelineParallel(nn.Module):
         self._check_loss_fn(loss_fn)
         out = self.forward(input, target)
         if self.mesh.is_last_stage:
-            loss = out if self._loss is not None else loss_fn(out, target.to(out.device))
+            loss = out if self._loss is not None else loss_fn(out, target.to(self.devices[-1]))
             loss.backward()
             value = loss.detach()
         else:
@@ -230,7 +241,7 @@ class PipelineParallel(nn.Module):
         out = self.forward(input, target)
         value = None
         if self.mesh.is_last_stage:
-            value = out if self._loss is not None else loss_fn(out, target.to(out.device))
+            value = out if self._loss is not None else loss_fn(out, target.to(self.devices[-1]))
         return self._share_loss(value)
 
     def _check_loss_fn(self, loss_fn) -> None:

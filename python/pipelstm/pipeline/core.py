@@ -237,7 +237,7 @@ class PipelineCore:
         return sum(u.has_state for u in self.units)
 
     def run(self, x: Tensor, h0: Sequence[Optional[Tensor]], c0: Sequence[Optional[Tensor]], training: bool,
-            target: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+            target: Optional[Tensor] = None, batch_sizes: Optional[Tensor] = None) -> Tuple[Tensor, list, list]:
         """One pipelined forward, differentiable when anything requires grad:
         its backward is the engine's pipelined backward.
 
@@ -249,6 +249,8 @@ class PipelineCore:
             training: dropout on (and the units in training mode).
             target: ``[T, B]`` class indices for the loss of the last stage
                 (a core built with ``loss``), else None.
+            batch_sizes: packed input (``packed.py``): ``x``, ``target`` and the output are then
+                ``[N, ...]`` packed rows, the states those of the sorted sequences.
 
         Returns:
             The output (with a ``target``: the loss) and the final states per
@@ -264,12 +266,10 @@ class PipelineCore:
             or any(t is not None and t.requires_grad for t in list(h0) + list(c0))
         )
         if needs_grad:
-            outs = _PipelineFunction.apply(self, (L, unit_counts), training, target, x, *h0, *c0, *flat)
+            outs = _PipelineFunction.apply(self, (L, unit_counts, batch_sizes), training, target, x, *h0, *c0, *flat)
             return outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
-        run = self._engine.forward(
-            x, list(h0), list(c0), _unflatten(flat, unit_counts), self.chunks, self.micro_batches, training, False,
-            _engine.Checkpoint.never, target,
-        )
+        run = self._engine.forward(x, list(h0), list(c0), _unflatten(flat, unit_counts), self.chunks,
+                                   self.micro_batches, training, False, _engine.Checkpoint.never, target, batch_sizes)
         output, h_n, c_n = run.take_outputs()
         return output, list(h_n), list(c_n)
 

@@ -12,9 +12,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from .. import ops
 from .core import PipelineCore
+from .packed import check_packed_input, sort_states, unsort_states
 from .prologue import prepare
 
 __all__ = ["LSTMPipeline"]
@@ -49,27 +51,41 @@ class LSTMPipeline:
         self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,
                                  micro_batches=micro_batches, checkpoint=checkpoint, who="LSTM")
 
-    def run(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]],
-            training: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    def run(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]], training: bool,
+            packed: Optional[PackedSequence] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """The layers over the time-major batch ``x`` ``[T, B, I]`` on the first
         stage's device, from per-layer initial states (None: zeros, or anywhere
         else: moved to the layer's device).
 
+        Args:
+            packed: the PackedSequence ``x`` is the data ``[N, I]`` of, or
+                None; its states are in the caller's order, as nn.LSTM's.
+
         Returns:
-            ``output`` ``[T, B, P]``, ``h_n`` ``[L, B, P]`` and ``c_n``
-            ``[L, B, H]``, on the last stage's device.
+            ``output`` ``[T, B, P]`` (packed: ``[N, P]``), ``h_n`` ``[L, B, P]``
+            and ``c_n`` ``[L, B, H]``, on the last stage's device.
 
         Raises:
             RuntimeError: the input is not on the first stage's device, or a
                 parameter left its stage's device (the module was moved).
         """
-        self._check_placement(x)
-        if x.size(1) == 0:  # nothing to pipeline; nn.LSTM returns empty results
-            output, h_n, c_n = self._run_empty_batch(x, h0, c0)
+        if packed is not None:
+            check_packed_input(self.core, x, packed.batch_sizes, on_device=True)
+            self._check_placement(None)
+            si = packed.sorted_indices
+            output, h_n, c_n = self.core.run(x, sort_states(h0, si), sort_states(c0, si), training, None,
+                                             packed.batch_sizes)
         else:
-            output, h_n, c_n = self.core.run(x, h0, c0, training)
+            self._check_placement(x)
+            if x.size(1) == 0:  # nothing to pipeline; nn.LSTM returns empty results
+                output, h_n, c_n = self._run_empty_batch(x, h0, c0)
+            else:
+                output, h_n, c_n = self.core.run(x, h0, c0, training)
         dev = output.device
-        return output, torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
+        h_n, c_n = torch.stack([h.to(dev) for h in h_n]), torch.stack([c.to(dev) for c in c_n])
+        if packed is not None:
+            h_n, c_n = unsort_states(h_n, packed.unsorted_indices), unsort_states(c_n, packed.unsorted_indices)
+        return output, h_n, c_n
 
     def _run_empty_batch(self, x: Tensor, h0: List[Optional[Tensor]], c0: List[Optional[Tensor]]):
         """A batch of no sequences: each layer's op on its stage's device, so
@@ -86,9 +102,10 @@ class LSTMPipeline:
             c_n.append(c)
         return x, h_n, c_n
 
-    def _check_placement(self, data: Tensor) -> None:
+    def _check_placement(self, data: Optional[Tensor]) -> None:
         # pipelstm.LSTM ran nn.LSTM's checks of the input; the core's adds its device.
-        self.core.check_input(data, on_device=True)
+        if data is not None:
+            self.core.check_input(data, on_device=True)
         for u in self.core.units:
             for name, p in zip(u.param_names, u.params()):
                 if name is not None and p.device != u.device:

@@ -20,8 +20,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from .core import PipelineCore, core_settings
+from .packed import check_packed_input, packed_target, sort_states, unsort_states
 from .plan import Plan
 from .prologue import prepare
 
@@ -67,6 +69,13 @@ class Pipeline(nn.Module):
     targets ``[T, B]`` (``[B, T]`` with ``batch_first``) and returns
     ``loss, (h_n, c_n)``.
 
+    ``input`` may also be a ``PackedSequence`` (of indices or features, any
+    ``enforce_sorted``): each stage then computes only the sequences' real
+    steps (no padding), and the output is a ``PackedSequence`` packed like the
+    input, ``h_n``/``c_n`` per sequence in the input's order, as
+    ``torch.nn.LSTM``. With ``loss_fn`` the target is a ``PackedSequence``
+    packed like the input, or its data ``[N]``.
+
     The pipeline's :class:`PipelineCore` (``core``) holds the units, the
     stages and the engine; ``balance``, ``chunks``, ``micro_batches``,
     ``threads``, ``checkpoint`` and ``saved_activation_bytes`` are its.
@@ -108,14 +117,24 @@ class Pipeline(nn.Module):
 
     # --- running -----------------------------------------------------------------
 
-    def forward(self, input: Tensor, hx=None, target: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    def forward(self, input: Union[Tensor, PackedSequence], hx=None,
+                target: Union[None, Tensor, PackedSequence] = None) -> Tuple[Union[Tensor, PackedSequence], tuple]:
         # Every argument is checked here, before any work (pipeline/core.py's checks).
         bf = self._batch_first
-        x = input.transpose(0, 1) if bf and isinstance(input, Tensor) and input.dim() >= 2 else input
-        self.core.check_input(x, bf)
-        if bf and isinstance(target, Tensor) and target.dim() == 2:
-            target = target.t()
-        self.core.check_target(target, x.shape[0], x.shape[1], bf)
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            x, batch_sizes, batch = input.data, input.batch_sizes, int(input.batch_sizes[0])
+            check_packed_input(self.core, x, batch_sizes)
+            target = packed_target("Pipeline", target, input)
+            if (target is None) != (self.core.loss is None):
+                self.core.check_target(target, 0, 0)  # raises: a target exactly with a loss_fn
+        else:
+            x = input.transpose(0, 1) if bf and isinstance(input, Tensor) and input.dim() >= 2 else input
+            self.core.check_input(x, bf)
+            if bf and isinstance(target, Tensor) and target.dim() == 2:
+                target = target.t()
+            self.core.check_target(target, x.shape[0], x.shape[1], bf)
+            batch_sizes, batch = None, x.shape[1]
         L = self.core.num_layers
         h0: List[Optional[Tensor]] = [None] * L
         c0: List[Optional[Tensor]] = [None] * L
@@ -127,11 +146,24 @@ class Pipeline(nn.Module):
                     raise ValueError(f"Pipeline: expected initial states for {L} LSTM layers, got {len(given)}")
                 for l in range(L):
                     states[l] = given[l]
-            self.core.check_states(h0, c0, x.shape[1])
-        out, h_n, c_n = self.core.run(x, h0, c0, self.training, target)
-        if self._batch_first and target is None:
+            self.core.check_states(h0, c0, batch)
+        if packed:  # the engine runs the sequences sorted by decreasing length
+            h0, c0 = sort_states(h0, input.sorted_indices), sort_states(c0, input.sorted_indices)
+        out, h_n, c_n = self.core.run(x, h0, c0, self.training, target, batch_sizes)
+        if self._batch_first and target is None and not packed:
             out = out.transpose(0, 1)
-        return out, (self._stack(h_n, out.device), self._stack(c_n, out.device))
+        h_n, c_n = self._stack(h_n, out.device), self._stack(c_n, out.device)
+        if packed:
+            h_n, c_n = self._unsort(h_n, input), self._unsort(c_n, input)
+            if target is None:
+                out = PackedSequence(out, batch_sizes, input.sorted_indices, input.unsorted_indices)
+        return out, (h_n, c_n)
+
+    @staticmethod
+    def _unsort(states, seq: PackedSequence):
+        if isinstance(states, list):
+            return [unsort_states(s.unsqueeze(0), seq.unsorted_indices)[0] for s in states]
+        return None if states is None else unsort_states(states, seq.unsorted_indices)
 
     @staticmethod
     def _stack(states: List[Tensor], device: torch.device):
