@@ -22,7 +22,7 @@ std::optional<double> eps_of(const UnitSpec& u) {
 }
 
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor&,
-               Tensor&, std::vector<Tensor>& saved, uint64_t, const Tensor&) {
+               Tensor&, std::vector<Tensor>& saved, uint64_t, const ItemContext&) {
   auto [y, rstd] = at::_fused_rms_norm(x, {x.size(-1)}, p[0], eps_of(u));
   if (keep) saved = {x, rstd};
   return y;
