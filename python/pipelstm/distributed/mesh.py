@@ -58,6 +58,19 @@ class Mesh:
         """Whether this rank holds its pipeline's last stage (pp rank pp - 1)."""
         return self.pp_rank == self.pp - 1
 
+    def neighbours(self, first_stage: int, local_stages: int) -> Tuple[Optional[object], Optional[object]]:
+        """The engine's links (``RemoteSpec``) to the processes holding the
+        stage before this rank's ``local_stages`` stages (numbered from
+        ``first_stage``) and the stage after them; None at either end."""
+        from .._C import pipeline as engine
+
+        def link(pp_rank: int, stage: int):
+            return engine.RemoteSpec(self.pp_group.group_name, pp_rank,
+                                     f"stage {stage} (rank {self.pp_ranks[pp_rank]})")
+
+        return (None if self.is_first_stage else link(self.pp_rank - 1, first_stage - 1),
+                None if self.is_last_stage else link(self.pp_rank + 1, first_stage + local_stages))
+
     def peer_name(self, rank: int) -> str:
         """A global rank as the pipeline's errors name it, e.g. ``"stage 1 (rank 1)"``."""
         return f"stage {rank % self.pp} (rank {rank})"

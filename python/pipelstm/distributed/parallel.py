@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
-from .._C import pipeline as _engine
 from ..pipeline import PipelineCore
 from ..pipeline.balance import partition, resolve_balance
 from ..pipeline.packed import sort_states, stage_input
@@ -114,16 +113,8 @@ class PipelineParallel(nn.Module):
                             checkpoint=checkpoint, loss=self._loss if mesh.is_last_stage else None,
                             who="PipelineParallel")
         self.threads = core.threads
-        prev = nxt = None
-        if not mesh.is_first_stage:
-            r = mesh.pp_ranks[mesh.pp_rank - 1]
-            prev = _engine.RemoteSpec(mesh.pp_group.group_name, mesh.pp_rank - 1,
-                                      f"stage {first_stage - 1} (rank {r})")
-        if not mesh.is_last_stage:
-            r = mesh.pp_ranks[mesh.pp_rank + 1]
-            nxt = _engine.RemoteSpec(mesh.pp_group.group_name, mesh.pp_rank + 1,
-                                     f"stage {first_stage + len(local_devices)} (rank {r})")
-        core.connect(prev, nxt, mesh.timeout, first_stage, f"rank {mesh.rank}")
+        core.connect(*mesh.neighbours(first_stage, len(local_devices)), mesh.timeout, first_stage,
+                     f"rank {mesh.rank}")
         names = {id(p): name for name, p in model.named_parameters()}
         global_names = [names[id(p)] for ps in (u.params() for u in mine) for p in ps if p is not None]
         in_features = 0 if mesh.is_first_stage else _width_after(units[:start])
