@@ -11,7 +11,6 @@ prints it with its predicted step time and why.
 
 import dataclasses
 import logging
-import time
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -32,41 +31,16 @@ def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int =
     Returns:
         A :class:`pipelstm.simulator.Link`, the same on every rank.
     """
+    from ..simulator.loopback import fit_link, ping_pong
     from ..simulator.model import Link
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    times = []
-    if world > 1 and rank <= 1:
-        for n in sizes:
-            buf = torch.zeros(max(n // 4, 1))
-            best = float("inf")
-            for i in range(repeats + 1):  # the first warms the connection up
-                t = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
-                else:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
-                if i:
-                    best = min(best, (time.perf_counter() - t) / 2)
-            times.append(best)
+    times = ping_pong(rank, sizes, repeats) if world > 1 and rank <= 1 else []
     fitted = [None]
     if rank == 0:
-        fitted = [_fit_link(list(sizes), times) if times else Link(0.0, float("inf"))]
+        fitted = [fit_link(list(sizes), times, "measure_link", clamp=True) if times else Link(0.0, float("inf"))]
     dist.broadcast_object_list(fitted, src=0)
     return fitted[0]
-
-
-def _fit_link(sizes, times):
-    from ..simulator.model import Link
-
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(times) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sum((x - mx) ** 2 for x in sizes)
-    slope = max(slope, 1e-13)  # a noisy measurement: at most 10 TB/s
-    small = min(range(n), key=lambda i: sizes[i])
-    return Link(latency_s=max(times[small] - sizes[small] * slope, 0.0), bytes_per_s=1.0 / slope)
 
 
 def engine_balance(balance: Sequence[int], loss_inside: bool) -> list:

@@ -122,19 +122,9 @@ def measure_loopback(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20, 32 << 20), 
     """
     if len(sizes) < 2 or repeats < 1:
         raise ValueError(f"measure_loopback: needs two or more sizes and repeats >= 1, got {sizes}, {repeats}")
-    from .loopback import round_trips
+    from .loopback import fit_link, round_trips
 
-    times = round_trips(list(sizes), repeats)
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(times) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sum((x - mx) ** 2 for x in sizes)
-    if slope <= 0:
-        raise RuntimeError(f"measure_loopback: larger messages were not slower ({dict(zip(sizes, times))}); the "
-                           "machine is too busy to measure its loopback, pass the link instead")
-    # The latency from the smallest message (the intercept of a fit over
-    # sizes far apart is mostly noise from the largest ones).
-    small = min(range(n), key=lambda i: sizes[i])
-    return Link(latency_s=max(times[small] - sizes[small] * slope, 0.0), bytes_per_s=1.0 / slope)
+    return fit_link(list(sizes), round_trips(list(sizes), repeats), "measure_loopback")
 
 
 def describe(cluster: Cluster) -> Dict[str, object]:
