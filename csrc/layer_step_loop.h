@@ -48,14 +48,15 @@ struct SequenceForward {
 };
 
 // What a whole-sequence backward kernel gets (dense, no projection): the
-// gradients given (undefined: none; grad_output contiguous [N, H]), what
-// the forward kept, and the results to fill: every step's pre-activation
-// gradient and the gradients of the initial state.
+// gradients given (nullopt: none; possibly strided), what the forward
+// kept, and the results to fill: every step's pre-activation gradient and
+// the gradients of the initial state.
 template <typename scalar_t>
 struct SequenceBackward {
   const LayerSteps& steps;
   const LayerGeometry& geometry;
-  const at::Tensor &grad_output, &grad_h_n, &grad_c_n, &c0, &w_hh;
+  const std::optional<at::Tensor> &grad_output, &grad_h_n, &grad_c_n;
+  const at::Tensor &c0, &w_hh;
   bool reverse;
   const Workspace& ws;
   at::Tensor &grad_gates, &grad_h0, &grad_c0;
@@ -175,15 +176,12 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
 
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    if (steps.dense && !s.projected && N > 0) {
-      const Tensor given_h_n = grad_h_n.has_value() ? grad_h_n->contiguous() : Tensor();
-      const Tensor given_c_n = grad_c_n.has_value() ? grad_c_n->contiguous() : Tensor();
-      const Tensor given_out = grad_out.defined() ? grad_out.contiguous() : Tensor();
-      if (Backend::sequence_backward(SequenceBackward<scalar_t>{
-              steps, s, given_out, given_h_n, given_c_n, c_init, w_hh, reverse, ws, grad_gates,
-              grad_h_state, grad_c_state})) {
-        return;
-      }
+    if (steps.dense && !s.projected && N > 0 &&
+        Backend::sequence_backward(SequenceBackward<scalar_t>{steps, s, grad_output, grad_h_n,
+                                                              grad_c_n, c_init, w_hh, reverse, ws,
+                                                              grad_gates, grad_h_state,
+                                                              grad_c_state})) {
+      return;
     }
     for (int64_t p = T - 1; p >= 0 && N > 0; --p) {
       const int64_t t = LayerSteps::step_at(p, T, reverse);

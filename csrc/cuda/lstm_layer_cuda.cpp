@@ -130,12 +130,16 @@ struct CudaLayer {
       return false;  // the tensor-core backward has half and bfloat16
     } else {
       if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
+      // The kernel reads the given gradients densely; kept alive until it is queued.
+      const auto dense = [](const OptTensor& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
+      const at::Tensor grad_output = dense(q.grad_output), grad_h_n = dense(q.grad_h_n),
+                       grad_c_n = dense(q.grad_c_n);
       const auto given = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr<T>() : nullptr; };
       const at::Tensor w = q.w_hh.contiguous();
       kernels::PersistentBackwardArgs<T> seq;
-      seq.grad_output = given(q.grad_output);
-      seq.grad_h_n = given(q.grad_h_n);
-      seq.grad_c_n = given(q.grad_c_n);
+      seq.grad_output = given(grad_output);
+      seq.grad_h_n = given(grad_h_n);
+      seq.grad_c_n = given(grad_c_n);
       seq.w_hh = w.const_data_ptr<T>();
       seq.c0 = q.c0.template const_data_ptr<T>();
       seq.act_gates = q.ws.gates.template const_data_ptr<T>();
