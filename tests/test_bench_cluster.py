@@ -2,6 +2,7 @@
 their assumptions, written to JSON (no GPU: the simulator on a cost model)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,8 @@ from pipelstm.bench import cluster
 
 def test_quick_run_writes_the_tables_and_their_assumptions(tmp_path):
     path = tmp_path / "cluster.json"
-    rows = cluster.main(["--quick", "--json", str(path)])
+    measured = [str(Path(__file__).resolve().parents[1] / p) for p in cluster.GPU_JSON]
+    rows = cluster.main(["--quick", "--gpu-json", *measured, "--json", str(path)])
     data = json.loads(path.read_text())
     assert data["bench"] == "cluster" and "predicted, not measured" in data["device"]
     assert [r["gpus"] for r in rows if r["B"] == 256] == [1, 2, 4, 8]

@@ -32,7 +32,6 @@ from .table import Column, header, row_line
 
 __all__ = ["MODELS", "main"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 GPU_JSON = ["docs/bench/gpu.json", "docs/bench/gpu_t500_16bit.json"]
 # name: (vocabulary, embedding, hidden, layers, T, global batches, what it is)
 MODELS = {
@@ -117,8 +116,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m pipelstm.bench cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu-json", nargs="+", default=[os.path.join(ROOT, p) for p in GPU_JSON],
-                    help="bench gpu results the LSTM layers' costs are fitted to (one device)")
+    ap.add_argument("--gpu-json", nargs="+", default=GPU_JSON,
+                    help="bench gpu results the LSTM layers' costs are fitted to (one device); default: the "
+                         "repository's, relative to the current directory (run from the repository's root)")
     ap.add_argument("--setting", choices=("fp32", "bf16", "fp16"), default="bf16")
     ap.add_argument("--quick", action="store_true", help="the main job only, up to 8 GPUs")
     report.add_arguments(ap)
