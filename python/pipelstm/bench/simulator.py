@@ -202,7 +202,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"compute: {worst_schedule['config']} K={worst_schedule['K']} M={worst_schedule['M']}, "
              f"{worst_schedule['schedule_error']:+.1%}). Worst memory: "
              f"{worst_mem['config']} K={worst_mem['K']} M={worst_mem['M']}, {worst_mem['memory_error']:+.1%}.",
-             "Memory per process: one process holds every stage of an in-process pipeline. " + __doc__.split(
+             "Memory per process " + __doc__.split(
                  "Memory, per process")[1].split("their parameters.")[0].strip().replace("\n", " ")
              + " their parameters."]
     memory = [{k: r.get(k) for k in ("config", "K", "M", "rise", "predicted_rise", "memory_error", "kept")}
