@@ -219,9 +219,6 @@ def evaluate(pipe, data: torch.Tensor, mesh, bptt: int, max_batches: Optional[in
 def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.pp > args.layers:
-        raise SystemExit(f"train_lm.py: --pp {args.pp} is larger than the number of LSTM layers ({args.layers}); "
-                         "every pipeline stage needs at least one layer")
     if "RANK" not in os.environ:  # a plain `python train_lm.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
@@ -230,6 +227,10 @@ def main(argv=None) -> dict:
                                device=None if args.device == "auto" else args.device)
     except ValueError as e:  # a layout or device this launch cannot have: the reason, not a traceback
         raise SystemExit(f"train_lm.py: {e}") from None
+    if args.pp > args.layers:
+        torch.distributed.barrier()  # every rank is here: each says why before torchrun stops the others
+        raise SystemExit(f"train_lm.py: --pp {args.pp} is larger than the number of LSTM layers ({args.layers}); "
+                         "every pipeline stage needs at least one layer")
     log = mesh.rank == 0
     corpus = Corpus(args.data)
     if args.batch_size < mesh.dp:

@@ -174,10 +174,12 @@ def watch_run(procs: List[subprocess.Popen], tag: str, after: str, within: float
     return Run(seen, [proc.poll() for proc in procs], workers, gone, end)
 
 
-def torchrun(nproc: int, args: List[str], *, extra: Optional[List[str]] = None, timeout: float = 300):
-    """One agent, ``nproc`` processes on this machine; returns the CompletedProcess."""
+def torchrun(nproc: int, args: List[str], *, extra: Optional[List[str]] = None, timeout: float = 300,
+             script: Path = TRAIN_LM):
+    """One agent, ``nproc`` processes on this machine, each running ``script``
+    (train_lm.py by default); returns the CompletedProcess."""
     cmd = TORCHRUN + ["--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.2"] + (extra or [])
-    cmd += [str(TRAIN_LM)] + args
+    cmd += [str(script)] + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 

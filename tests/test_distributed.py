@@ -182,8 +182,12 @@ def test_resume_after_killed_rank_loses_nothing(tmp_path):
     (3, ["--pp", "3"], "--pp 3 is larger than the number of LSTM layers (2)"),
 ], ids=["world-not-divisible", "pp-larger-than-layers"])
 def test_bad_configuration_stops_every_rank(nproc, args, message):
+    from distributed_utils import ROOT
+
     t0 = time.monotonic()
-    result = torchrun(nproc, SMALL + args + ["--max-steps", "2", "--timeout", "20"])
+    # The last rank starts 3 s late: the others must wait for it to say why too.
+    result = torchrun(nproc, SMALL + args + ["--max-steps", "2", "--timeout", "20"],
+                      script=ROOT / "tests" / "scripts" / "late_rank.py")
     assert result.returncode != 0
     out = result.stdout + result.stderr
     assert message in out, out[-3000:]

@@ -192,23 +192,13 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
     else:
         world, rank = _env_int("WORLD_SIZE"), _env_int("RANK")
     auto = pp == "auto"
-    if auto and (model is None or sample is None or dp is not None):
-        raise ValueError("pipelstm.distributed.init_mesh: pp='auto' needs model= and sample=(T, B) (the global "
-                         "batch) to plan for, and no dp (the plan chooses it)")
+    problem = _layout_problem(pp, dp, world, timeout, auto, model, sample)
+    if problem:
+        _stop_every_rank(f"pipelstm.distributed.init_mesh: {problem}", rank, world, timeout)
     if auto:
-        pp = 1  # checked below as a layout of one stage; the plan replaces it
-    if not isinstance(pp, int) or pp < 1:
-        raise ValueError(f"pipelstm.distributed.init_mesh: pp must be a positive int or 'auto', got {pp!r}")
-    if world % pp != 0:
-        raise ValueError(f"pipelstm.distributed.init_mesh: the world size {world} is not divisible by pp={pp}; "
-                         f"launch a multiple of {pp} processes")
+        pp = 1  # a layout of one stage until the plan replaces it
     if dp is None:
         dp = world // pp
-    if dp * pp != world:
-        raise ValueError(f"pipelstm.distributed.init_mesh: dp={dp} x pp={pp} = {dp * pp} processes, but the world "
-                         f"size is {world}")
-    if timeout <= 0:
-        raise ValueError(f"pipelstm.distributed.init_mesh: timeout must be positive, got {timeout}")
     local_rank = _env_int("LOCAL_RANK", 0)
     backend, device = _pick(device, backend, local_rank, _env_int("LOCAL_WORLD_SIZE", 1))
     if device.type == "cuda":
@@ -240,6 +230,43 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
                 pp_ranks=[dp_rank * pp + s for s in range(pp)], dp_ranks=[d * pp + pp_rank for d in range(dp)],
                 device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh, plan=plan,
                 plan_costs=plan_costs)
+
+
+def _layout_problem(pp, dp, world: int, timeout: float, auto: bool, model, sample) -> Optional[str]:
+    """What is wrong with the layout asked for, or None."""
+    if auto and (model is None or sample is None or dp is not None):
+        return "pp='auto' needs model= and sample=(T, B) (the global batch) to plan for, and no dp (the plan chooses it)"
+    if not auto and (not isinstance(pp, int) or pp < 1):
+        return f"pp must be a positive int or 'auto', got {pp!r}"
+    stages = 1 if auto else pp
+    if world % stages != 0:
+        return f"the world size {world} is not divisible by pp={stages}; launch a multiple of {stages} processes"
+    if dp is not None and dp * stages != world:
+        return f"dp={dp} x pp={stages} = {dp * stages} processes, but the world size is {world}"
+    if not timeout > 0:
+        return f"timeout must be positive, got {timeout}"
+    return None
+
+
+def _stop_every_rank(message: str, rank: int, world: int, timeout: float):
+    """Raises ``ValueError(message)`` once every rank has reached the same
+    check (or after ``timeout``): torchrun stops the other processes as soon
+    as one exits, so a rank that raised at once would leave slower ones
+    (still importing) to die without saying why."""
+    if world > 1 and not dist.is_initialized() and "MASTER_ADDR" in os.environ:
+        td = datetime.timedelta(seconds=timeout if timeout > 0 else 60.0)
+        try:
+            store, _, _ = next(dist.rendezvous("env://", timeout=td))
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            key = f"pipelstm/attempt-{attempt}/stopped"
+            store.set(f"{key}/{rank}", "1")
+            store.wait([f"{key}/{r}" for r in range(world)], td)
+        except Exception:  # noqa: BLE001 - a peer that never came (or a gone store) must not hide the reason
+            pass
+    elif world > 1 and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.barrier()
+    raise ValueError(message)
 
 
 def _group_options(backend: str, timeout: datetime.timedelta):
