@@ -5,7 +5,7 @@ import pytest
 
 from pipelstm.simulator import Link
 from pipelstm.simulator.clusters import (IB_NDR, NVLINK4, PCIE5, PRESETS, describe, h100_cluster, h100_node,
-                                         local_machine, measure_loopback, pcie_node)
+                                         local_machine, measure_loopback, measure_machine, pcie_node)
 
 
 def test_h100_node_links():
@@ -65,3 +65,23 @@ def test_measured_loopback_is_plausible():
     link = measure_loopback()
     # Loopback through the kernel: between 10 MB/s and 100 GB/s, under 10 ms a message.
     assert 1e7 < link.bytes_per_s < 1e11 and 0.0 <= link.latency_s < 1e-2
+
+
+def test_a_measured_allreduce_replaces_the_ring_within_a_node():
+    link, measured = Link(20e-6, 2e9), Link(200e-6, 1e9)
+    c = local_machine(4, link=link, allreduce=measured, compute_sharing=1.4)
+    assert c.compute_sharing == 1.4
+    nbytes = 8e6
+    assert c.allreduce_seconds([0, 1], nbytes) == pytest.approx(measured.seconds(nbytes))  # as measured for two
+    assert c.allreduce_seconds([0, 1, 2, 3], nbytes) == pytest.approx(3 * 200e-6 + 1.5 * nbytes / 1e9)  # a ring's scaling
+    ring = local_machine(2, link=link)
+    assert ring.allreduce_seconds([0, 1], nbytes) == pytest.approx(2 * link.seconds(nbytes / 2))
+    assert describe(c)["allreduce"] == dict(latency_us=pytest.approx(200.0), GB_per_s=pytest.approx(1.0))
+
+
+def test_measured_machine_is_plausible():
+    link, allreduce, sharing = measure_machine()
+    assert 1e7 < link.bytes_per_s < 1e11 and 0.0 <= link.latency_s < 1e-2
+    # gloo's all-reduce moves the bytes both ways and adds them: no faster than a send
+    assert 1e7 < allreduce.bytes_per_s < 1e11 and 0.0 <= allreduce.latency_s < 1e-2
+    assert 1.0 <= sharing < 4.0

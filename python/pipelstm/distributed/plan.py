@@ -2,8 +2,9 @@
 ``PipelineParallel(chunks="auto", micro_batches="auto")``.
 
 The model's units are calibrated on this machine (``pipelstm.simulator.
-calibrate``), the link between two ranks is measured over the job's own
-process group, and ``pipelstm.simulator.layout.choose_layout`` picks the
+calibrate``), the link between two ranks, the all-reduce and how much
+ranks computing at once slow each other down are measured over the job's
+own process group, and ``pipelstm.simulator.layout.choose_layout`` picks the
 fastest predicted dp x pp, balance, K x M and recomputation. Global rank 0
 plans and broadcasts the plan, so every rank runs the same one; rank 0
 prints it with its predicted step time and why.
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["plan_layout", "measure_link", "engine_balance"]
+__all__ = ["plan_layout", "measure_link", "measure_machine", "engine_balance"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,36 @@ def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int =
     return fitted[0]
 
 
+def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True):
+    """What the job's ranks cost each other: the link between ranks 0 and 1
+    (:func:`measure_link`); over gloo, also the all-reduce over the whole
+    group (medians of ``repeats``, fitted as latency + bytes / bandwidth)
+    and, where the stages compute on the CPU (``cpu``), how much rank 0's
+    compute slows while its machine's ranks compute beside it
+    (``pipelstm.simulator.loopback.compute_sharing``). A collective: every
+    rank calls it.
+
+    Returns:
+        ``(link, allreduce, compute_sharing)``, the same on every rank
+        (``allreduce`` None and sharing 1.0 where not measured).
+    """
+    import os
+
+    from ..simulator.loopback import allreduce_times, compute_sharing, fit_link
+
+    link = measure_link(sizes, repeats)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1 or dist.get_backend() != "gloo":
+        return link, None, 1.0
+    times = allreduce_times(sizes, repeats)
+    local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
+    sharing = compute_sharing(rank, range(local), repeats) if cpu else 1.0
+    fitted = [(fit_link(list(sizes), times, "measure_machine (all-reduce)", clamp=True), sharing)
+              if rank == 0 else None]
+    dist.broadcast_object_list(fitted, src=0)
+    return link, fitted[0][0], fitted[0][1]
+
+
 def engine_balance(balance: Sequence[int], loss_inside: bool) -> list:
     """A layout's balance as the pipeline takes it: a loss computed inside
     the last stage (``loss_inside``), which the simulator counts as that
@@ -64,8 +95,9 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
         world_size: default: the initialised process group's.
         cluster: a :class:`pipelstm.simulator.Cluster`; default every rank
             on one machine (its CPU memory shared, or each rank's GPU memory),
-            the link between ranks 0 and 1 measured (:func:`measure_link`)
-            standing for every link: give the cluster for several machines.
+            the link between ranks 0 and 1, the all-reduce and the compute
+            sharing measured (:func:`measure_machine`), the link standing
+            for every link: give the cluster for several machines.
         costs: the units' costs; default calibrated now on ``device`` with
             ``threads`` (default this process's intra-op threads).
         pp, balance, chunks, micro_batches, checkpoint: fix what is not to be
@@ -100,10 +132,12 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     if not world:
         raise ValueError("plan_layout: world_size is needed when torch.distributed is not initialised")
     if cluster is None:
-        from ..simulator.clusters import local_machine, measure_loopback
+        from ..simulator.clusters import local_machine
+        from ..simulator.clusters import measure_machine as measure_here
 
-        link = measure_link() if shared else measure_loopback()
-        cluster = local_machine(world, link=link)
+        cpu = not device.startswith("cuda")
+        link, allreduce, sharing = measure_machine(cpu=cpu) if shared else measure_here()
+        cluster = local_machine(world, link=link, allreduce=allreduce, compute_sharing=sharing if cpu else 1.0)
         if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             cluster = dataclasses.replace(cluster, device=props.name, device_memory=float(props.total_memory))

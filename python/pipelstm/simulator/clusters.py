@@ -19,16 +19,18 @@ send/receive reaches in practice, not the links' line rates:
   HBM3 bandwidth: a read and a write) and 5 µs.
 
 The local machine (CPU processes over gloo on loopback) is measured, not
-assumed: :func:`measure_loopback` times a gloo send/receive between two
-processes and fits latency and bandwidth.
+assumed: :func:`measure_machine` times a gloo send/receive and an
+all-reduce between two processes and fits latency and bandwidth to each,
+and times how much the two slow each other down when both compute.
 """
 
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from .model import Cluster, Link
 
-__all__ = ["h100_node", "h100_cluster", "pcie_node", "local_machine", "measure_loopback", "describe", "PRESETS"]
+__all__ = ["h100_node", "h100_cluster", "pcie_node", "local_machine", "measure_loopback", "measure_machine", "describe",
+           "PRESETS"]
 
 GIB = 2.0 ** 30
 H100_MEMORY = 80e9  # H100 SXM: 80 GB HBM3
@@ -84,15 +86,22 @@ def pcie_node(gpus: int = 8) -> Cluster:
                    same_device=SAME_GPU, intra_node=PCIE5, inter_node=IB_NDR)
 
 
-def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optional[float] = None) -> Cluster:
+def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optional[float] = None,
+                  allreduce: Optional[Link] = None, compute_sharing: float = 1.0) -> Cluster:
     """This machine as ``processes`` CPU processes talking over gloo on loopback.
 
     Args:
         processes: processes (ranks) on this machine.
         link: the loopback link between two processes; default: measured
-            now (:func:`measure_loopback`, a few seconds).
+            now (:func:`measure_machine`, a few seconds), with the
+            all-reduce and the compute sharing, which then replace
+            ``allreduce`` and ``compute_sharing``.
         memory: bytes each process may use; default this machine's
             physical memory shared equally.
+        allreduce: the measured all-reduce between two processes
+            (``Cluster.allreduce``); None: a ring over ``link``.
+        compute_sharing: how much longer compute takes beside other
+            computing stages or processes (``Cluster.compute_sharing``).
 
     Raises:
         ValueError: ``processes`` is not a positive int, ``memory`` not positive.
@@ -103,13 +112,22 @@ def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optio
     if not memory > 0:
         raise ValueError(f"local_machine: memory must be positive bytes, got {memory!r}")
     if link is None:
-        link = measure_loopback()
+        link, allreduce, compute_sharing = measure_machine()
     # Two stages in one process hand over a tensor without a copy.
     return Cluster(nodes=1, devices_per_node=processes, device="cpu", device_memory=float(memory),
-                   same_device=Link(latency_s=0.0, bytes_per_s=float("inf")), intra_node=link, inter_node=link)
+                   same_device=Link(latency_s=0.0, bytes_per_s=float("inf")), intra_node=link, inter_node=link,
+                   allreduce=allreduce, compute_sharing=compute_sharing)
 
 
-def measure_loopback(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20, 32 << 20), repeats: int = 7) -> Link:
+SIZES = (4096, 1 << 20, 8 << 20, 32 << 20)
+
+
+def _check_sizes(sizes: Sequence[int], repeats: int, who: str) -> None:
+    if len(sizes) < 2 or repeats < 1:
+        raise ValueError(f"{who}: needs two or more sizes and repeats >= 1, got {sizes}, {repeats}")
+
+
+def measure_loopback(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Link:
     """Times a gloo send/receive of each of ``sizes`` bytes between two CPU
     processes on this machine (the fastest of ``repeats`` round trips, halved)
     and fits ``latency + bytes / bandwidth``: the bandwidth by least squares,
@@ -120,11 +138,30 @@ def measure_loopback(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20, 32 << 20), 
         RuntimeError: the two processes failed, or the times are too noisy
             to fit (larger messages not slower).
     """
-    if len(sizes) < 2 or repeats < 1:
-        raise ValueError(f"measure_loopback: needs two or more sizes and repeats >= 1, got {sizes}, {repeats}")
-    from .loopback import fit_link, round_trips
+    return measure_machine(sizes, repeats)[0]
 
-    return fit_link(list(sizes), round_trips(list(sizes), repeats), "measure_loopback")
+
+def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Tuple[Link, Link, float]:
+    """What two CPU processes on this machine cost each other, measured in
+    two processes it spawns (gloo on loopback): the point-to-point link (as
+    :func:`measure_loopback`), the all-reduce between them (the medians of
+    ``repeats``, fitted the same way) and the compute sharing
+    (``loopback.compute_sharing``).
+
+    Returns:
+        ``(link, allreduce, compute_sharing)``.
+
+    Raises:
+        ValueError: fewer than two sizes, or ``repeats`` below 1.
+        RuntimeError: the two processes failed, or the times are too noisy
+            to fit (larger messages not slower).
+    """
+    _check_sizes(sizes, repeats, "measure_loopback")
+    from .loopback import fit_link, pair_times
+
+    times = pair_times(list(sizes), repeats)
+    return (fit_link(list(sizes), times["one_way"], "measure_loopback"),
+            fit_link(list(sizes), times["allreduce"], "measure_loopback (all-reduce)"), float(times["sharing"]))
 
 
 def describe(cluster: Cluster) -> Dict[str, object]:
@@ -135,7 +172,9 @@ def describe(cluster: Cluster) -> Dict[str, object]:
 
     return dict(nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, device=cluster.device,
                 device_memory_GiB=cluster.device_memory / GIB, same_device=link(cluster.same_device),
-                intra_node=link(cluster.intra_node), inter_node=link(cluster.inter_node))
+                intra_node=link(cluster.intra_node), inter_node=link(cluster.inter_node),
+                allreduce=None if cluster.allreduce is None else link(cluster.allreduce),
+                compute_sharing=cluster.compute_sharing)
 
 
 # name: (builder, one line of assumptions), for the bench and the docs

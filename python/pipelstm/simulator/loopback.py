@@ -1,14 +1,18 @@
-"""A gloo ping-pong between two processes and the link it measures:
-``ping_pong`` over a process group (``pipelstm.distributed``'s
-``measure_link`` runs it in the job), ``round_trips`` in two processes it
-spawns on this machine (``clusters.measure_loopback``), and ``fit_link``,
-``latency + bytes / bandwidth`` from the times."""
+"""What a machine's processes cost each other, measured over gloo:
+``ping_pong`` (a point-to-point link), ``allreduce_times`` (the collective)
+and ``compute_sharing`` (how much a computing process slows down while
+others compute beside it), each over a process group
+(``pipelstm.distributed``'s automatic layout runs them in the job), or all
+three in two processes ``pair_times`` spawns on this machine
+(``clusters.local_machine``); and ``fit_link``, ``latency + bytes /
+bandwidth`` from the times."""
 
 import socket
+import statistics
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-__all__ = ["ping_pong", "round_trips", "fit_link"]
+__all__ = ["ping_pong", "allreduce_times", "compute_sharing", "pair_times", "fit_link"]
 
 
 def ping_pong(rank: int, sizes: Sequence[int], repeats: int, peer: Optional[int] = None) -> List[float]:
@@ -35,6 +39,78 @@ def ping_pong(rank: int, sizes: Sequence[int], repeats: int, peer: Optional[int]
             samples.append(time.perf_counter() - t)
         out.append(min(samples[1:]) / 2)  # the link's capability: the fastest round trip
     return out
+
+
+def allreduce_times(sizes: Sequence[int], repeats: int) -> List[float]:
+    """Seconds of a gloo all-reduce of each of ``sizes`` bytes over the
+    default process group (the median of ``repeats``, after one that warms
+    it up). A collective: every rank calls it."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for n in sizes:
+        buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
+        samples = []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_reduce(buf)
+            samples.append(time.perf_counter() - t)
+        out.append(statistics.median(samples[1:]))
+    return out
+
+
+def _lstm_step():
+    """A one-thread LSTM layer's forward and backward, the kind of work the
+    stages do (small enough to take a few milliseconds)."""
+    import torch
+
+    from ..lstm import LSTM
+
+    torch.manual_seed(0)
+    lstm = LSTM(256, 256)
+    x = torch.randn(32, 8, 256)
+
+    def step():
+        out, _ = lstm(x)
+        out.sum().backward()
+
+    return step
+
+
+def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7) -> float:
+    """How much longer rank 0's compute takes while the ``together`` ranks
+    (rank 0 among them, processes of one machine) compute at once than
+    alone: the ratio of the medians of ``repeats`` one-thread LSTM layer
+    steps, at least 1.0. A collective over the default group: every rank
+    calls it; the others' results are not meaningful.
+    """
+    import torch
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step = _lstm_step()
+        step()  # warm up: weights packed, buffers allocated
+
+        def timed() -> float:
+            samples = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                step()
+                samples.append(time.perf_counter() - t)
+            return statistics.median(samples)
+
+        dist.barrier()
+        alone = timed() if rank == 0 else 0.0
+        dist.barrier()
+        beside = timed() if rank in together else 0.0
+        dist.barrier()
+    finally:
+        torch.set_num_threads(threads)
+    return max(1.0, beside / alone) if rank == 0 else 1.0
 
 
 def fit_link(sizes: Sequence[int], times: Sequence[float], who: str, clamp: bool = False):
@@ -75,16 +151,20 @@ def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue) -> None
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        out = ping_pong(rank, sizes, repeats)
+        out = dict(one_way=ping_pong(rank, sizes, repeats), allreduce=allreduce_times(sizes, repeats),
+                   sharing=compute_sharing(rank, [0, 1], repeats))
         if rank == 0:
             queue.put(out)
     finally:
         dist.destroy_process_group()
 
 
-def round_trips(sizes: List[int], repeats: int, timeout: float = 60.0) -> List[float]:
-    """Seconds of a one-way gloo transfer of each of ``sizes`` bytes between
-    two spawned CPU processes (half the fastest of ``repeats`` round trips).
+def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0) -> Dict[str, object]:
+    """Between two CPU processes it spawns on this machine, over gloo: the
+    seconds of a one-way transfer of each of ``sizes`` bytes (half the
+    fastest of ``repeats`` round trips), of an all-reduce of each
+    (medians), and their compute sharing (:func:`compute_sharing`), as
+    ``{"one_way": [...], "allreduce": [...], "sharing": float}``.
 
     Raises:
         RuntimeError: a process failed or did not answer within ``timeout``.
@@ -97,11 +177,18 @@ def round_trips(sizes: List[int], repeats: int, timeout: float = 60.0) -> List[f
     procs = [ctx.Process(target=_worker, args=(r, port, sizes, repeats, queue)) for r in range(2)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout
     try:
-        result = queue.get(timeout=timeout)
-    except Exception as e:  # queue.Empty: a worker died or hung
-        raise RuntimeError(f"measure_loopback: the gloo ping-pong gave no result within {timeout:g} s "
-                           f"(exit codes {[p.exitcode for p in procs]})") from e
+        while True:  # until the result, a process that died, or the deadline
+            try:
+                result = queue.get(timeout=0.5)
+                break
+            except Exception as e:  # queue.Empty
+                failed = any(p.exitcode not in (None, 0) for p in procs)
+                if failed or time.monotonic() > deadline:
+                    why = "a process failed" if failed else f"no result within {timeout:g} s"
+                    raise RuntimeError(f"measure_loopback: the two gloo processes gave no result: {why} "
+                                       f"(exit codes {[p.exitcode for p in procs]})") from e
     finally:
         for p in procs:
             p.join(timeout=10)

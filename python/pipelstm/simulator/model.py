@@ -48,6 +48,16 @@ class Cluster:
         same_device: a hand-over between two stages on one device.
         intra_node: between two devices of one node (NVLink, PCIe, loopback).
         inter_node: between two nodes (the network).
+        allreduce: a measured all-reduce between two devices of one node
+            (``seconds(bytes)``), where the collective costs more than a
+            ring of sends over ``intra_node`` (gloo reduces and copies on
+            the CPU); ranks of one node then take it, scaled as a ring:
+            ``(n-1) * latency + 2(n-1)/n * bytes / bandwidth``. None: the
+            ring over the links.
+        compute_sharing: how much longer a stage's compute takes while
+            another stage or replica computes on the same node: 1.0 where
+            devices are independent (GPUs); above 1 where they share cores,
+            caches and memory bandwidth (a CPU's processes and threads).
     """
 
     nodes: int
@@ -57,6 +67,13 @@ class Cluster:
     same_device: Link
     intra_node: Link
     inter_node: Link
+    allreduce: Optional[Link] = None
+    compute_sharing: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.compute_sharing >= 1.0:
+            raise ValueError(f"Cluster: compute_sharing must be at least 1.0 (1.0: independent devices), got "
+                             f"{self.compute_sharing!r}")
 
     @property
     def world_size(self) -> int:
@@ -74,11 +91,14 @@ class Cluster:
         return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
 
     def allreduce_seconds(self, ranks: Sequence[int], nbytes: float) -> float:
-        """A ring all-reduce of ``nbytes`` over ``ranks``: 2(n-1) steps, each
-        moving nbytes/n over the slowest link of the ring."""
+        """An all-reduce of ``nbytes`` over ``ranks``: the measured one
+        (``allreduce``) where they share a node, else a ring: 2(n-1) steps,
+        each moving nbytes/n over the slowest link of the ring."""
         n = len(ranks)
         if n <= 1 or nbytes <= 0:
             return 0.0
+        if self.allreduce is not None and len({self.node_of(r) for r in ranks}) == 1:
+            return (n - 1) * self.allreduce.latency_s + 2 * (n - 1) / n * nbytes / self.allreduce.bytes_per_s
         slowest = max((self.link(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
                       key=lambda l: l.seconds(nbytes / n))
         return 2 * (n - 1) * slowest.seconds(nbytes / n)

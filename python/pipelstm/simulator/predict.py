@@ -31,6 +31,9 @@ What it adds to the schedule (``play.py``):
   stage, the receives of every item's gradient, posted ahead. The peak of
   a stage, and of a process (all the stages of an in-process pipeline), is
   the most of that held at once. The optimizer's state is not counted.
+* Shared cores (``cluster.compute_sharing`` above 1, a CPU): a stage's
+  compute stretches by the part of it that runs beside another stage or
+  replica of its node (``sharing.py``).
 """
 
 from typing import List, Sequence
@@ -38,8 +41,13 @@ from typing import List, Sequence
 from .model import Cluster, Layout, Prediction, UnitCosts
 from .play import StageCosts, play
 from .schedule import CHECKPOINTS, item_grid, recomputes
+from .sharing import stretches
 
 __all__ = ["predict"]
+
+# Plays that settle how much sharing a node's cores stretches each stage
+# (sharing.py): each play's overlaps give the next one's costs.
+SHARING_ROUNDS = 3
 
 
 def _check(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) -> list:
@@ -159,11 +167,26 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
     def transient(s: int, m: int, k: int) -> float:  # the item's output in the making, its gradient coming back
         return 2.0 * max(costs.output_bytes(u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
 
-    stage_costs = StageCosts(forward=stage_seconds("forward"), backward=stage_seconds("backward"), send=send,
-                             weights=weights, kept=kept, full=full, pieces=pieces, transient=transient)
+    forward, backward = stage_seconds("forward"), stage_seconds("backward")
+
+    def stage_costs(factor) -> StageCosts:  # factor[(stage, pass)]: what sharing the cores stretches it by
+        return StageCosts(forward=lambda s, m, k: factor[(s, "forward")] * forward(s, m, k),
+                          backward=lambda s, m, k: factor[(s, "backward")] * backward(s, m, k), send=send,
+                          weights=lambda s: [(factor[(s, "weights")] * sec, g, f) for sec, g, f in weights(s)],
+                          kept=kept, full=full, pieces=pieces, transient=transient)
+
     groups = [0] * S if one_device else list(range(S))
-    played = play(S, K, M, stage_costs, checkpoint=layout.checkpoint, in_process=layout.in_process,
-                  groups=groups, pass_gap_s=float(getattr(costs, "pass_gap_s", 0.0)))
+
+    def played_with(factor):
+        return play(S, K, M, stage_costs(factor), checkpoint=layout.checkpoint, in_process=layout.in_process,
+                    groups=groups, pass_gap_s=float(getattr(costs, "pass_gap_s", 0.0)))
+
+    played = played_with({(s, p): 1.0 for s in range(S) for p in ("forward", "backward", "weights")})
+    if cluster.compute_sharing > 1.0:  # stages and replicas of one node slow each other down
+        node_of = [0] * S if one_device else [cluster.node_of(s) for s in range(S)]
+        alongside = [any(cluster.node_of(d * S + s) == cluster.node_of(s) for d in range(1, dp)) for s in range(S)]
+        for _ in range(SHARING_ROUNDS):
+            played = played_with(stretches(played.events, S, node_of, alongside, cluster.compute_sharing))
 
     grad_bytes = [sum(units[u].param_bytes for u in stage_units[s]) for s in range(S)]
     allreduce = [cluster.allreduce_seconds([d * S + s for d in range(dp)], grad_bytes[s]) for s in range(S)]
