@@ -184,8 +184,9 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
         This process's :class:`Mesh`; its ``device_mesh`` is the ``(dp, pp)``
         DeviceMesh (dimensions ``"dp"``, ``"pp"``) whose groups it uses.
 
-    Every process checks the layout before anything is exchanged, so a bad
-    one stops every rank with the same message.
+    Every process checks the layout before the process group forms and, on
+    a bad one, waits for the others to reach the same check (at most
+    ``timeout``), so every rank stops with the same message.
     """
     if dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
