@@ -10,47 +10,6 @@
 
 namespace pipelstm {
 namespace cuda {
-namespace {
-
-template <typename T, typename S = typename Storage<T>::type>
-kernels::PersistentForwardArgs<S> in_storage(const kernels::PersistentForwardArgs<T>& a) {
-  kernels::PersistentForwardArgs<S> s;
-  s.input_gates = as<S>(a.input_gates);
-  s.w_hh = as<S>(a.w_hh);
-  s.h0 = as<S>(a.h0);
-  s.c0 = as<S>(a.c0);
-  s.output = as<S>(a.output);
-  s.act_gates = as<S>(a.act_gates);
-  s.cells = as<S>(a.cells);
-  s.steps = a.steps;
-  s.batch = a.batch;
-  s.hidden = a.hidden;
-  s.reverse = a.reverse;
-  return s;
-}
-
-template <typename T, typename S = typename Storage<T>::type>
-kernels::PersistentBackwardArgs<S> in_storage(const kernels::PersistentBackwardArgs<T>& a) {
-  kernels::PersistentBackwardArgs<S> s;
-  s.grad_output = as<S>(a.grad_output);
-  s.grad_h_n = as<S>(a.grad_h_n);
-  s.grad_c_n = as<S>(a.grad_c_n);
-  s.w_hh = as<S>(a.w_hh);
-  s.c0 = as<S>(a.c0);
-  s.act_gates = as<S>(a.act_gates);
-  s.cells = as<S>(a.cells);
-  s.grad_gates = as<S>(a.grad_gates);
-  s.grad_h0 = as<S>(a.grad_h0);
-  s.grad_c0 = as<S>(a.grad_c0);
-  s.steps = a.steps;
-  s.batch = a.batch;
-  s.hidden = a.hidden;
-  s.reverse = a.reverse;
-  return s;
-}
-
-}  // namespace
-
 template <typename T>
 bool persistent_forward(const kernels::PersistentForwardArgs<T>& a) {
   using S = typename Storage<T>::type;
