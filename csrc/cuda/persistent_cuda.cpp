@@ -18,23 +18,28 @@ bool persistent_forward(const kernels::PersistentForwardArgs<T>& a) {
   return true;
 }
 
-// unit_tiles 0: the kernels' own split, every block on a multiprocessor of its own.
+namespace {
+
+// A tensor-core launch, `launch(args, unit_tiles, stream, &fit)`, with the
+// kernels' own split (unit_tiles 0: every block on a multiprocessor of its
+// own); false, having launched nothing, where the shape does not fit.
+template <typename Args, typename Launch>
+bool tc_launch(const Args& a, Launch launch) {
+  kernels::TcFit fit = kernels::TcFit::kFits;
+  C10_CUDA_CHECK(launch(in_storage(a), /*unit_tiles=*/0, at::cuda::getCurrentCUDAStream(), &fit));
+  return fit == kernels::TcFit::kFits;
+}
+
+}  // namespace
+
 template <typename T>
 bool persistent_tc_forward(const kernels::PersistentForwardArgs<T>& a) {
-  using S = typename Storage<T>::type;
-  kernels::TcFit fit = kernels::TcFit::kFits;
-  C10_CUDA_CHECK(kernels::tc_persistent_forward_cuda<S>(in_storage(a), /*unit_tiles=*/0,
-                                                        at::cuda::getCurrentCUDAStream(), &fit));
-  return fit == kernels::TcFit::kFits;
+  return tc_launch(a, kernels::tc_persistent_forward_cuda<typename Storage<T>::type>);
 }
 
 template <typename T>
 bool persistent_tc_backward(const kernels::PersistentBackwardArgs<T>& a) {
-  using S = typename Storage<T>::type;
-  kernels::TcFit fit = kernels::TcFit::kFits;
-  C10_CUDA_CHECK(kernels::tc_persistent_backward_cuda<S>(in_storage(a), /*unit_tiles=*/0,
-                                                         at::cuda::getCurrentCUDAStream(), &fit));
-  return fit == kernels::TcFit::kFits;
+  return tc_launch(a, kernels::tc_persistent_backward_cuda<typename Storage<T>::type>);
 }
 
 template bool persistent_forward<float>(const kernels::PersistentForwardArgs<float>&);
