@@ -96,4 +96,19 @@ DenseBackward dense_backward(const char* op, const OptTensor& grad_output,
           input.contiguous().view({T * B, s.input}), output.reshape({T * B, s.out})};
 }
 
+PackedBackward packed_backward(const char* op, const OptTensor& grad_output,
+                               const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+                               const Tensor& input, const Tensor& batch_sizes, const Tensor& h0,
+                               const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                               const OptTensor& w_hr, const Tensor& output,
+                               const Tensor& workspace) {
+  LayerSteps steps = packed_input_steps(op, input, batch_sizes);
+  const LayerGeometry s =
+      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
+  check_shape(op, "output", output, {steps.rows, s.out});
+  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
+              workspace);
+  return {std::move(steps), s};
+}
+
 }  // namespace pipelstm

@@ -49,4 +49,19 @@ DenseBackward dense_backward(const char* op, const std::optional<at::Tensor>& gr
                              const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
                              const at::Tensor& output, const at::Tensor& workspace);
 
+// The checks of the packed backward ops (the data is already rows): the
+// steps of `batch_sizes` and the sizes.
+struct PackedBackward {
+  LayerSteps steps;
+  LayerGeometry s;
+};
+
+PackedBackward packed_backward(const char* op, const std::optional<at::Tensor>& grad_output,
+                               const std::optional<at::Tensor>& grad_h_n,
+                               const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                               const at::Tensor& batch_sizes, const at::Tensor& h0,
+                               const at::Tensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                               const std::optional<at::Tensor>& w_hr, const at::Tensor& output,
+                               const at::Tensor& workspace);
+
 }  // namespace pipelstm

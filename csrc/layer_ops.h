@@ -119,14 +119,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_
     const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
     const Tensor& workspace, bool reverse) {
-  constexpr const char* op = "lstm_packed_layer_backward";
   const OpGuard guard(input);
-  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerGeometry s =
-      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
-  check_shape(op, "output", output, {steps.rows, s.out});
-  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
-              workspace);
+  const auto [steps, s] = packed_backward("lstm_packed_layer_backward", grad_output, grad_h_n,
+                                          grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr,
+                                          output, workspace);
   auto r = Backend::backward(steps, s, grad_output, grad_h_n, grad_c_n, input.contiguous(), h0,
                              c0, w_ih, w_hh, w_hr, output, workspace, reverse);
   return {r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh, r.grad_bias,
@@ -142,14 +138,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_backward
     const Tensor& input, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr, const Tensor& output,
     const Tensor& workspace) {
-  constexpr const char* op = "lstm_packed_layer_backward_data";
   const OpGuard guard(input);
-  const LayerSteps steps = packed_input_steps(op, input, batch_sizes);
-  const LayerGeometry s =
-      check_weights(op, input, steps.rows, steps.max_batch, h0, c0, w_ih, w_hh, w_hr);
-  check_shape(op, "output", output, {steps.rows, s.out});
-  check_grads(op, input, s, steps.rows, steps.max_batch, output, grad_output, grad_h_n, grad_c_n,
-              workspace);
+  const auto [steps, s] = packed_backward("lstm_packed_layer_backward_data", grad_output, grad_h_n,
+                                          grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr,
+                                          output, workspace);
   LayerDataGrads d = Backend::backward_data(steps, s, grad_output, grad_h_n, grad_c_n,
                                             input.contiguous(), h0, c0, w_ih, w_hh, w_hr,
                                             workspace, /*reverse=*/false);

@@ -13,15 +13,21 @@ import torch
 
 import pipelstm
 
-OPS = ["lstm_cell_forward", "lstm_cell_backward", "lstm_layer_forward", "lstm_layer_backward",
-       "lstm_packed_layer_forward", "lstm_packed_layer_backward"]
-
 location = os.path.realpath(pipelstm.__file__)
 assert location.startswith(os.path.realpath(sys.prefix) + os.sep), (
     f"pipelstm imported from {location}, not from the environment {sys.prefix}"
 )
 assert torch.version.cuda, "this check needs a CUDA build of torch"
 assert pipelstm.built_with_cuda(), "pipelstm was built without its CUDA kernels"
+# Every op the library defines, but the *_composite ones (ATen ops, no kernel
+# of their own), has a kernel per backend: the list comes from the schemas
+# registered, so an op added later is checked too.
+OPS = sorted(
+    name.removeprefix("pipelstm::") for name in torch._C._dispatch_get_all_op_names()
+    if name.startswith("pipelstm::")
+    and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd")
+)
+assert OPS, "no pipelstm op is registered"
 for op in OPS:
     for key in ("CPU", "CUDA"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pipelstm::{op}", key), f"no {key} kernel for {op}"
