@@ -104,9 +104,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--chunks", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8])
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("distributed", argv)
     s = SIZES[args.quick]
     model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "

@@ -175,9 +175,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                    help="start no row after this many seconds (the first always runs); the rest are listed as not run "
                         "(default: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda needs a GPU; none is visible here (--device cpu --quick checks the bench)")
     if torch.device(args.device).type != "cuda" and not args.quick:

@@ -117,9 +117,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="timed steps per layout (median; at least 5)")
     ap.add_argument("--quick", action="store_true", help="3 layouts and the choice, fewer repeats allowed")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("layout", argv)
     s = SIZES[True]
     T, B = s["T"], s["B"]

@@ -230,9 +230,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16], help="pipeline K values to try")
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2], help="pipeline M values to try")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     for flag, values in (("--threads", args.threads), ("--chunks", args.chunks),
                          ("--micro-batches", args.micro_batches)):
         if any(v < 1 for v in values):

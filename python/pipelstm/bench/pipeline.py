@@ -178,9 +178,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--timeline", default=None, help="write the best 2-stage run's timeline here (.json, + .png)")
     ap.add_argument("--loss-outside", action="store_true",
                     help="compute the loss on the caller's thread from the logits, not as the pipeline's last unit")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("pipeline", argv)
     s = SIZES[args.quick]
     model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "

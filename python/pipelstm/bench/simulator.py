@@ -105,9 +105,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--calibration", default=None, help="also save the calibration here (JSON)")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, False, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("simulator", argv)
     s = SIZES[True]
     model_text = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
