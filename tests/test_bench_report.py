@@ -121,6 +121,13 @@ def test_parse_arguments_adds_json_and_checks_the_bench_own_repeats_flag(capsys)
         assert "--reps must be at least 5" in capsys.readouterr().err
 
 
+def test_print_tables_shows_each_table_after_a_blank_line(capsys):
+    second = [dict(name="x", ours=0.001, ratio=2.0)]
+    report.print_tables([dict(title="one", columns=COLUMNS, rows=ROWS), dict(title="two", columns=COLUMNS,
+                                                                             rows=second)])
+    assert capsys.readouterr().out == f"\n{markdown(COLUMNS, ROWS)}\n\n{markdown(COLUMNS, second)}\n"
+
+
 # --- tables and timing ---------------------------------------------------------------------------------------
 
 

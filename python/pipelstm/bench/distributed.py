@@ -163,12 +163,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              "from the median step. Memory: per process, the peak resident set over the steps (VmHWM) and its "
              "rise above the resident set before the first step, measured by the kernel; the aim for a stage is "
              "at most 1/S of the 1-process figure + 10 %."]
+    tables = [dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

@@ -198,15 +198,12 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
         print(row_line(COLUMNS, rows[-1]), flush=True)
     summary = summarize(rows)
-    print()
-    print(header(SUMMARY_COLUMNS))
-    for s in summary:
-        print(row_line(SUMMARY_COLUMNS, s))
+    tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
+    report.print_tables(tables)
     notes = ["Settings: fp32 = TF32 off on both sides; default = torch's defaults (TF32 on both sides: "
              "pipelstm follows cudnn.allow_tf32, as nn.LSTM does); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
              "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
              f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows

@@ -264,16 +264,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
              f"configurations of a size, each a process of its own, take turns of {STEPS_PER_TURN} steps in a row, "
              "the last one timed."] + lines
-    print()
-    print(header(SUMMARY_COLUMNS))
-    for s in summary:
-        print(row_line(SUMMARY_COLUMNS, s))
+    tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
+    report.print_tables(tables)
     print()
     for line in lines:
         print(line)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

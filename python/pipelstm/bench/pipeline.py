@@ -240,9 +240,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     notes.append("Memory: the stages share one process; per stage is an estimate from Pipeline.plan (weights + "
                  "gradients + activations kept for backward); the aim is at most 1/S of the 1-stage figure + 10 %. "
                  "Measured: the bytes the engine kept for backward, all stages together.")
+    tables = [dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     for note in notes[2:]:
         print(note)
     if args.timeline and pipelined:  # the best configuration again, in this process, for its picture
@@ -251,8 +251,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             step()
         print("timeline:", pipe.timeline(args.timeline))
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

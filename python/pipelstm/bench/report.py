@@ -27,7 +27,7 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .table import Column, columns_to_json
+from .table import Column, columns_to_json, markdown
 
 __all__ = [
     "ISA_ENV",
@@ -42,6 +42,7 @@ __all__ = [
     "add_arguments",
     "check_repeats",
     "parse_arguments",
+    "print_tables",
     "write_json",
     "read_json",
 ]
@@ -189,6 +190,14 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str],
     repeats = getattr(args, repeats_flag.lstrip("-").replace("-", "_"))
     check_repeats(parser, repeats, getattr(args, "quick", False), repeats_flag)
     return args
+
+
+def print_tables(tables: Sequence[Mapping]) -> None:
+    """Prints further tables, as :func:`write_json` takes them (``dict(title=..., columns=..., rows=...)``),
+    each after a blank line, so that what a run shows and what its file keeps come from one list."""
+    for t in tables:
+        print()
+        print(markdown(t["columns"], t["rows"]))
 
 
 def _clean(value):

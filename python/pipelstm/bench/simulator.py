@@ -205,14 +205,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              + " their parameters."]
     memory = [{k: r.get(k) for k in ("config", "K", "M", "rise", "predicted_rise", "memory_error", "kept")}
               for r in rows]
+    tables = [dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     for n in notes[2:5]:
         print(n)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 
