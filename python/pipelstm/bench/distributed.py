@@ -37,7 +37,7 @@ from . import report
 from .baseline import KINDS
 from .baseline import setup as setup_baseline
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import build, stage_busy
+from .pipeline import CONFIG_COLUMNS, add_ratios, build, describe, stage_busy
 from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
 from .timing import median_index, spread
@@ -80,14 +80,12 @@ def setup_pipelstm(rank: int, world: int, chunks: int, micro_batches: int, quick
     return _PipelstmStep(world, chunks, micro_batches, quick, mesh_timeout)
 
 
-COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+COLUMNS = CONFIG_COLUMNS + [
     Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
     Column("vs_one", "vs 1 process", "{:.2f}x"), Column("best_vs", "best pipelstm pp=2 vs this", "{:.2f}x"),
     Column("busy", "busy per rank (s)", "{:.2f}"),
 ]
-MEMORY_COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+MEMORY_COLUMNS = CONFIG_COLUMNS + [
     Column("peak", "peak RSS per process (MiB)", "{:.0f}", MIB),
     Column("rise", "rise above start per process (MiB)", "{:.0f}", MIB),
     Column("rise_of_one", "largest rise / 1 process's", "{:.2f}"),
@@ -107,8 +105,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("distributed", argv)
     s = SIZES[args.quick]
-    model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-             f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
+    model = f"{describe(s)}; T={s['T']}, B={s['B']}"
     print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turns "
           f"of {STEPS_PER_TURN} steps, the last one timed. "
           f"One process of one thread per stage stands in for one device per stage; the equal-cores baseline "
@@ -148,12 +145,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         if row["kind"] == "pipelstm":
             row.update(busy=[r["busy"] for r in median_step], kept=[r["kept"] for r in median_step])
         rows.append(row)
-    one = rows[0]
-    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
-    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else one
+    add_ratios(rows)
     for r in rows:
-        r.update(vs_one=one["seconds"] / r["seconds"], best_vs=r["seconds"] / best["seconds"],
-                 rise_of_one=max(r["rise"]) / max(one["rise"][0], 1))
+        r.update(rise_of_one=max(r["rise"]) / max(rows[0]["rise"][0], 1))
     memory = [{k: r.get(k) for k in ("config", "K", "M", "peak", "rise", "rise_of_one", "kept")} for r in rows]
     notes = [f"Model: {model}. One process of one thread per stage stands in for one device per stage; the "
              f"equal-cores rows are what a CPU user would run instead: the same model as one process with "

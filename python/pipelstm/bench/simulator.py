@@ -40,7 +40,7 @@ from typing import List, Optional
 from .. import simulator as sim
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import setup_pipeline
+from .pipeline import CONFIG_COLUMNS, describe, setup_pipeline
 from .pipelining_peer import SIZES
 from .simulator_runs import (MEMORY_ENV, Loopback, gloo_links, setup_calibration, setup_link_probe, setup_memory,
                              setup_parallel)
@@ -82,8 +82,7 @@ def _item_sizes(s: dict) -> List[tuple]:
     return sorted(sizes)
 
 
-COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+COLUMNS = CONFIG_COLUMNS + [
     Column("seconds", "measured step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
     Column("predicted", "predicted step (s)", "{:.3f}"), Column("error", "error", "{:+.1%}"),
     Column("bubble", "predicted bubble", "{:.3f}"),
@@ -91,8 +90,7 @@ COLUMNS = [
     Column("at_measured", "predicted at the measured compute (s)", "{:.3f}"),
     Column("schedule_error", "error", "{:+.1%}"),
 ]
-MEMORY_COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+MEMORY_COLUMNS = CONFIG_COLUMNS + [
     Column("rise", "measured peak over the parameters, per process (MiB)", "{:.1f}", MIB),
     Column("predicted_rise", "predicted (MiB)", "{:.1f}", MIB), Column("memory_error", "error", "{:+.1%}"),
     Column("kept", "kept for backward, engine (MiB)", "{:.1f}", MIB),
@@ -108,8 +106,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("simulator", argv)
     s = SIZES[True]
-    model_text = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-                  f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, global batch B={s['B']}")
+    model_text = f"{describe(s)}; T={s['T']}, global batch B={s['B']}"
     load_before = os.getloadavg()
     rows = _configs()
     groups: List[Group] = []
