@@ -34,11 +34,9 @@ import torch
 from torch import nn
 
 from . import report
-from .baseline import KINDS
-from .baseline import setup as setup_baseline
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import CONFIG_COLUMNS, add_ratios, build, describe, stage_busy
-from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
+from .pipeline import CONFIG_COLUMNS, add_ratios, build, describe, stage_busy, start_comparisons
+from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
 from .timing import median_index, spread
 
@@ -123,12 +121,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 add(dict(config=f"pipelstm, pp={STAGES}: {STAGES} processes x 1 thread", K=K, M=M,
                          kind="pipelstm"), STAGES, setup_pipelstm, chunks=K, micro_batches=M, quick=args.quick,
                     mesh_timeout=timeout)
-        for kind in KINDS:
-            add(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"), 1,
-                setup_baseline, kind=kind, quick=args.quick, threads=STAGES)
-        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
-            configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
-                                 M=mb, kind="peer"), start_peer(schedule, mb, quick=args.quick)))
+        configs.extend(start_comparisons(args.quick, args.peer_micro_batches, timeout))
         print(f"timing {len(configs)} configurations, {args.reps} turns each after a warm-up turn "
               f"({STEPS_PER_TURN} steps a turn, the last one timed)", flush=True)
         times, logs = take_turns([g for _, g in configs], args.reps)  # logs: per turn, per rank

@@ -45,7 +45,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,7 @@ from .table import Column, markdown
 from .timing import median_index, spread
 
 __all__ = ["CONFIG_COLUMNS", "build", "describe", "add_ratios", "stage_busy", "stage_memory", "PipelineStep",
-           "setup_pipeline", "main"]
+           "setup_pipeline", "start_comparisons", "main"]
 
 STAGES = 2
 MIB = 1 / 2**20
@@ -175,6 +175,28 @@ def setup_pipeline(rank: int, world: int, **kwargs) -> _PipelineWorkload:
     return _PipelineWorkload(**kwargs)
 
 
+def start_comparisons(quick: bool, peer_micro_batches: Sequence[int],
+                      timeout: float = 1800.0) -> Iterator[Tuple[dict, Group]]:
+    """Starts what the pipelines are compared with, in ``bench pipeline`` and ``bench distributed`` alike.
+
+    Args:
+        quick: the small model of ``SIZES``.
+        peer_micro_batches: micro-batch counts to try for torch.distributed.pipelining (see ``peer_configs``).
+        timeout: seconds the equal-cores groups may take to answer.
+
+    Returns:
+        One (row, started group) at a time: the model as one process with ``STAGES`` intra-op threads (each
+        kind of ``KINDS``: equal cores), then torch.distributed.pipelining on ``STAGES`` processes of one
+        thread (each schedule and micro-batch count); the caller closes the groups it got.
+    """
+    for kind in KINDS:
+        yield (dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"),
+               Group(f"{kind} model", 1, baseline.setup, timeout=timeout, kind=kind, quick=quick, threads=STAGES))
+    for schedule, mb in peer_configs(quick, peer_micro_batches):
+        yield (dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread", M=mb,
+                    kind="peer"), start_peer(schedule, mb, quick=quick))
+
+
 # The columns that name a configuration: what runs, its chunks K and its micro-batches M.
 CONFIG_COLUMNS = [Column("config", "configuration"), Column("K", "K"), Column("M", "M")]
 COLUMNS = CONFIG_COLUMNS + [
@@ -224,13 +246,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 rows.append(dict(config=None, K=K, M=M, kind="pipelstm"))  # config: with its balance
                 groups.append(Group(f"pipeline K={K} M={M}", 1, setup_pipeline, stages=STAGES, chunks=K,
                                     micro_batches=M, **piped))
-        for kind in KINDS:
-            rows.append(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"))
-            groups.append(Group(f"{kind} model", 1, baseline.setup, kind=kind, quick=args.quick, threads=STAGES))
-        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
-            rows.append(dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
-                             M=mb, kind="peer"))
-            groups.append(start_peer(schedule, mb, quick=args.quick))
+        for row, group in start_comparisons(args.quick, args.peer_micro_batches):
+            rows.append(row)
+            groups.append(group)
         print(f"timing {len(groups)} configurations, {args.reps} turns each after a warm-up turn", flush=True)
         times, infos = take_turns(groups, args.reps)
     finally:
