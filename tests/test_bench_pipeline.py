@@ -3,6 +3,7 @@ the equal-cores baseline beside the pipelines, busy times from the median
 step itself, and per-process memory; the process groups behind them.
 """
 
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,8 @@ import torch.distributed as dist
 
 from pipelstm.bench import baseline, report
 from pipelstm.bench.groups import STEPS_PER_TURN, Group
+from pipelstm.bench.pipeline import add_ratios, describe
+from pipelstm.bench.pipelining_peer import SIZES
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed or its gloo backend is not available")
@@ -89,3 +92,31 @@ def test_distributed_quick(tmp_path):
     assert all(len(r["peak"]) == (2 if r["kind"] != "baseline" and r is not one else 1) for r in rows)
     assert all(p > 0 for r in rows for p in r["peak"])
     assert data["tables"][0]["title"] == "Memory per process"
+
+
+def _stored(name):
+    return report.read_json(os.path.join(os.path.dirname(__file__), "..", "docs", "bench", f"{name}.json"))
+
+
+@pytest.mark.parametrize("name", ["pipeline", "distributed", "distributed_quick"])
+def test_ratios_reproduce_the_stored_results(name):
+    data = _stored(name)
+    rows = [{k: v for k, v in r.items() if k not in ("vs_one", "best_vs")} for r in data["rows"]]
+    best = add_ratios(rows)
+    fastest = min((r for r in data["rows"] if r["kind"] == "pipelstm" and r.get("K") is not None),
+                  key=lambda r: r["seconds"])
+    assert best["seconds"] == fastest["seconds"] and best["best_vs"] == 1.0
+    for new, old in zip(rows, data["rows"]):
+        assert new["vs_one"] == pytest.approx(old["vs_one"]) and new["best_vs"] == pytest.approx(old["best_vs"])
+
+
+def test_ratios_without_a_pipelined_row_are_against_the_first():
+    rows = [dict(kind="pipelstm", seconds=2.0), dict(kind="baseline", seconds=1.0), dict(kind="pipelstm", seconds=4.0)]
+    assert add_ratios(rows) is None
+    assert [(r["vs_one"], r["best_vs"]) for r in rows] == [(1.0, 1.0), (2.0, 0.5), (0.5, 2.0)]
+
+
+@pytest.mark.parametrize("name, quick", [("pipeline", True), ("distributed", False), ("simulator", True),
+                                         ("layout", True)])  # simulator and layout: always the quick size
+def test_model_text_is_the_one_in_the_stored_notes(name, quick):
+    assert _stored(name)["notes"][0].startswith(f"Model: {describe(SIZES[quick])}")

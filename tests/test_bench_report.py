@@ -12,6 +12,7 @@ fills them.
   every row; the default grid covers every value of every axis.
 """
 
+import argparse
 import datetime
 import glob
 import json
@@ -101,6 +102,30 @@ def test_git_commit_and_dirty(tmp_path, monkeypatch):
 def test_repeats_below_five_only_with_quick():
     with pytest.raises(SystemExit):
         grid.main(["--repeats", "3", "--H", "16", "--B", "1", "--T", "2"])
+
+
+def test_parse_arguments_adds_json_and_checks_the_bench_own_repeats_flag(capsys):
+    def parser(quick):
+        p = argparse.ArgumentParser(prog="demo")
+        p.add_argument("--reps", type=int, default=5)
+        if quick:
+            p.add_argument("--quick", action="store_true")
+        return p
+
+    args = report.parse_arguments(parser(True), ["--reps", "2", "--quick", "--json", "out.json"], "--reps")
+    assert (args.reps, args.quick, args.json) == (2, True, "out.json")
+    assert report.parse_arguments(parser(False), [], "--reps").json is None
+    for quick in (True, False):  # no --quick given, or none to give: 2 is too few
+        with pytest.raises(SystemExit):
+            report.parse_arguments(parser(quick), ["--reps", "2"], "--reps")
+        assert "--reps must be at least 5" in capsys.readouterr().err
+
+
+def test_print_tables_shows_each_table_after_a_blank_line(capsys):
+    second = [dict(name="x", ours=0.001, ratio=2.0)]
+    report.print_tables([dict(title="one", columns=COLUMNS, rows=ROWS), dict(title="two", columns=COLUMNS,
+                                                                             rows=second)])
+    assert capsys.readouterr().out == f"\n{markdown(COLUMNS, ROWS)}\n\n{markdown(COLUMNS, second)}\n"
 
 
 # --- tables and timing ---------------------------------------------------------------------------------------

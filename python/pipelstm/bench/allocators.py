@@ -113,9 +113,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--reps", type=int, default=7, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--allocators", nargs="+", choices=list(ALLOCATORS), default=list(ALLOCATORS))
     ap.add_argument("--cache-mb", type=int, default=1024, help="the buffer cache's cap when on (its default)")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     if "glibc" not in args.allocators:
         ap.error("--allocators must include glibc: it is the baseline")
     meta = report.metadata("allocators", argv)

@@ -34,11 +34,9 @@ import torch
 from torch import nn
 
 from . import report
-from .baseline import KINDS
-from .baseline import setup as setup_baseline
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import build, stage_busy
-from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
+from .pipeline import CONFIG_COLUMNS, add_ratios, build, describe, stage_busy, start_comparisons
+from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
 from .timing import median_index, spread
 
@@ -80,14 +78,12 @@ def setup_pipelstm(rank: int, world: int, chunks: int, micro_batches: int, quick
     return _PipelstmStep(world, chunks, micro_batches, quick, mesh_timeout)
 
 
-COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+COLUMNS = CONFIG_COLUMNS + [
     Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
     Column("vs_one", "vs 1 process", "{:.2f}x"), Column("best_vs", "best pipelstm pp=2 vs this", "{:.2f}x"),
     Column("busy", "busy per rank (s)", "{:.2f}"),
 ]
-MEMORY_COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+MEMORY_COLUMNS = CONFIG_COLUMNS + [
     Column("peak", "peak RSS per process (MiB)", "{:.0f}", MIB),
     Column("rise", "rise above start per process (MiB)", "{:.0f}", MIB),
     Column("rise_of_one", "largest rise / 1 process's", "{:.2f}"),
@@ -104,13 +100,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--chunks", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8])
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("distributed", argv)
     s = SIZES[args.quick]
-    model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-             f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
+    model = f"{describe(s)}; T={s['T']}, B={s['B']}"
     print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turns "
           f"of {STEPS_PER_TURN} steps, the last one timed. "
           f"One process of one thread per stage stands in for one device per stage; the equal-cores baseline "
@@ -128,12 +121,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 add(dict(config=f"pipelstm, pp={STAGES}: {STAGES} processes x 1 thread", K=K, M=M,
                          kind="pipelstm"), STAGES, setup_pipelstm, chunks=K, micro_batches=M, quick=args.quick,
                     mesh_timeout=timeout)
-        for kind in KINDS:
-            add(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"), 1,
-                setup_baseline, kind=kind, quick=args.quick, threads=STAGES)
-        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
-            configs.append((dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
-                                 M=mb, kind="peer"), start_peer(schedule, mb, quick=args.quick)))
+        configs.extend(start_comparisons(args.quick, args.peer_micro_batches, timeout))
         print(f"timing {len(configs)} configurations, {args.reps} turns each after a warm-up turn "
               f"({STEPS_PER_TURN} steps a turn, the last one timed)", flush=True)
         times, logs = take_turns([g for _, g in configs], args.reps)  # logs: per turn, per rank
@@ -150,12 +138,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         if row["kind"] == "pipelstm":
             row.update(busy=[r["busy"] for r in median_step], kept=[r["kept"] for r in median_step])
         rows.append(row)
-    one = rows[0]
-    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
-    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else one
+    add_ratios(rows)
     for r in rows:
-        r.update(vs_one=one["seconds"] / r["seconds"], best_vs=r["seconds"] / best["seconds"],
-                 rise_of_one=max(r["rise"]) / max(one["rise"][0], 1))
+        r.update(rise_of_one=max(r["rise"]) / max(rows[0]["rise"][0], 1))
     memory = [{k: r.get(k) for k in ("config", "K", "M", "peak", "rise", "rise_of_one", "kept")} for r in rows]
     notes = [f"Model: {model}. One process of one thread per stage stands in for one device per stage; the "
              f"equal-cores rows are what a CPU user would run instead: the same model as one process with "
@@ -165,12 +150,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              "from the median step. Memory: per process, the peak resident set over the steps (VmHWM) and its "
              "rise above the resident set before the first step, measured by the kernel; the aim for a stage is "
              "at most 1/S of the 1-process figure + 10 %."]
+    tables = [dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

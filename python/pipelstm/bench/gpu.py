@@ -175,9 +175,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                    help="start no row after this many seconds (the first always runs); the rest are listed as not run "
                         "(default: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda needs a GPU; none is visible here (--device cpu --quick checks the bench)")
     if torch.device(args.device).type != "cuda" and not args.quick:
@@ -200,15 +198,12 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
         print(row_line(COLUMNS, rows[-1]), flush=True)
     summary = summarize(rows)
-    print()
-    print(header(SUMMARY_COLUMNS))
-    for s in summary:
-        print(row_line(SUMMARY_COLUMNS, s))
+    tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
+    report.print_tables(tables)
     notes = ["Settings: fp32 = TF32 off on both sides; default = torch's defaults (TF32 on both sides: "
              "pipelstm follows cudnn.allow_tf32, as nn.LSTM does); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
              "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
              f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows

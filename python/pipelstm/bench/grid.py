@@ -243,9 +243,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--budget-seconds", type=float, default=300.0,
                    help="skip rows estimated to take longer than this (0: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     meta = report.metadata("grid", argv)
     grid = QUICK_GRID if args.quick else GRID
     todo = cases(args.H or grid["H"], args.B or grid["B"], args.T or grid["T"], args.layers or [1, 4],

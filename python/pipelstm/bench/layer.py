@@ -86,9 +86,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     p.add_argument("--device", default="cpu",
                    help="cpu or cuda (against cuDNN there; TF32 off; the GPU grid is `bench gpu`)")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     if torch.device(args.device).type == "cuda":
         if not torch.cuda.is_available():
             p.error("--device cuda needs a GPU; none is visible here")

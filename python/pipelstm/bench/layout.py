@@ -34,7 +34,7 @@ from ..simulator.clusters import local_machine, measure_loopback
 from ..simulator.layout import choose_layout, search_sizes
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import PipelineStep, build
+from .pipeline import PipelineStep, build, describe
 from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
 
@@ -117,9 +117,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="timed steps per layout (median; at least 5)")
     ap.add_argument("--quick", action="store_true", help="3 layouts and the choice, fewer repeats allowed")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("layout", argv)
     s = SIZES[True]
     T, B = s["T"], s["B"]
@@ -159,8 +157,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     auto = rows[-1]
     fastest = min(rows, key=lambda r: r["seconds"])
     notes = [
-        f"Model: Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> Linear("
-        f"{s['hidden']}, {s['vocab']}), the cross-entropy inside the last stage; T={T}, global batch B={B}; one "
+        f"Model: {describe(s)}, the cross-entropy inside the last stage; T={T}, global batch B={B}; one "
         f"training step on 2 CPU cores; median of {args.reps} turns, every layout in turns of {STEPS_PER_TURN} "
         "steps, the last one timed. The last row is the automatic choice, run with the balance it chose; the "
         "others use the pipeline's own balance.",

@@ -230,9 +230,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16], help="pipeline K values to try")
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2], help="pipeline M values to try")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     for flag, values in (("--threads", args.threads), ("--chunks", args.chunks),
                          ("--micro-batches", args.micro_batches)):
         if any(v < 1 for v in values):
@@ -266,16 +264,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
              f"configurations of a size, each a process of its own, take turns of {STEPS_PER_TURN} steps in a row, "
              "the last one timed."] + lines
-    print()
-    print(header(SUMMARY_COLUMNS))
-    for s in summary:
-        print(row_line(SUMMARY_COLUMNS, s))
+    tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
+    report.print_tables(tables)
     print()
     for line in lines:
         print(line)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

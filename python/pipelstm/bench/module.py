@@ -85,9 +85,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="both modules in this dtype (default float32)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     meta = report.metadata("module", argv)
     if args.quick:
         T, B, I, H = 8, 4, 16, 16

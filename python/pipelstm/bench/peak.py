@@ -44,9 +44,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--iterations", type=int, default=50_000_000, help="FMAs per chain and thread in one run")
     p.add_argument("--mm", type=int, default=2048, help="the size of the square torch.mm")
     p.add_argument("--quick", action="store_true", help="short runs, to check that the benchmark runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     if any(t < 1 for t in args.threads):
         p.error(f"--threads must be at least 1, got {args.threads}")
     if args.iterations < 1 or args.mm < 1:

@@ -45,7 +45,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,8 @@ from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
 from .timing import median_index, spread
 
-__all__ = ["build", "stage_busy", "stage_memory", "PipelineStep", "setup_pipeline", "main"]
+__all__ = ["CONFIG_COLUMNS", "build", "describe", "add_ratios", "stage_busy", "stage_memory", "PipelineStep",
+           "setup_pipeline", "start_comparisons", "main"]
 
 STAGES = 2
 MIB = 1 / 2**20
@@ -68,6 +69,31 @@ MIB = 1 / 2**20
 
 def build(vocab: int, emb: int, hidden: int, layers: int) -> nn.Sequential:
     return nn.Sequential(nn.Embedding(vocab, emb), LSTM(emb, hidden, num_layers=layers), nn.Linear(hidden, vocab))
+
+
+def describe(s: dict) -> str:
+    """The model :func:`build` makes from a size of ``SIZES``, as the benches' notes name it."""
+    return (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
+            f"Linear({s['hidden']}, {s['vocab']})")
+
+
+def add_ratios(rows: List[dict]) -> Optional[dict]:
+    """Compares every configuration with the first (one stage or process) and with the fastest pipelined one.
+
+    Args:
+        rows: one per configuration, each with ``seconds`` (its median step) and ``kind``; the first is
+            the one-stage run; the pipelined ones are the ``pipelstm`` rows with a ``K``.
+
+    Returns:
+        The fastest pipelined row, or None where there is none (``best_vs`` is then against the first).
+        Every row gets ``vs_one`` (the first row's step time over its own) and ``best_vs`` (its own over
+        the fastest pipelined row's).
+    """
+    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
+    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else None
+    for r in rows:
+        r.update(vs_one=rows[0]["seconds"] / r["seconds"], best_vs=r["seconds"] / (best or rows[0])["seconds"])
+    return best
 
 
 def stage_busy(events: Sequence[dict], stages: int) -> List[float]:
@@ -149,15 +175,37 @@ def setup_pipeline(rank: int, world: int, **kwargs) -> _PipelineWorkload:
     return _PipelineWorkload(**kwargs)
 
 
-COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+def start_comparisons(quick: bool, peer_micro_batches: Sequence[int],
+                      timeout: float = 1800.0) -> Iterator[Tuple[dict, Group]]:
+    """Starts what the pipelines are compared with, in ``bench pipeline`` and ``bench distributed`` alike.
+
+    Args:
+        quick: the small model of ``SIZES``.
+        peer_micro_batches: micro-batch counts to try for torch.distributed.pipelining (see ``peer_configs``).
+        timeout: seconds the equal-cores groups may take to answer.
+
+    Returns:
+        One (row, started group) at a time: the model as one process with ``STAGES`` intra-op threads (each
+        kind of ``KINDS``: equal cores), then torch.distributed.pipelining on ``STAGES`` processes of one
+        thread (each schedule and micro-batch count); the caller closes the groups it got.
+    """
+    for kind in KINDS:
+        yield (dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"),
+               Group(f"{kind} model", 1, baseline.setup, timeout=timeout, kind=kind, quick=quick, threads=STAGES))
+    for schedule, mb in peer_configs(quick, peer_micro_batches):
+        yield (dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread", M=mb,
+                    kind="peer"), start_peer(schedule, mb, quick=quick))
+
+
+# The columns that name a configuration: what runs, its chunks K and its micro-batches M.
+CONFIG_COLUMNS = [Column("config", "configuration"), Column("K", "K"), Column("M", "M")]
+COLUMNS = CONFIG_COLUMNS + [
     Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
     Column("vs_one", "vs 1 stage", "{:.2f}x"), Column("best_vs", "best 2-stage pipelstm vs this", "{:.2f}x"),
     Column("bubble", "bubble (measured)", "{:.3f}"), Column("theory", "bubble (theory)", "{:.3f}"),
     Column("busy", "stage busy (s)", "{:.2f}"),
 ]
-MEMORY_COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+MEMORY_COLUMNS = CONFIG_COLUMNS + [
     Column("stage_est", "per stage, est. (MiB)", "{:.0f}", MIB),
     Column("single_est", "1 stage, est. (MiB)", "{:.0f}", MIB),
     Column("largest_of_single", "largest stage / 1 stage", "{:.2f}"),
@@ -178,13 +226,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--timeline", default=None, help="write the best 2-stage run's timeline here (.json, + .png)")
     ap.add_argument("--loss-outside", action="store_true",
                     help="compute the loss on the caller's thread from the logits, not as the pipeline's last unit")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("pipeline", argv)
     s = SIZES[args.quick]
-    model = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-             f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, B={s['B']}")
+    model = f"{describe(s)}; T={s['T']}, B={s['B']}"
     print(f"model: {model}; one training step (forward, cross-entropy, backward); median of {args.reps} steps, "
           f"each configuration in a process of its own, all in turns of {STEPS_PER_TURN} steps, the last timed. "
           f"One thread per stage stands in for one device per stage; the equal-cores baseline is the model as "
@@ -201,13 +246,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 rows.append(dict(config=None, K=K, M=M, kind="pipelstm"))  # config: with its balance
                 groups.append(Group(f"pipeline K={K} M={M}", 1, setup_pipeline, stages=STAGES, chunks=K,
                                     micro_batches=M, **piped))
-        for kind in KINDS:
-            rows.append(dict(config=f"{kind} model, 1 process x {STAGES} threads (equal cores)", kind="baseline"))
-            groups.append(Group(f"{kind} model", 1, baseline.setup, kind=kind, quick=args.quick, threads=STAGES))
-        for schedule, mb in peer_configs(args.quick, args.peer_micro_batches):
-            rows.append(dict(config=f"torch.distributed.pipelining {schedule}, {STAGES} processes x 1 thread",
-                             M=mb, kind="peer"))
-            groups.append(start_peer(schedule, mb, quick=args.quick))
+        for row, group in start_comparisons(args.quick, args.peer_micro_batches):
+            rows.append(row)
+            groups.append(group)
         print(f"timing {len(groups)} configurations, {args.reps} turns each after a warm-up turn", flush=True)
         times, infos = take_turns(groups, args.reps)
     finally:
@@ -222,11 +263,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 row["config"] = f"pipelstm Pipeline, {STAGES} stages {run['balance']} x 1 thread"
             row.update(busy=run["busy"], bubble=run["bubble"], theory=run["theory"], kept=run["kept"],
                        stage_est=run["stage_est"])
-    t1 = rows[0]["seconds"]
-    pipelined = [r for r in rows if r["kind"] == "pipelstm" and r.get("K") is not None]
-    best = min(pipelined, key=lambda r: r["seconds"]) if pipelined else rows[0]
-    for r in rows:
-        r.update(vs_one=t1 / r["seconds"], best_vs=r["seconds"] / best["seconds"])
+    best = add_ratios(rows)
     single = rows[0]["stage_est"][0]
     memory = [dict(config=r["config"], K=r.get("K"), M=r.get("M"), stage_est=r["stage_est"], single_est=single,
                    largest_of_single=max(r["stage_est"]) / single, kept=r["kept"]) for r in rows if "stage_est" in r]
@@ -235,26 +272,25 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              f"Every step time is the median of {args.reps} steps, timed in the configuration's own process; the "
              f"configurations, each a process of its own, take turns of {STEPS_PER_TURN} steps in a row, the last "
              "one timed; bubbles and busy times come from the median step."]
-    if pipelined:
+    if best is not None:
         busy = best["busy"]
         notes.append(f"Balance bound of the best {STAGES}-stage split: {sum(busy) / max(busy):.2f}x (the stages' "
                      "busy time over the busier one's: no schedule can beat it).")
     notes.append("Memory: the stages share one process; per stage is an estimate from Pipeline.plan (weights + "
                  "gradients + activations kept for backward); the aim is at most 1/S of the 1-stage figure + 10 %. "
                  "Measured: the bytes the engine kept for backward, all stages together.")
+    tables = [dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     for note in notes[2:]:
         print(note)
-    if args.timeline and pipelined:  # the best configuration again, in this process, for its picture
+    if args.timeline and best is not None:  # the best configuration again, in this process, for its picture
         pipe, step = _pipeline(args.quick, STAGES, best["K"], best["M"], args.loss_outside)
         for _ in range(STEPS_PER_TURN):
             step()
         print("timeline:", pipe.timeline(args.timeline))
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

@@ -290,9 +290,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--micro-batches", type=int, nargs="*", default=None,
                     help="micro-batch counts to try (default 1 2 4 8 16, those that divide B)")
     ap.add_argument("--schedules", nargs="*", choices=SCHEDULES, default=None, help="default: gpipe 1f1b")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, args.quick, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("pipelining", argv)
     s = SIZES[args.quick]
     choices = args.micro_batches or [1, 2, 4, 8, 16]

@@ -27,7 +27,7 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .table import Column, columns_to_json
+from .table import Column, columns_to_json, markdown
 
 __all__ = [
     "ISA_ENV",
@@ -41,6 +41,8 @@ __all__ = [
     "metadata",
     "add_arguments",
     "check_repeats",
+    "parse_arguments",
+    "print_tables",
     "write_json",
     "read_json",
 ]
@@ -165,6 +167,37 @@ def check_repeats(parser: argparse.ArgumentParser, repeats: int, quick: bool, fl
     if repeats < 1 or (repeats < MIN_REPEATS and not quick):
         parser.error(f"{flag} must be at least {MIN_REPEATS} (the median of fewer runs is not reported; "
                      f"--quick allows fewer)")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str],
+                    repeats_flag: str = "--repeats") -> argparse.Namespace:
+    """Every bench's command line: adds ``--json``, parses ``argv`` and checks the repeat count.
+
+    Args:
+        parser: the bench's parser, with its own options (``--quick`` where it has one).
+        argv: the command line after the bench's name.
+        repeats_flag: the bench's option for the number of timed runs (``--repeats`` or ``--reps``).
+
+    Returns:
+        The parsed arguments.
+
+    Raises:
+        SystemExit: through ``parser.error`` for a bad command line or too few repeats
+            (see :func:`check_repeats`).
+    """
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    repeats = getattr(args, repeats_flag.lstrip("-").replace("-", "_"))
+    check_repeats(parser, repeats, getattr(args, "quick", False), repeats_flag)
+    return args
+
+
+def print_tables(tables: Sequence[Mapping]) -> None:
+    """Prints further tables, as :func:`write_json` takes them (``dict(title=..., columns=..., rows=...)``),
+    each after a blank line, so that what a run shows and what its file keeps come from one list."""
+    for t in tables:
+        print()
+        print(markdown(t["columns"], t["rows"]))
 
 
 def _clean(value):

@@ -40,7 +40,7 @@ from typing import List, Optional
 from .. import simulator as sim
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import setup_pipeline
+from .pipeline import CONFIG_COLUMNS, describe, setup_pipeline
 from .pipelining_peer import SIZES
 from .simulator_runs import (MEMORY_ENV, Loopback, gloo_links, setup_calibration, setup_link_probe, setup_memory,
                              setup_parallel)
@@ -82,8 +82,7 @@ def _item_sizes(s: dict) -> List[tuple]:
     return sorted(sizes)
 
 
-COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+COLUMNS = CONFIG_COLUMNS + [
     Column("seconds", "measured step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
     Column("predicted", "predicted step (s)", "{:.3f}"), Column("error", "error", "{:+.1%}"),
     Column("bubble", "predicted bubble", "{:.3f}"),
@@ -91,8 +90,7 @@ COLUMNS = [
     Column("at_measured", "predicted at the measured compute (s)", "{:.3f}"),
     Column("schedule_error", "error", "{:+.1%}"),
 ]
-MEMORY_COLUMNS = [
-    Column("config", "configuration"), Column("K", "K"), Column("M", "M"),
+MEMORY_COLUMNS = CONFIG_COLUMNS + [
     Column("rise", "measured peak over the parameters, per process (MiB)", "{:.1f}", MIB),
     Column("predicted_rise", "predicted (MiB)", "{:.1f}", MIB), Column("memory_error", "error", "{:+.1%}"),
     Column("kept", "kept for backward, engine (MiB)", "{:.1f}", MIB),
@@ -105,13 +103,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--calibration", default=None, help="also save the calibration here (JSON)")
-    report.add_arguments(ap)
-    args = ap.parse_args(argv)
-    report.check_repeats(ap, args.reps, False, "--reps")
+    args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("simulator", argv)
     s = SIZES[True]
-    model_text = (f"Embedding({s['vocab']}, {s['emb']}) -> {s['layers']} x LSTM(H={s['hidden']}) -> "
-                  f"Linear({s['hidden']}, {s['vocab']}); T={s['T']}, global batch B={s['B']}")
+    model_text = f"{describe(s)}; T={s['T']}, global batch B={s['B']}"
     load_before = os.getloadavg()
     rows = _configs()
     groups: List[Group] = []
@@ -207,14 +202,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              + " their parameters."]
     memory = [{k: r.get(k) for k in ("config", "K", "M", "rise", "predicted_rise", "memory_error", "kept")}
               for r in rows]
+    tables = [dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
-    print()
-    print(markdown(MEMORY_COLUMNS, memory))
+    report.print_tables(tables)
     for n in notes[2:5]:
         print(n)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes,
-                          tables=[dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

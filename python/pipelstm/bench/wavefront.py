@@ -100,9 +100,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per configuration (median; at least 5)")
     add_min_run_argument(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
-    report.add_arguments(p)
-    args = p.parse_args(argv)
-    report.check_repeats(p, args.repeats, args.quick)
+    args = report.parse_arguments(p, argv)
     if args.quick:
         args.sizes, args.batches, args.layers, T = [16], [2], [2], 8
         args.chunks = args.chunks or [2]
