@@ -23,14 +23,8 @@ namespace pipelstm {
 namespace {
 
 struct CpuLayer {
-  template <typename T>
-  static void step_forward(const kernels::PointwiseForwardArgs<T>& a) {
-    cpu::pointwise_forward(a);
-  }
-  template <typename T>
-  static void step_backward(const kernels::PointwiseBackwardArgs<T>& a) {
-    cpu::pointwise_backward(a);
-  }
+  static constexpr auto step_forward = [](const auto& a) { cpu::pointwise_forward(a); };
+  static constexpr auto step_backward = [](const auto& a) { cpu::pointwise_backward(a); };
   // No whole-sequence kernel: float32 has the fused loops instead.
   template <typename T>
   static bool sequence_forward(const SequenceForward<T>&) {
