@@ -28,8 +28,8 @@ using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
 // Whether this call, with reference tensor `t`, computes in float32 (see
-// above). Under CPU autocast it computes as given: autocast has already cast
-// the call's tensors, and picks each ATen op's own dtype.
+// above). Under CPU autocast it computes as given, each ATen op in the dtype
+// autocast picks for it.
 bool upcast(const Tensor& t) {
   return computed_in_float32(t) && !at::autocast::is_autocast_enabled(at::kCPU);
 }
@@ -50,9 +50,9 @@ std::tuple<Tensor, Tensor> lstm_cell_composite(const Tensor& input_gates, const 
                                                const Tensor& cx, const OptTensor& b_ih,
                                                const OptTensor& b_hh) {
   if (upcast(cx)) {
-    return rounded(cx.scalar_type(), cell_in_float32("lstm_cell_composite", input_gates,
-                                                     hidden_gates, cx, b_ih, b_hh,
-                                                     [](const auto&... a) { return lstm_cell_composite(a...); }));
+    return rounded(cx.scalar_type(),
+                   cell_in_float32("lstm_cell_composite", input_gates, hidden_gates, cx, b_ih, b_hh,
+                                   [](const auto&... a) { return lstm_cell_composite(a...); }));
   }
   Tensor gates = input_gates + hidden_gates;
   if (b_ih) gates = gates + *b_ih;

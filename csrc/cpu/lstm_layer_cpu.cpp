@@ -149,8 +149,8 @@ LayerForward layer_forward_in_float32(const char* op, const Tensor& input, const
                                       const OptTensor& b_ih, const OptTensor& b_hh,
                                       const OptTensor& w_hr, const Kernel& kernel) {
   if (!computed_in_float32(input)) return kernel(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
-  return layer_forward_results(
-      input.scalar_type(), layer_in_float32(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, kernel));
+  return layer_forward_results(input.scalar_type(), layer_in_float32(op, input, h0, c0, w_ih, w_hh,
+                                                                     b_ih, b_hh, w_hr, kernel));
 }
 
 LayerForward layer_forward_cpu(const Tensor& input, const Tensor& h0, const Tensor& c0,
@@ -212,9 +212,9 @@ auto layer_backward_data_cpu(const OptTensor& grad_output, const OptTensor& grad
                              const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                              const OptTensor& w_hr, const Tensor& output,
                              const Tensor& workspace) {
-  return layer_backward_in_float32("lstm_layer_backward_data", grad_output, grad_h_n, grad_c_n,
-                                   input, h0, c0, w_ih, w_hh, w_hr, output, workspace,
-                                   [&](const auto&... a) { return layer_backward_data<CpuLayer>(a...); });
+  return layer_backward_in_float32(
+      "lstm_layer_backward_data", grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
+      output, workspace, [](const auto&... a) { return layer_backward_data<CpuLayer>(a...); });
 }
 
 // A packed op's `kernel` as the dense one's: batch_sizes after the input.
@@ -255,7 +255,9 @@ auto packed_layer_backward_data_cpu(const OptTensor& grad_output, const OptTenso
 std::tuple<Tensor, Tensor, Tensor> cell_forward_cpu(const Tensor& input_gates,
                                                     const Tensor& hidden_gates, const Tensor& cx,
                                                     const OptTensor& b_ih, const OptTensor& b_hh) {
-  if (!computed_in_float32(cx)) return cell_forward<CpuLayer>(input_gates, hidden_gates, cx, b_ih, b_hh);
+  if (!computed_in_float32(cx)) {
+    return cell_forward<CpuLayer>(input_gates, hidden_gates, cx, b_ih, b_hh);
+  }
   const auto [hy, cy, workspace] =
       cell_in_float32("lstm_cell_forward", input_gates, hidden_gates, cx, b_ih, b_hh,
                       [](const auto&... a) { return cell_forward<CpuLayer>(a...); });
@@ -265,7 +267,9 @@ std::tuple<Tensor, Tensor, Tensor> cell_forward_cpu(const Tensor& input_gates,
 std::tuple<Tensor, Tensor> cell_backward_cpu(const OptTensor& grad_hy, const OptTensor& grad_cy,
                                              const Tensor& cx, const Tensor& cy,
                                              const Tensor& workspace) {
-  if (!computed_in_float32(cx)) return cell_backward<CpuLayer>(grad_hy, grad_cy, cx, cy, workspace);
+  if (!computed_in_float32(cx)) {
+    return cell_backward<CpuLayer>(grad_hy, grad_cy, cx, cy, workspace);
+  }
   constexpr const char* op = "lstm_cell_backward";
   check_same_kind_as(op, "cx", cx,
                      {{"cy", &cy}, {"grad_hy", given(grad_hy)}, {"grad_cy", given(grad_cy)}});
