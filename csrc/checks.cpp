@@ -60,16 +60,12 @@ int64_t checked_sum(const char* op, const char* what, int64_t a, int64_t b) {
 }
 
 void check_supported_dtype(const char* op, const char* name, const at::Tensor& t) {
+  // The CPU computes bfloat16 and float16 in float32 (float32_upcast.h).
   const auto dtype = t.scalar_type();
-  if (t.is_cuda()) {
-    TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 ||
-                    dtype == at::kDouble,
-                "pipelstm::", op, ": `", name,
-                "` must be float32, float16, bfloat16 or float64 on CUDA, got ", dtype);
-  } else {
-    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "pipelstm::", op, ": `", name,
-                "` must be float32 or float64 on the CPU, got ", dtype);
-  }
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 ||
+                  dtype == at::kDouble,
+              "pipelstm::", op, ": `", name, "` must be float32, float16, bfloat16 or float64, got ",
+              dtype);
 }
 
 }  // namespace pipelstm

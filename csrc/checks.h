@@ -30,7 +30,7 @@ int64_t checked_product(const char* op, const char* what, std::initializer_list<
 // a + b, or a clear error where it overflows int64.
 int64_t checked_sum(const char* op, const char* what, int64_t a, int64_t b);
 
-// The dtype must be one the backend of `t` implements.
+// The dtype must be float32, float16, bfloat16 or float64: every backend takes all four.
 void check_supported_dtype(const char* op, const char* name, const at::Tensor& t);
 
 }  // namespace pipelstm

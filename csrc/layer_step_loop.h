@@ -11,8 +11,9 @@
 //
 // `Backend` is the backend's layer class (cpu/lstm_layer_cpu.cpp,
 // cuda/lstm_layer_cuda.cpp) with
-//   template <typename T> static void step_forward(const kernels::PointwiseForwardArgs<T>&);
-//   template <typename T> static void step_backward(const kernels::PointwiseBackwardArgs<T>&);
+//   static step_forward(const kernels::PointwiseForwardArgs<T>&),
+//   static step_backward(const kernels::PointwiseBackwardArgs<T>&):
+//       the backend's pointwise step for every T (a generic lambda);
 //   template <typename T> static bool sequence_forward(const SequenceForward<T>&);
 //   template <typename T> static bool sequence_backward(const SequenceBackward<T>&);
 //       a whole dense sequence's recurrence in one kernel where it has one

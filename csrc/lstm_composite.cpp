@@ -8,8 +8,10 @@
 // know every op below, so each transform is exact by construction.
 // python/pipelstm/ops.py decides when to take this path; it is the same
 // math as ATen's own LSTM decomposition (aten/src/ATen/native/RNN.cpp),
-// gate order i, f, g, o.
+// gate order i, f, g, o. A bfloat16 or float16 call on the CPU is computed
+// in float32, as the CPU kernels compute it (float32_upcast.h).
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -17,11 +19,20 @@
 #include <tuple>
 #include <vector>
 
+#include "float32_upcast.h"
+
 namespace pipelstm {
 namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
+
+// Whether this call, with reference tensor `t`, computes in float32 (see
+// above). Under CPU autocast it computes as given, each ATen op in the dtype
+// autocast picks for it.
+bool upcast(const Tensor& t) {
+  return computed_in_float32(t) && !at::autocast::is_autocast_enabled(at::kCPU);
+}
 
 // gates [B, 4H] (biases included), cx [B, H] -> (hy, cy), both [B, H].
 std::tuple<Tensor, Tensor> cell(const Tensor& gates, const Tensor& cx) {
@@ -38,6 +49,11 @@ std::tuple<Tensor, Tensor> cell(const Tensor& gates, const Tensor& cx) {
 std::tuple<Tensor, Tensor> lstm_cell_composite(const Tensor& input_gates, const Tensor& hidden_gates,
                                                const Tensor& cx, const OptTensor& b_ih,
                                                const OptTensor& b_hh) {
+  if (upcast(cx)) {
+    return rounded(cx.scalar_type(),
+                   cell_in_float32("lstm_cell_composite", input_gates, hidden_gates, cx, b_ih, b_hh,
+                                   [](const auto&... a) { return lstm_cell_composite(a...); }));
+  }
   Tensor gates = input_gates + hidden_gates;
   if (b_ih) gates = gates + *b_ih;
   if (b_hh) gates = gates + *b_hh;
@@ -72,6 +88,13 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_composite(const Tensor& input, con
                                                         const Tensor& w_hh, const OptTensor& b_ih,
                                                         const OptTensor& b_hh, const OptTensor& w_hr,
                                                         bool reverse) {
+  if (upcast(input)) {
+    return rounded(input.scalar_type(),
+                   layer_in_float32("lstm_layer_composite", input, h0, c0, w_ih, w_hh, b_ih, b_hh,
+                                    w_hr, [&](const auto&... a) {
+                                      return lstm_layer_composite(a..., reverse);
+                                    }));
+  }
   TORCH_CHECK(input.dim() == 3, "pipelstm::lstm_layer_composite: expected `input` of shape [T, B, I], got ",
               input.sizes());
   const Recurrence rec{w_hh, w_hr};
@@ -97,6 +120,14 @@ std::tuple<Tensor, Tensor, Tensor> lstm_packed_layer_composite(
     const Tensor& input, at::IntArrayRef batch_sizes, const Tensor& h0, const Tensor& c0,
     const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
     const OptTensor& w_hr, bool reverse) {
+  if (upcast(input)) {
+    return rounded(input.scalar_type(),
+                   layer_in_float32("lstm_packed_layer_composite", input, h0, c0, w_ih, w_hh, b_ih,
+                                    b_hh, w_hr, [&](const Tensor& x, const auto&... a) {
+                                      return lstm_packed_layer_composite(x, batch_sizes, a...,
+                                                                         reverse);
+                                    }));
+  }
   const Recurrence rec{w_hh, w_hr};
   const Tensor gates = input_gates(input, w_ih, b_ih, b_hh);
   const int64_t* bs = batch_sizes.data();

@@ -60,11 +60,11 @@ LAYER_CASES = {
     "w_hh dtype": (dict(w_hh=torch.randn(4 * H, P, dtype=torch.float64)), r"`w_hh` to have the dtype"),
     "integer input": (
         dict(input=torch.ones(T, B, I, dtype=torch.int32)),
-        r"`input` must be float32 or float64 on the CPU",
+        r"`input` must be float32, float16, bfloat16 or float64, got (Int|torch.int32)",
     ),
-    "half on cpu": (
-        {k: v.half() for k, v in layer_args().items() if isinstance(v, torch.Tensor)},
-        r"`input` must be float32 or float64",
+    "half input, float32 weights": (
+        dict(input=torch.randn(T, B, I).half()),
+        r"`w_hr` to have the dtype of `input`",
     ),
 }
 

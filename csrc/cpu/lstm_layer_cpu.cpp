@@ -6,12 +6,18 @@
 // float64: the step loop (layer_step_loop.h) on this backend's pointwise
 // step (pointwise_cpu.h) and the layer GEMMs.
 // The cell ops run the pointwise step once (cell_ops.h).
+// bfloat16 and float16: the float32 kernels on float32 copies, the results
+// rounded to the call's dtype (float32_upcast.h); what the backward needs is
+// kept in float32 (see "bfloat16 and float16" below).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <tuple>
+#include <utility>
 
+#include "../float32_upcast.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
 #include "fused_loops_cpu.h"
@@ -23,14 +29,8 @@ namespace pipelstm {
 namespace {
 
 struct CpuLayer {
-  template <typename T>
-  static void step_forward(const kernels::PointwiseForwardArgs<T>& a) {
-    cpu::pointwise_forward(a);
-  }
-  template <typename T>
-  static void step_backward(const kernels::PointwiseBackwardArgs<T>& a) {
-    cpu::pointwise_backward(a);
-  }
+  static constexpr auto step_forward = [](const auto& a) { cpu::pointwise_forward(a); };
+  static constexpr auto step_backward = [](const auto& a) { cpu::pointwise_backward(a); };
   // No whole-sequence kernel: float32 has the fused loops instead.
   template <typename T>
   static bool sequence_forward(const SequenceForward<T>&) {
@@ -108,10 +108,193 @@ struct CpuLayer {
   }
 };
 
+// --- bfloat16 and float16 ----------------------------------------------------
+// Each op's kernel for a call in bfloat16 or float16: the float32 kernel on
+// float32 copies, its results rounded to the call's dtype, the same numbers
+// as a float32 call on those copies. The forward's workspace stays float32
+// and also keeps the float32 state the backward would otherwise read
+// rounded from the op's results: a layer's output (each step's h, for the
+// recurrent weight's gradient), appended to the workspace as
+// [rows * P]; a cell's cy, appended to its workspace as columns [B, H].
+// The backward ops take that workspace and compute in float32 too. The
+// layer's return every gradient rounded to the call's dtype; the cell's
+// return them in float32, since the bias gradient is summed from them
+// outside the op (python/pipelstm/ops.py), before they are rounded.
+
+using LayerForward = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+// A float32 layer forward's results for a call in `dtype`.
+LayerForward layer_forward_results(at::ScalarType dtype, const LayerForward& r) {
+  const auto& [output, h_n, c_n, workspace] = r;
+  return {output.to(dtype), h_n.to(dtype), c_n.to(dtype), at::cat({workspace, output.reshape(-1)})};
+}
+
+// A layer forward's workspace (float32 part, float32 output of `output`'s shape).
+std::pair<Tensor, Tensor> split_layer_workspace(const char* op, const Tensor& workspace,
+                                                const Tensor& output) {
+  TORCH_CHECK(workspace.dim() == 1 && workspace.scalar_type() == at::kFloat &&
+                  workspace.numel() >= output.numel(),
+              "pipelstm::", op, ": expected `workspace` to be the 1-D float32 workspace of a ",
+              output.scalar_type(), " forward on the CPU, got a ", workspace.dim(), "-D ",
+              workspace.scalar_type(), " tensor of shape ", workspace.sizes());
+  const int64_t n = workspace.numel() - output.numel();
+  return {workspace.narrow(0, 0, n), workspace.narrow(0, n, output.numel()).view(output.sizes())};
+}
+
+// The forward ops; `kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)` is the
+// dense or packed layer_ops.h kernel with the op's other arguments bound.
+template <class Kernel>
+LayerForward layer_forward_in_float32(const char* op, const Tensor& input, const Tensor& h0,
+                                      const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                      const OptTensor& b_ih, const OptTensor& b_hh,
+                                      const OptTensor& w_hr, const Kernel& kernel) {
+  if (!computed_in_float32(input)) return kernel(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
+  return layer_forward_results(input.scalar_type(), layer_in_float32(op, input, h0, c0, w_ih, w_hh,
+                                                                     b_ih, b_hh, w_hr, kernel));
+}
+
+LayerForward layer_forward_cpu(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                               const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
+                               const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
+  return layer_forward_in_float32(
+      "lstm_layer_forward", input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+      [&](const auto&... a) { return layer_forward<CpuLayer>(a..., reverse); });
+}
+
+LayerForward packed_layer_forward_cpu(const Tensor& input, const Tensor& batch_sizes,
+                                      const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                      const Tensor& w_hh, const OptTensor& b_ih,
+                                      const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
+  return layer_forward_in_float32(
+      "lstm_packed_layer_forward", input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+      [&](const Tensor& x, const auto&... a) {
+        return packed_layer_forward<CpuLayer>(x, batch_sizes, a..., reverse);
+      });
+}
+
+// The backward ops (whole, or their data part); `kernel(grad_output,
+// grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, w_hr, output, workspace)` as
+// above. A reduced-precision call returns every gradient in its dtype.
+template <class Kernel>
+auto layer_backward_in_float32(const char* op, const OptTensor& grad_output,
+                               const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+                               const Tensor& input, const Tensor& h0, const Tensor& c0,
+                               const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
+                               const Tensor& output, const Tensor& workspace,
+                               const Kernel& kernel) {
+  if (!computed_in_float32(input)) {
+    return kernel(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output,
+                  workspace);
+  }
+  check_same_kind_as(op, "input", input,
+                     {{"w_hr", given(w_hr)}, {"w_ih", &w_ih}, {"w_hh", &w_hh}, {"h0", &h0},
+                      {"c0", &c0}, {"output", &output}, {"grad_output", given(grad_output)},
+                      {"grad_h_n", given(grad_h_n)}, {"grad_c_n", given(grad_c_n)}});
+  const auto [float32_workspace, float32_output] = split_layer_workspace(op, workspace, output);
+  return rounded(input.scalar_type(),
+                 kernel(to_float32(grad_output), to_float32(grad_h_n), to_float32(grad_c_n),
+                        to_float32(input), to_float32(h0), to_float32(c0), to_float32(w_ih),
+                        to_float32(w_hh), to_float32(w_hr), float32_output, float32_workspace));
+}
+
+auto layer_backward_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                        const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0,
+                        const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                        const OptTensor& w_hr, const Tensor& output, const Tensor& workspace,
+                        bool reverse) {
+  return layer_backward_in_float32(
+      "lstm_layer_backward", grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
+      output, workspace, [&](const auto&... a) { return layer_backward<CpuLayer>(a..., reverse); });
+}
+
+auto layer_backward_data_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                             const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0,
+                             const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                             const OptTensor& w_hr, const Tensor& output,
+                             const Tensor& workspace) {
+  return layer_backward_in_float32(
+      "lstm_layer_backward_data", grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
+      output, workspace, [](const auto&... a) { return layer_backward_data<CpuLayer>(a...); });
+}
+
+// A packed op's `kernel` as the dense one's: batch_sizes after the input.
+template <class Kernel>
+auto with_batch_sizes(const Tensor& batch_sizes, const Kernel& kernel) {
+  return [&](const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+             const Tensor& x, const auto&... rest) {
+    return kernel(grad_output, grad_h_n, grad_c_n, x, batch_sizes, rest...);
+  };
+}
+
+auto packed_layer_backward_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                               const OptTensor& grad_c_n, const Tensor& input,
+                               const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+                               const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
+                               const Tensor& output, const Tensor& workspace, bool reverse) {
+  return layer_backward_in_float32(
+      "lstm_packed_layer_backward", grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh,
+      w_hr, output, workspace, with_batch_sizes(batch_sizes, [&](const auto&... a) {
+        return packed_layer_backward<CpuLayer>(a..., reverse);
+      }));
+}
+
+auto packed_layer_backward_data_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                    const OptTensor& grad_c_n, const Tensor& input,
+                                    const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+                                    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
+                                    const Tensor& output, const Tensor& workspace) {
+  return layer_backward_in_float32(
+      "lstm_packed_layer_backward_data", grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih,
+      w_hh, w_hr, output, workspace, with_batch_sizes(batch_sizes, [&](const auto&... a) {
+        return packed_layer_backward_data<CpuLayer>(a...);
+      }));
+}
+
+// The cell ops: cx is the reference tensor; the backward's gradients stay
+// float32 (see above).
+std::tuple<Tensor, Tensor, Tensor> cell_forward_cpu(const Tensor& input_gates,
+                                                    const Tensor& hidden_gates, const Tensor& cx,
+                                                    const OptTensor& b_ih, const OptTensor& b_hh) {
+  if (!computed_in_float32(cx)) {
+    return cell_forward<CpuLayer>(input_gates, hidden_gates, cx, b_ih, b_hh);
+  }
+  const auto [hy, cy, workspace] =
+      cell_in_float32("lstm_cell_forward", input_gates, hidden_gates, cx, b_ih, b_hh,
+                      [](const auto&... a) { return cell_forward<CpuLayer>(a...); });
+  return {hy.to(cx.scalar_type()), cy.to(cx.scalar_type()), at::cat({workspace, cy}, 1)};
+}
+
+std::tuple<Tensor, Tensor> cell_backward_cpu(const OptTensor& grad_hy, const OptTensor& grad_cy,
+                                             const Tensor& cx, const Tensor& cy,
+                                             const Tensor& workspace) {
+  if (!computed_in_float32(cx)) {
+    return cell_backward<CpuLayer>(grad_hy, grad_cy, cx, cy, workspace);
+  }
+  constexpr const char* op = "lstm_cell_backward";
+  check_same_kind_as(op, "cx", cx,
+                     {{"cy", &cy}, {"grad_hy", given(grad_hy)}, {"grad_cy", given(grad_cy)}});
+  check_dim(op, "cx", cx, 2, "[B, H]");
+  const int64_t B = cx.size(0), H = cx.size(1);
+  check_shape(op, "cy", cy, {B, H});
+  TORCH_CHECK(workspace.scalar_type() == at::kFloat, "pipelstm::", op,
+              ": expected `workspace` to be the float32 workspace of a ", cx.scalar_type(),
+              " forward on the CPU, got ", workspace.scalar_type());
+  check_shape(op, "workspace", workspace, {B, 5 * H});
+  return cell_backward<CpuLayer>(to_float32(grad_hy), to_float32(grad_cy), to_float32(cx),
+                                 workspace.narrow(1, 4 * H, H), workspace.narrow(1, 0, 4 * H));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pipelstm, CPU, m) {
-  register_lstm_ops<CpuLayer>(m);
+  m.impl("lstm_cell_forward", &cell_forward_cpu);
+  m.impl("lstm_cell_backward", &cell_backward_cpu);
+  m.impl("lstm_layer_forward", &layer_forward_cpu);
+  m.impl("lstm_layer_backward", &layer_backward_cpu);
+  m.impl("lstm_layer_backward_data", &layer_backward_data_cpu);
+  m.impl("lstm_packed_layer_forward", &packed_layer_forward_cpu);
+  m.impl("lstm_packed_layer_backward", &packed_layer_backward_cpu);
+  m.impl("lstm_packed_layer_backward_data", &packed_layer_backward_data_cpu);
 }
 
 }  // namespace pipelstm

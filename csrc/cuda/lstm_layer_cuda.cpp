@@ -70,14 +70,8 @@ std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp
 }
 
 struct CudaLayer {
-  template <typename T>
-  static void step_forward(const kernels::PointwiseForwardArgs<T>& a) {
-    cuda::pointwise_forward(a);
-  }
-  template <typename T>
-  static void step_backward(const kernels::PointwiseBackwardArgs<T>& a) {
-    cuda::pointwise_backward(a);
-  }
+  static constexpr auto step_forward = [](const auto& a) { cuda::pointwise_forward(a); };
+  static constexpr auto step_backward = [](const auto& a) { cuda::pointwise_backward(a); };
   template <class F>
   static void dispatch_types(at::ScalarType dtype, F&& f) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "pipelstm_cuda_step",

@@ -50,11 +50,29 @@ def _check_same_kind(op: str, ref_name: str, ref: Tensor, **tensors: Optional[Te
 
 
 def _check_supported_dtype(op: str, name: str, t: Tensor) -> None:
-    if t.device.type == "cuda":
-        ok, what = (torch.float32, torch.float16, torch.bfloat16, torch.float64), "float32, float16, bfloat16 or float64 on CUDA"
-    else:
-        ok, what = (torch.float32, torch.float64), "float32 or float64 on the CPU"
-    torch._check(t.dtype in ok, lambda: f"pipelstm::{op}: `{name}` must be {what}, got {t.dtype}")
+    torch._check(
+        t.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+        lambda: f"pipelstm::{op}: `{name}` must be float32, float16, bfloat16 or float64, got {t.dtype}",
+    )
+
+
+def _computed_in_float32(ref: Tensor) -> bool:
+    """csrc/float32_upcast.h's computed_in_float32: a bfloat16 or float16
+    call on the CPU (or meta) runs the float32 kernels, and its workspace is
+    float32 with the float32 state its backward reads appended
+    (csrc/cpu/lstm_layer_cpu.cpp): a layer's output, a cell's cy."""
+    return ref.dtype in (torch.bfloat16, torch.float16) and ref.device.type in ("cpu", "meta")
+
+
+def _check_float32_workspace(op: str, ref: Tensor, workspace: Tensor, numel: int = 0) -> None:
+    """A reduced-precision CPU call's workspace: float32, 1-D with at least
+    ``numel`` elements (the appended output) for a layer."""
+    torch._check(
+        workspace.dtype == torch.float32 and (numel == 0 or (workspace.dim() == 1 and workspace.shape[0] >= numel)),
+        lambda: f"pipelstm::{op}: expected `workspace` to be the {'1-D ' if numel else ''}float32 workspace of a "
+        f"{ref.dtype} forward on the CPU, got a {workspace.dim()}-D {workspace.dtype} tensor of shape "
+        f"{list(workspace.shape)}",
+    )
 
 
 def _layer_geometry(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=None) -> LayerGeometry:
@@ -82,17 +100,35 @@ def _layer_geometry(op, input, batch, h0, c0, w_ih, w_hh, w_hr, b_ih=None, b_hh=
     return g
 
 
+def _layer_workspace(input: Tensor, g: LayerGeometry, rows, out_numel) -> Tensor:
+    if _computed_in_float32(input):
+        return input.new_empty(g.workspace_numel(rows) + out_numel, dtype=torch.float32)
+    return input.new_empty(g.workspace_numel(rows))
+
+
 def _check_layer_grads(op, input, g: LayerGeometry, rows, batch, output, grad_output, grad_h_n, grad_c_n, workspace):
-    """csrc/layer_checks.cpp's check_grads."""
-    _check_shape(op, "workspace", workspace, (g.workspace_numel(rows),))
+    """csrc/layer_checks.cpp's check_grads; for a reduced-precision CPU call
+    after cpu/lstm_layer_cpu.cpp's checks, and on its workspace's float32
+    part (the float32 output follows it)."""
+    grads = dict(grad_output=grad_output, grad_h_n=grad_h_n, grad_c_n=grad_c_n)
+    if _computed_in_float32(input):
+        _check_same_kind(op, "input", input, output=output, **grads)
+        _check_float32_workspace(op, input, workspace, output.numel())
+        part = workspace.shape[0] - output.numel()
+        torch._check(
+            part == g.workspace_numel(rows),
+            lambda: f"pipelstm::{op}: expected `workspace` of shape [{g.workspace_numel(rows)}], got [{part}]",
+        )
+    else:
+        _check_shape(op, "workspace", workspace, (g.workspace_numel(rows),))
     if grad_output is not None:
         _check_shape(op, "grad_output", grad_output, tuple(output.shape))
     if grad_h_n is not None:
         _check_shape(op, "grad_h_n", grad_h_n, (batch, g.out_size))
     if grad_c_n is not None:
         _check_shape(op, "grad_c_n", grad_c_n, (batch, g.hidden_size))
-    _check_same_kind(op, "input", input, output=output, workspace=workspace, grad_output=grad_output,
-                     grad_h_n=grad_h_n, grad_c_n=grad_c_n)
+    if not _computed_in_float32(input):
+        _check_same_kind(op, "input", input, output=output, workspace=workspace, **grads)
 
 
 def _check_batch_sizes(op: str, input: Tensor, batch_sizes: Tensor) -> None:
@@ -127,14 +163,23 @@ def _(input_gates, hidden_gates, cx, b_ih, b_hh):
     _check_dim(op, "input_gates", input_gates, 2, "[B, 4H]")
     B, H = _check_cell(op, cx, [("input_gates", input_gates), ("hidden_gates", hidden_gates)], [],
                        [("b_ih", b_ih), ("b_hh", b_hh)])
+    if _computed_in_float32(cx):  # the activated gates, then the float32 cy
+        return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 5 * H, dtype=torch.float32)
     return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 4 * H)
 
 
 @torch.library.register_fake("pipelstm::lstm_cell_backward")
 def _(grad_hy, grad_cy, cx, cy, workspace):
-    _check_cell("lstm_cell_backward", cx, [("workspace", workspace)], [("cy", cy), ("grad_hy", grad_hy),
-                                                                        ("grad_cy", grad_cy)])
-    return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape)
+    op = "lstm_cell_backward"
+    states = [("cy", cy), ("grad_hy", grad_hy), ("grad_cy", grad_cy)]
+    if _computed_in_float32(cx):
+        _check_same_kind(op, "cx", cx, **dict(states))
+        B, H = _check_cell(op, cx, [], states)
+        _check_float32_workspace(op, cx, workspace)
+        _check_shape(op, "workspace", workspace, (B, 5 * H))
+        return workspace.new_empty(B, 4 * H), workspace.new_empty(B, H)  # float32
+    B, H = _check_cell(op, cx, [("workspace", workspace)], states)
+    return cx.new_empty(B, 4 * H), cx.new_empty(B, H)
 
 
 @torch.library.register_fake("pipelstm::lstm_layer_forward")
@@ -148,7 +193,7 @@ def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
         input.new_empty(T, B, g.out_size),
         input.new_empty(B, g.out_size),
         input.new_empty(B, g.hidden_size),
-        input.new_empty(g.workspace_numel(T * B)),
+        _layer_workspace(input, g, T * B, T * B * g.out_size),
     )
 
 
@@ -185,7 +230,7 @@ def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
         input.new_empty(rows, g.out_size),
         input.new_empty(B, g.out_size),
         input.new_empty(B, g.hidden_size),
-        input.new_empty(g.workspace_numel(rows)),
+        _layer_workspace(input, g, rows, rows * g.out_size),
     )
 
 

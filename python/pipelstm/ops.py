@@ -66,30 +66,6 @@ def _unwrapped(batch_sizes: Tensor) -> Tensor:
     return batch_sizes
 
 
-# The CPU kernels compute in float32 or float64. A bfloat16 or float16 call on
-# the CPU is computed in float32 and its results rounded to its dtype once: at
-# least as accurate as nn.LSTM, which computes in the reduced dtype.
-_REDUCED = (torch.bfloat16, torch.float16)
-
-
-def _in_float32_on_cpu(ref: Tensor, **tensors: Optional[Tensor]) -> bool:
-    """Whether this call is a reduced-precision CPU call (every tensor in
-    ``ref``'s dtype, checked here as the op would). Meta tensors, which stand
-    for any device, are treated as CPU ones."""
-    if ref.device.type not in ("cpu", "meta") or ref.dtype not in _REDUCED:
-        return False
-    if torch.is_autocast_enabled("cpu"):
-        return False  # the ops' CPU autocast rule (autocast.py) casts every tensor to float32
-    for name, t in tensors.items():
-        if t is not None and t.dtype != ref.dtype:
-            raise RuntimeError(f"pipelstm: expected `{name}` to have the dtype of the input ({ref.dtype}), got {t.dtype}")
-    return True
-
-
-def _float(*tensors: Optional[Tensor]):
-    return [None if t is None else t.float() for t in tensors]
-
-
 def lstm_cell(
     input_gates: Tensor,
     hidden_gates: Tensor,
@@ -108,8 +84,6 @@ def lstm_cell(
     Returns:
         ``(hy, cy)``, each ``[B, H]``.
     """
-    if _in_float32_on_cpu(cx, input_gates=input_gates, hidden_gates=hidden_gates, b_ih=b_ih, b_hh=b_hh):
-        return tuple(t.to(cx.dtype) for t in lstm_cell(*_float(input_gates, hidden_gates, cx, b_ih, b_hh)))
     if _composed(input_gates, hidden_gates, cx, b_ih, b_hh):
         return _ops.lstm_cell_composite(input_gates, hidden_gates, cx, b_ih, b_hh)
     hy, cy, _ = _ops.lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh)
@@ -140,9 +114,6 @@ def lstm_layer(
     Returns:
         ``(output [T, B, P], h_n [B, P], c_n [B, H])``.
     """
-    if _in_float32_on_cpu(input, h0=h0, c0=c0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, w_hr=w_hr):
-        result = lstm_layer(*_float(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr), reverse=reverse)
-        return tuple(t.to(input.dtype) for t in result)
     if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
         return _ops.lstm_layer_composite(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_layer_forward(
@@ -175,10 +146,6 @@ def lstm_packed_layer(
         ``(output [rows, P], h_n, c_n)``, each sequence's final state taken
         at its own last step. Padding is never computed.
     """
-    if _in_float32_on_cpu(input, h0=h0, c0=c0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, w_hr=w_hr):
-        result = lstm_packed_layer(input.float(), batch_sizes, *_float(h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr),
-                                   reverse=reverse)
-        return tuple(t.to(input.dtype) for t in result)
     if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
         return _ops.lstm_packed_layer_composite(input, _unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
@@ -246,12 +213,15 @@ def _cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
     if _gradient_is_differentiated():
         return _composed_backward(ctx, _ops.lstm_cell_composite, (input_gates, hidden_gates, cx, b_ih, b_hh),
                                   (grad_hy, grad_cy))
+    # A bfloat16/float16 call on the CPU gets float32 gradients: the bias
+    # gradient is summed from them, then each is rounded to cx's dtype once.
     grad_gates, grad_cx = _ops.lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace)
-    grad_bias = grad_gates.sum(0) if ctx.has_b_ih or ctx.has_b_hh else None
+    grad_bias = grad_gates.sum(0).to(cx.dtype) if ctx.has_b_ih or ctx.has_b_hh else None
+    grad_gates = grad_gates.to(cx.dtype)
     return (
         grad_gates,
         grad_gates,
-        grad_cx,
+        grad_cx.to(cx.dtype),
         grad_bias if ctx.has_b_ih else None,
         grad_bias if ctx.has_b_hh else None,
     )
