@@ -111,3 +111,15 @@ def test_pipeline_parallel_checks_its_input_at_the_entry(tmp_path, args, error, 
         with pytest.raises(error, match=message):
             pipe(*args)
         assert pipe.core.trace() == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_reduced_precision_lstm_on_the_cpu_is_refused(dtype):
+    # The ops compute it in float32 on the CPU; a pipeline's split backward
+    # would round the gate gradients first, so it refuses rather than differ.
+    torch.manual_seed(0)
+    model = nn.Sequential(pipelstm.LSTM(E, H, 2), nn.Linear(H, V)).to(dtype)
+    pipe = pipelstm.Pipeline(model, ["cpu", "cpu"], chunks=2)
+    with pytest.raises(RuntimeError, match=r"LSTM layer.* on the CPU runs float32 or float64, got BFloat16|"
+                                           r"LSTM layer.* on the CPU runs float32 or float64, got Half"):
+        pipe(torch.zeros(5, 3, E, dtype=dtype))

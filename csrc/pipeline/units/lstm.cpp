@@ -37,6 +37,11 @@ Tensor forward_packed(const UnitSpec& u, const UnitParams& p, const Tensor& x, b
 
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bool keep, Tensor& h,
                Tensor& c, std::vector<Tensor>& saved, uint64_t, const ItemContext& item) {
+  // The split backward would form the weight gradients from gate gradients
+  // rounded to the reduced dtype, unlike the op's float32 backward on the CPU.
+  TORCH_CHECK(!x.is_cpu() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf),
+              "pipelstm pipeline: ", u.name, " on the CPU runs float32 or float64, got ",
+              x.scalar_type(), "; cast the model to float32 (or run it on CUDA)");
   if (item.packed) return forward_packed(u, p, x, keep, h, c, saved, item.batch_sizes);
   auto [out, h_n, c_n, ws] = lstm_layer_forward(x, h, c, need(p[0], u, "w_ih"),
                                                 need(p[1], u, "w_hh"), p[2], p[3], p[4],
