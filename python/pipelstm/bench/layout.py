@@ -12,8 +12,9 @@ cores, in every way that uses them:
 
 First the automatic layout plans, as ``init_mesh(pp="auto")`` does: the
 units calibrated in this process (``pipelstm.simulator.calibrate``, one
-thread, and two for the 2-thread stage), the gloo loopback link timed
-between two processes, and ``choose_layout`` over the three kinds; the
+thread, and two for the 2-thread stage), the gloo loopback link, the
+all-reduce and the compute sharing measured between two processes
+(``measure_machine``), and ``choose_layout`` over the three kinds; the
 fastest predicted is the choice. Then every layout, the choice included
 (with its balance), runs in processes of its own that take turns
 (``bench.groups``: the median of ``--reps`` turns of 2 steps, the last
@@ -21,6 +22,7 @@ timed), and the choice's measured step is set against the fastest measured.
 """
 
 import argparse
+import functools
 import statistics
 import sys
 from typing import List, Optional
@@ -30,7 +32,8 @@ from torch import nn
 
 from .. import simulator as sim
 from ..pipeline import Pipeline
-from ..simulator.clusters import local_machine, measure_loopback
+from ..simulator.calibrate import model_step
+from ..simulator.clusters import local_machine, measure_machine
 from ..simulator.layout import choose_layout, search_sizes
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
@@ -95,17 +98,24 @@ def _name(kind: str, pp: int, dp: int, threads: int) -> str:
     return f"PipelineParallel pp={pp} x dp={dp} (gloo, 1 thread each)"
 
 
-def plan(T: int, B: int, link: sim.Link):
+def machine(processes: int, measured: tuple) -> sim.Cluster:
+    """This machine as ``processes`` processes, from ``measure_machine()``'s
+    (link, all-reduce, compute sharing)."""
+    link, allreduce, sharing = measured
+    return local_machine(processes, link=link, allreduce=allreduce, compute_sharing=sharing)
+
+
+def plan(T: int, B: int, measured: tuple):
     """The automatic choice over the three kinds: (kind, pp, dp, threads, plan), the plans of each kind."""
     s = SIZES[True]
     torch.manual_seed(0)
     model, loss = build(s["vocab"], s["emb"], s["hidden"], s["layers"]), nn.CrossEntropyLoss()
     sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
     one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
-    world = local_machine(2, link=link)
+    world = machine(2, measured)
     candidates = [("parallel", 1, choose_layout(one, world, T, B)),
                   ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True)),
-                  ("pipeline", 2, choose_layout(two, local_machine(1, link=link), T, B, in_process=True))]
+                  ("pipeline", 2, choose_layout(two, machine(1, measured), T, B, in_process=True))]
     kind, threads, best = min(candidates, key=lambda c: c[2].prediction.step_s)
     return (kind, best.layout.pp, best.layout.dp, threads, best), dict(costs=(one, two), candidates=candidates)
 
@@ -121,8 +131,12 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     meta = report.metadata("layout", argv)
     s = SIZES[True]
     T, B = s["T"], s["B"]
-    link = measure_loopback()
-    (kind, pp, dp, threads, chosen), extra = plan(T, B, link)
+    torch.manual_seed(0)
+    model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+    # the sharing of two replicas' steps, each half the batch on one thread
+    measured = measure_machine(workload=functools.partial(model_step, model, nn.CrossEntropyLoss(), (T, B // 2)))
+    link, allreduce, sharing = measured
+    (kind, pp, dp, threads, chosen), extra = plan(T, B, measured)
     one, two = extra["costs"]
     print(chosen.why, flush=True)
     lay = chosen.layout
@@ -141,7 +155,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         times, infos = take_turns(groups, args.reps)
     finally:
         close_all(groups)
-    world2, world1 = local_machine(2, link=link), local_machine(1, link=link)
+    world2, world1 = machine(2, measured), machine(1, measured)
     for i, r in enumerate(rows):
         samples = times[str(i)]
         balance = list(infos[i][-1][0]["balance"])
@@ -167,8 +181,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         "Its plan: " + "; ".join(line.strip() for line in chosen.why.splitlines()) + ". The best predicted of the other kinds: " + "; ".join(
             f"{_name(k, p.layout.pp, p.layout.dp, t)}, K={p.layout.chunks}, M={p.layout.micro_batches}: "
             f"{p.prediction.step_s * 1e3:.1f} ms" for k, t, p in extra["candidates"] if p is not chosen) + ".",
-        f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: {link.latency_s * 1e6:.0f} us + "
-        f"{link.bytes_per_s / 1e9:.2f} GB/s.",
+        f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: sends {link.latency_s * 1e6:.0f} us + "
+        f"{link.bytes_per_s / 1e9:.2f} GB/s, all-reduce {allreduce.latency_s * 1e6:.0f} us + "
+        f"{allreduce.bytes_per_s / 1e9:.2f} GB/s; compute sharing {sharing:.2f} (two one-thread processes "
+        "running the model's step on half the batch at once, each against one alone).",
     ]
     same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
             and r["balance"] == auto["balance"]]

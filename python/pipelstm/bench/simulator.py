@@ -32,17 +32,23 @@ their parameters.
 """
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 from typing import List, Optional
 
+import torch
+from torch import nn
+
 from .. import simulator as sim
+from ..simulator.calibrate import model_step
+from ..simulator.clusters import measure_machine
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import CONFIG_COLUMNS, describe, setup_pipeline
+from .pipeline import CONFIG_COLUMNS, build, describe, setup_pipeline
 from .pipelining_peer import SIZES
-from .simulator_runs import (MEMORY_ENV, Loopback, gloo_links, setup_calibration, setup_link_probe, setup_memory,
+from .simulator_runs import (MEMORY_ENV, gloo_links, setup_calibration, setup_link_probe, setup_memory,
                              setup_parallel)
 from .table import Column, markdown
 from .timing import median_index
@@ -108,6 +114,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     s = SIZES[True]
     model_text = f"{describe(s)}; T={s['T']}, global batch B={s['B']}"
     load_before = os.getloadavg()
+    torch.manual_seed(0)
+    model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+    # how much two processes running the model's step (half the batch each) slow each other
+    sharing = measure_machine(workload=functools.partial(model_step, model, nn.CrossEntropyLoss(),
+                                                         (s["T"], s["B"] // 2)))[2]
     rows = _configs()
     groups: List[Group] = []
     try:  # the calibration and the link probe take turns with the configurations
@@ -122,7 +133,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         costs.save(args.calibration)
     gloo, allreduce = gloo_links(infos[1])
     gloo_text = (f"gloo between 2 processes: sends {gloo.latency_s * 1e6:.0f} us + {gloo.bytes_per_s / 1e9:.2f} GB/s, "
-                 f"all-reduce {allreduce[0] * 1e6:.0f} us + {allreduce[1] * 1e9:.2f} ns/byte")
+                 f"all-reduce {allreduce.latency_s * 1e6:.0f} us + {allreduce.bytes_per_s / 1e9:.2f} GB/s; compute "
+                 f"sharing {sharing:.2f}")
     print(f"calibration: {costs}; {gloo_text}", flush=True)
     times = {str(i): times[str(i + 2)] for i in range(len(rows))}
     infos = infos[2:]
@@ -158,7 +170,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         balance[-1] += 1  # the loss, in the last stage
         inner = r["kind"] == "pipeline"
         link = free if inner else gloo
-        cluster = Loopback(1, 2, "cpu", cpu_memory / 2, free, link, link, allreduce_fit=allreduce)
+        cluster = sim.Cluster(1, 2, "cpu", cpu_memory / 2, free, link, link, allreduce=allreduce,
+                              compute_sharing=sharing)
         layout = sim.Layout(r["dp"], r["pp"], balance, r["K"], r["M"], in_process=inner)
         p = sim.predict(costs, layout, cluster, s["T"], s["B"])
         params = [sum(costs.units()[u].param_bytes for u in range(sum(balance[:j]), sum(balance[: j + 1])))

@@ -8,7 +8,6 @@ import ctypes
 import gc
 import statistics
 import time
-from dataclasses import dataclass
 from typing import List
 
 import torch
@@ -20,7 +19,7 @@ from .memory import peak_bytes, reset_peak, rss_bytes
 from .pipeline import build, setup_pipeline, stage_busy
 from .pipelining_peer import SIZES, make_data
 
-__all__ = ["setup_parallel", "setup_memory", "setup_link_probe", "setup_calibration", "gloo_links", "Loopback",
+__all__ = ["setup_parallel", "setup_memory", "setup_link_probe", "setup_calibration", "gloo_links",
            "MEMORY_ENV"]
 
 # The memory runs: no buffer cache, every allocation of 64 KiB and more mapped on its own.
@@ -131,40 +130,24 @@ class _LinkProbe:
         return dict(times=self.times, allreduce=self.allreduce)
 
 
-@dataclass(frozen=True)
-class Loopback(sim.Cluster):
-    """This machine's processes as a cluster: the links as measured, and
-    gloo's all-reduce as measured (``a + c * bytes`` for 2 ranks), which
-    also reduces and copies on the CPU, so costs more than a ring of sends."""
-
-    allreduce_fit: tuple = (0.0, 0.0)
-
-    def allreduce_seconds(self, ranks, nbytes: float) -> float:
-        """The measured all-reduce of ``nbytes`` (2 ranks; none for 1)."""
-        if len(ranks) <= 1 or nbytes <= 0:
-            return 0.0
-        return self.allreduce_fit[0] + self.allreduce_fit[1] * nbytes
-
-
 def setup_link_probe(rank: int, world: int) -> _LinkProbe:
     """A Group workload: the gloo ping-pong of :class:`_LinkProbe`."""
     return _LinkProbe()
 
 
 def gloo_links(turns: List[List[dict]]) -> tuple:
-    """(the point-to-point link, the all-reduce's (a, c)) from the probe's
-    turns, rank 0's medians: the smallest time is the latency (the
-    all-reduce's fixed cost); the slope to the largest message, the
-    seconds per byte (unbounded bytes per second where it does not grow)."""
+    """(the point-to-point link, the all-reduce) from the probe's turns,
+    rank 0's medians: the smallest time is the latency; the slope to the
+    largest message, the seconds per byte (unbounded bytes per second where
+    it does not grow)."""
     def fit(key):
         sizes = turns[0][0][key].keys()
         times = {int(n): statistics.median(t[0][key][n] for t in turns) for n in sizes}
         fixed, large = min(times.values()), max(times)
-        return fixed, max((times[large] - fixed) / large, 0.0)
+        per_byte = max((times[large] - fixed) / large, 0.0)
+        return sim.Link(latency_s=fixed, bytes_per_s=1 / per_byte if per_byte > 0 else float("inf"))
 
-    latency, per_byte = fit("times")
-    link = sim.Link(latency_s=latency, bytes_per_s=1 / per_byte if per_byte > 0 else float("inf"))
-    return link, fit("allreduce")
+    return fit("times"), fit("allreduce")
 
 
 class _Calibration:

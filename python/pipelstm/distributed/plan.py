@@ -11,6 +11,7 @@ prints it with its predicted step time and why.
 """
 
 import dataclasses
+import functools
 import logging
 from typing import Optional, Sequence, Tuple, Union
 
@@ -44,14 +45,15 @@ def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int =
     return fitted[0]
 
 
-def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True):
+def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True,
+                    step=None):
     """What the job's ranks cost each other: the link between ranks 0 and 1
     (:func:`measure_link`); over gloo, also the all-reduce over the whole
     group (medians of ``repeats``, fitted as latency + bytes / bandwidth)
     and, where the stages compute on the CPU (``cpu``), how much rank 0's
     compute slows while its machine's ranks compute beside it
-    (``pipelstm.simulator.loopback.compute_sharing``). A collective: every
-    rank calls it.
+    (``pipelstm.simulator.loopback.compute_sharing`` of ``step``, e.g. the
+    model's own ``calibrate.model_step``). A collective: every rank calls it.
 
     Returns:
         ``(link, allreduce, compute_sharing)``, the same on every rank
@@ -67,7 +69,7 @@ def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: in
         return link, None, 1.0
     times = allreduce_times(sizes, repeats)
     local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
-    sharing = compute_sharing(rank, range(local), repeats) if cpu else 1.0
+    sharing = compute_sharing(rank, range(local), repeats, step) if cpu else 1.0
     fitted = [(fit_link(list(sizes), times, "measure_machine (all-reduce)", clamp=True), sharing)
               if rank == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
@@ -132,11 +134,16 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     if not world:
         raise ValueError("plan_layout: world_size is needed when torch.distributed is not initialised")
     if cluster is None:
+        from ..simulator.calibrate import model_step
         from ..simulator.clusters import local_machine
         from ..simulator.clusters import measure_machine as measure_here
 
         cpu = not device.startswith("cuda")
-        link, allreduce, sharing = measure_machine(cpu=cpu) if shared else measure_here()
+        size = (T, max(B // world, 1))  # every rank a replica: the most that computes at once
+        if shared:
+            link, allreduce, sharing = measure_machine(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
+        else:
+            link, allreduce, sharing = measure_here(workload=functools.partial(model_step, model, loss_fn, size))
         cluster = local_machine(world, link=link, allreduce=allreduce, compute_sharing=sharing if cpu else 1.0)
         if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
             props = torch.cuda.get_device_properties(torch.cuda.current_device())

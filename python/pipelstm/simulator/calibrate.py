@@ -27,7 +27,7 @@ import copy
 import re
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,7 @@ from ..pipeline.prologue import prepare
 from .costs import FittedCosts, UnitFit, fit_bytes, fit_seconds
 from .model import PHASES, UnitInfo
 
-__all__ = ["calibrate", "Calibrator", "DEFAULT_SIZES"]
+__all__ = ["calibrate", "Calibrator", "model_step", "DEFAULT_SIZES"]
 
 # Item sizes (t, b) measured by default.
 DEFAULT_SIZES = ((4, 2), (16, 4), (32, 8), (64, 16), (16, 16), (64, 4))
@@ -73,6 +73,43 @@ def _zero_grads(core: PipelineCore) -> None:
         for p in u.params():
             if p is not None:
                 p.grad = None
+
+
+def _sample(first, t: int, b: int, g: torch.Generator, device: torch.device, vocab_input: Optional[int]) -> Tensor:
+    """A ``[t, b]`` input for a model whose first unit is ``first``: indices
+    for an Embedding (below ``vocab_input``, default its size), else
+    features in its parameters' dtype."""
+    if first.kind == "embedding":
+        return torch.randint(0, vocab_input or first.module.num_embeddings, (t, b), generator=g).to(device)
+    return torch.randn(t, b, first.input_size, generator=g).to(device, first.params()[0].dtype)
+
+
+def model_step(model: nn.Sequential, loss_fn: Optional[nn.Module] = None, size: Tuple[int, int] = (64, 8),
+               threads: int = 1, vocab_input: Optional[int] = None) -> Callable[[], None]:
+    """One training step of the whole ``model`` (a copy) on the CPU engine at
+    one item size ``(t, b)``, as a calibration round runs it: the work
+    ``loopback.compute_sharing`` times beside itself.
+
+    Returns:
+        A function that runs the step (forward, loss or a sum, backward).
+    """
+    _check(model, loss_fn, "cpu", threads, [size] * 3, 1)
+    prepared = prepare("calibrate", copy.deepcopy(model).named_children(), ["cpu"], chunks=1, micro_batches=1,
+                       loss_fn=loss_fn)
+    units, cpu = prepared.units, torch.device("cpu")
+    whole = PipelineCore(units, [cpu], [len(units)], [threads], loss=prepared.loss, who="calibrate")
+    g = torch.Generator().manual_seed(0)
+    x = _sample(units[0], size[0], size[1], g, cpu, vocab_input)
+    target = None
+    if prepared.loss is not None:  # classes: the width of the units' output
+        out, _ = _run(PipelineCore(units, [cpu], [len(units)], [threads], who="calibrate"), x, None)
+        target = torch.randint(0, out.shape[-1], tuple(size), generator=g)
+
+    def step() -> None:
+        _zero_grads(whole)
+        _run(whole, x, target)
+
+    return step
 
 
 def _check(model, loss_fn, device, threads, sizes, repeats) -> List[Tuple[int, int]]:
@@ -111,7 +148,6 @@ class Calibrator:
                            loss_fn=loss_fn)
         self.units, self.loss, self.device, self.threads = prepared.units, prepared.loss, torch.device(device), threads
         first = self.units[0]
-        n_in = vocab_input or (first.module.num_embeddings if first.kind == "embedding" else 0)
         self.cores = [self._core([u]) for u in self.units]
         self.loss_core = self._core([self.units[-1]], self.loss) if self.loss is not None else None
         self.whole = self._core(self.units, self.loss)
@@ -120,11 +156,7 @@ class Calibrator:
         self.info = {}  # (core index, t, b) -> (output bytes per token, kept bytes)
         for t, b in self.sizes:
             g = torch.Generator().manual_seed(t * 1000 + b)
-            if first.kind == "embedding":
-                x = torch.randint(0, n_in, (t, b), generator=g).to(self.device)
-            else:
-                x = torch.randn(t, b, first.input_size, generator=g).to(self.device, first.params()[0].dtype)
-            first_x = x
+            x = first_x = _sample(first, t, b, g, self.device, vocab_input)
             for i, core in enumerate(self.cores):
                 xi = x.detach().requires_grad_(x.is_floating_point())
                 out, kept = _run(core, xi, None)

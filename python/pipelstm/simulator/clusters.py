@@ -141,12 +141,15 @@ def measure_loopback(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Link:
     return measure_machine(sizes, repeats)[0]
 
 
-def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Tuple[Link, Link, float]:
+def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=None) -> Tuple[Link, Link, float]:
     """What two CPU processes on this machine cost each other, measured in
     two processes it spawns (gloo on loopback): the point-to-point link (as
     :func:`measure_loopback`), the all-reduce between them (the medians of
     ``repeats``, fitted the same way) and the compute sharing
-    (``loopback.compute_sharing``).
+    (``loopback.compute_sharing`` of the step ``workload()`` makes, a
+    picklable function: e.g. ``functools.partial(calibrate.model_step,
+    model, loss_fn, (t, b))`` for the model's own; default a small LSTM
+    layer).
 
     Returns:
         ``(link, allreduce, compute_sharing)``.
@@ -159,7 +162,7 @@ def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Tuple[Lin
     _check_sizes(sizes, repeats, "measure_loopback")
     from .loopback import fit_link, pair_times
 
-    times = pair_times(list(sizes), repeats)
+    times = pair_times(list(sizes), repeats, workload=workload)
     return (fit_link(list(sizes), times["one_way"], "measure_loopback"),
             fit_link(list(sizes), times["allreduce"], "measure_loopback (all-reduce)"), float(times["sharing"]))
 

@@ -10,7 +10,7 @@ bandwidth`` from the times."""
 import socket
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 __all__ = ["ping_pong", "allreduce_times", "compute_sharing", "pair_times", "fit_link"]
 
@@ -43,7 +43,7 @@ def ping_pong(rank: int, sizes: Sequence[int], repeats: int, peer: Optional[int]
 
 def allreduce_times(sizes: Sequence[int], repeats: int) -> List[float]:
     """Seconds of a gloo all-reduce of each of ``sizes`` bytes over the
-    default process group (the median of ``repeats``, after one that warms
+    default process group (the median of ``repeats``, after three that warm
     it up). A collective: every rank calls it."""
     import torch
     import torch.distributed as dist
@@ -52,12 +52,12 @@ def allreduce_times(sizes: Sequence[int], repeats: int) -> List[float]:
     for n in sizes:
         buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
         samples = []
-        for _ in range(repeats + 1):
+        for _ in range(repeats + 3):
             dist.barrier()
             t = time.perf_counter()
             dist.all_reduce(buf)
             samples.append(time.perf_counter() - t)
-        out.append(statistics.median(samples[1:]))
+        out.append(statistics.median(samples[3:]))
     return out
 
 
@@ -79,12 +79,16 @@ def _lstm_step():
     return step
 
 
-def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7) -> float:
+def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7,
+                    step: Optional[Callable[[], None]] = None) -> float:
     """How much longer rank 0's compute takes while the ``together`` ranks
     (rank 0 among them, processes of one machine) compute at once than
-    alone: the ratio of the medians of ``repeats`` one-thread LSTM layer
-    steps, at least 1.0. A collective over the default group: every rank
-    calls it; the others' results are not meaningful.
+    alone: the median over ``repeats`` rounds of the ratio of three
+    one-thread runs of ``step`` together to three alone, at least 1.0.
+    ``step`` defaults to a small LSTM layer's forward and backward; the
+    model's own (``calibrate.model_step``) says more, as the sharing
+    depends on how much of the caches the work needs. A collective over
+    the default group: every rank calls it; the others get 1.0.
     """
     import torch
     import torch.distributed as dist
@@ -92,25 +96,30 @@ def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7) -> flo
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        step = _lstm_step()
+        step = step or _lstm_step()
         step()  # warm up: weights packed, buffers allocated
 
-        def timed() -> float:
+        def timed(n: int) -> float:
             samples = []
-            for _ in range(repeats):
+            for _ in range(n):
                 t = time.perf_counter()
                 step()
                 samples.append(time.perf_counter() - t)
             return statistics.median(samples)
 
-        dist.barrier()
-        alone = timed() if rank == 0 else 0.0
-        dist.barrier()
-        beside = timed() if rank in together else 0.0
+        # Rounds of alone, then together, so that what else the machine
+        # does falls on both alike; the median of the rounds' ratios.
+        ratios = []
+        for _ in range(repeats):
+            dist.barrier()
+            alone = timed(3) if rank == 0 else 0.0
+            dist.barrier()
+            beside = timed(3) if rank in together else 0.0
+            ratios.append(beside / alone if rank == 0 else 1.0)
         dist.barrier()
     finally:
         torch.set_num_threads(threads)
-    return max(1.0, beside / alone) if rank == 0 else 1.0
+    return max(1.0, statistics.median(ratios))
 
 
 def fit_link(sizes: Sequence[int], times: Sequence[float], who: str, clamp: bool = False):
@@ -144,27 +153,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue) -> None:
+def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workload) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
+        step = workload() if workload is not None else None
         out = dict(one_way=ping_pong(rank, sizes, repeats), allreduce=allreduce_times(sizes, repeats),
-                   sharing=compute_sharing(rank, [0, 1], repeats))
+                   sharing=compute_sharing(rank, [0, 1], repeats, step))
         if rank == 0:
             queue.put(out)
     finally:
         dist.destroy_process_group()
 
 
-def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0) -> Dict[str, object]:
+def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
+               workload: Optional[Callable[[], Callable[[], None]]] = None) -> Dict[str, object]:
     """Between two CPU processes it spawns on this machine, over gloo: the
     seconds of a one-way transfer of each of ``sizes`` bytes (half the
     fastest of ``repeats`` round trips), of an all-reduce of each
-    (medians), and their compute sharing (:func:`compute_sharing`), as
-    ``{"one_way": [...], "allreduce": [...], "sharing": float}``.
+    (medians), and their compute sharing (:func:`compute_sharing` of the
+    step ``workload()`` makes in each process, a picklable function such
+    as ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))``),
+    as ``{"one_way": [...], "allreduce": [...], "sharing": float}``.
 
     Raises:
         RuntimeError: a process failed or did not answer within ``timeout``.
@@ -174,7 +187,7 @@ def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0) -> Dict[s
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, sizes, repeats, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, sizes, repeats, queue, workload)) for r in range(2)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
