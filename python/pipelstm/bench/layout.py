@@ -19,6 +19,9 @@ fastest predicted is the choice. Then every layout, the choice included
 (with its balance), runs in processes of its own that take turns
 (``bench.groups``: the median of ``--reps`` turns of 2 steps, the last
 timed), and the choice's measured step is set against the fastest measured.
+All of it ``--runs`` times from scratch: the plan can choose differently
+when two layouts are predicted close, and the measurements move between
+runs too; the table is the last run's, the notes give every run's choice.
 """
 
 import argparse
@@ -120,28 +123,17 @@ def plan(T: int, B: int, measured: tuple):
     return (kind, best.layout.pp, best.layout.dp, threads, best), dict(costs=(one, two), candidates=candidates)
 
 
-def main(argv: Optional[List[str]] = None) -> List[dict]:
-    """Runs the bench (see the module's docstring); returns its rows."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench layout", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=5, help="timed steps per layout (median; at least 5)")
-    ap.add_argument("--quick", action="store_true", help="3 layouts and the choice, fewer repeats allowed")
-    args = report.parse_arguments(ap, argv, "--reps")
-    meta = report.metadata("layout", argv)
-    s = SIZES[True]
+def _run(s: dict, model: nn.Module, reps: int, quick: bool) -> dict:
+    """One plan and one measurement of every layout, the choice last."""
     T, B = s["T"], s["B"]
-    torch.manual_seed(0)
-    model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
     # the sharing of two replicas' steps, each half the batch on one thread
     measured = measure_machine(workload=functools.partial(model_step, model, nn.CrossEntropyLoss(), (T, B // 2)))
-    link, allreduce, sharing = measured
     (kind, pp, dp, threads, chosen), extra = plan(T, B, measured)
     one, two = extra["costs"]
     print(chosen.why, flush=True)
     lay = chosen.layout
     chosen_balance = list(lay.balance[:-1]) + [lay.balance[-1] - 1]  # the loss is no unit of the pipeline
-    grid = [g for g in GRID if not args.quick or g[4:] == (1, 1)]
+    grid = [g for g in GRID if not quick or g[4:] == (1, 1)]
     rows = [dict(kind=k, pp=p, dp=d, threads=t, K=K, M=M, balance=None, config=_name(k, p, d, t))
             for k, p, d, t, K, M in grid]
     rows.append(dict(kind=kind, pp=pp, dp=dp, threads=threads, K=lay.chunks, M=lay.micro_batches,
@@ -152,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             groups.append(Group(f"{r['config']} K={r['K']} M={r['M']}", r["pp"] * r["dp"] if r["kind"] == "parallel"
                                 else 1, setup_layout, timeout=600.0, kind=r["kind"], pp=r["pp"],
                                 threads=r["threads"], chunks=r["K"], micro_batches=r["M"], balance=r["balance"]))
-        times, infos = take_turns(groups, args.reps)
+        times, infos = take_turns(groups, reps)
     finally:
         close_all(groups)
     world2, world1 = machine(2, measured), machine(1, measured)
@@ -168,17 +160,52 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     best = min(r["seconds"] for r in rows)
     for r in rows:
         r["vs_best"] = r["seconds"] / best
-    auto = rows[-1]
     fastest = min(rows, key=lambda r: r["seconds"])
+    auto = rows[-1]
+    print(f"run: the automatic choice {auto['config']}, K={auto['K']}, M={auto['M']}: {auto['vs_best']:.2f}x the "
+          f"fastest measured ({fastest['config']}, K={fastest['K']}, M={fastest['M']})", flush=True)
+    return dict(rows=rows, chosen=chosen, extra=extra, measured=measured, fastest=fastest)
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    """Runs the bench (see the module's docstring); returns its rows (the last run's)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench layout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per layout (median; at least 5)")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="plans and measurements, each from scratch (the choice can differ between them)")
+    ap.add_argument("--quick", action="store_true", help="3 layouts and the choice, fewer repeats allowed")
+    args = report.parse_arguments(ap, argv, "--reps")
+    if args.runs < 1:
+        ap.error(f"--runs must be at least 1, got {args.runs}")
+    meta = report.metadata("layout", argv)
+    s = SIZES[True]
+    T, B = s["T"], s["B"]
+    torch.manual_seed(0)
+    model = build(s["vocab"], s["emb"], s["hidden"], s["layers"])
+    runs = [_run(s, model, args.reps, args.quick) for _ in range(args.runs)]
+    last = runs[-1]
+    rows, chosen, extra = last["rows"], last["chosen"], last["extra"]
+    one, two = extra["costs"]
+    link, allreduce, sharing = last["measured"]
+    auto = rows[-1]
+    every = [dict(choice=r["rows"][-1]["config"], K=r["rows"][-1]["K"], M=r["rows"][-1]["M"],
+                  ratio=r["rows"][-1]["vs_best"], fastest=r["fastest"]["config"], fastest_K=r["fastest"]["K"],
+                  fastest_M=r["fastest"]["M"]) for r in runs]
+    ratios = [r["ratio"] for r in every]
     notes = [
         f"Model: {describe(s)}, the cross-entropy inside the last stage; T={T}, global batch B={B}; one "
         f"training step on 2 CPU cores; median of {args.reps} turns, every layout in turns of {STEPS_PER_TURN} "
         "steps, the last one timed. The last row is the automatic choice, run with the balance it chose; the "
-        "others use the pipeline's own balance.",
-        f"The automatic choice: {auto['config']}, K={auto['K']}, M={auto['M']}: measured {auto['seconds']:.4f} s, "
-        f"{auto['vs_best']:.2f}x the fastest measured ({fastest['config']}, K={fastest['K']}, M={fastest['M']}, "
-        f"{fastest['seconds']:.4f} s); the aim is within 1.10x.",
-        "Its plan: " + "; ".join(line.strip() for line in chosen.why.splitlines()) + ". The best predicted of the other kinds: " + "; ".join(
+        "others use the pipeline's own balance. The table is the last of "
+        f"{args.runs} runs, each planned and measured from scratch.",
+        "The automatic choice, run by run: " + "; ".join(
+            f"{e['choice']}, K={e['K']}, M={e['M']}: {e['ratio']:.2f}x the fastest measured ({e['fastest']}, "
+            f"K={e['fastest_K']}, M={e['fastest_M']})" for e in every)
+        + f"; within the aim of 1.10x in {sum(x <= 1.10 for x in ratios)} of {len(ratios)} runs.",
+        "The last run's plan: " + "; ".join(line.strip() for line in chosen.why.splitlines())
+        + ". The best predicted of the other kinds: " + "; ".join(
             f"{_name(k, p.layout.pp, p.layout.dp, t)}, K={p.layout.chunks}, M={p.layout.micro_batches}: "
             f"{p.prediction.step_s * 1e3:.1f} ms" for k, t, p in extra["candidates"] if p is not chosen) + ".",
         f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: sends {link.latency_s * 1e6:.0f} us + "
@@ -189,12 +216,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
             and r["balance"] == auto["balance"]]
     if same:  # the choice is also a row of the grid: two measurements of one layout, the noise between turns
-        notes.insert(2, f"The choice is also in the grid, measured there at {same[0]['seconds']:.4f} s: the "
-                        f"difference ({same[0]['seconds'] / auto['seconds'] - 1:+.0%}) is this machine's noise.")
+        notes.insert(2, f"In the last run the choice is also in the grid, measured there at "
+                        f"{same[0]['seconds']:.4f} s: the difference ({same[0]['seconds'] / auto['seconds'] - 1:+.0%}) "
+                        "is this machine's noise.")
     print(markdown(COLUMNS, rows))
     for n in notes[1:2]:
         print(n)
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, ratio=auto["vs_best"],
-                          plans=[dict(kind=k, threads=t, why=p.why) for k, t, p in extra["candidates"]])
+        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, ratio=statistics.median(ratios),
+                          runs=every, plans=[dict(kind=k, threads=t, why=p.why) for k, t, p in extra["candidates"]])
     return rows
