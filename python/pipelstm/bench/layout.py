@@ -108,11 +108,9 @@ def machine(processes: int, measured: tuple) -> sim.Cluster:
     return local_machine(processes, link=link, allreduce=allreduce, compute_sharing=sharing)
 
 
-def plan(T: int, B: int, measured: tuple):
+def plan(model: nn.Module, T: int, B: int, measured: tuple):
     """The automatic choice over the three kinds: (kind, pp, dp, threads, plan), the plans of each kind."""
-    s = SIZES[True]
-    torch.manual_seed(0)
-    model, loss = build(s["vocab"], s["emb"], s["hidden"], s["layers"]), nn.CrossEntropyLoss()
+    loss = nn.CrossEntropyLoss()
     sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
     one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
     world = machine(2, measured)
@@ -128,7 +126,7 @@ def _run(s: dict, model: nn.Module, reps: int, quick: bool) -> dict:
     T, B = s["T"], s["B"]
     # the sharing of two replicas' steps, each half the batch on one thread
     measured = measure_machine(workload=functools.partial(model_step, model, nn.CrossEntropyLoss(), (T, B // 2)))
-    (kind, pp, dp, threads, chosen), extra = plan(T, B, measured)
+    (kind, pp, dp, threads, chosen), extra = plan(model, T, B, measured)
     one, two = extra["costs"]
     print(chosen.why, flush=True)
     lay = chosen.layout

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["plan_layout", "measure_link", "measure_machine", "engine_balance"]
+__all__ = ["plan_layout", "measure_link", "measure_job", "engine_balance"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int =
     return fitted[0]
 
 
-def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True,
+def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True,
                     step=None):
     """What the job's ranks cost each other: the link between ranks 0 and 1
     (:func:`measure_link`); over gloo, also the all-reduce over the whole
@@ -70,7 +70,7 @@ def measure_machine(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: in
     times = allreduce_times(sizes, repeats)
     local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
     sharing = compute_sharing(rank, range(local), repeats, step) if cpu else 1.0
-    fitted = [(fit_link(list(sizes), times, "measure_machine (all-reduce)", clamp=True), sharing)
+    fitted = [(fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing)
               if rank == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
     return link, fitted[0][0], fitted[0][1]
@@ -98,7 +98,7 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
         cluster: a :class:`pipelstm.simulator.Cluster`; default every rank
             on one machine (its CPU memory shared, or each rank's GPU memory),
             the link between ranks 0 and 1, the all-reduce and the compute
-            sharing measured (:func:`measure_machine`), the link standing
+            sharing measured (:func:`measure_job`), the link standing
             for every link: give the cluster for several machines.
         costs: the units' costs; default calibrated now on ``device`` with
             ``threads`` (default this process's intra-op threads).
@@ -136,14 +136,14 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     if cluster is None:
         from ..simulator.calibrate import model_step
         from ..simulator.clusters import local_machine
-        from ..simulator.clusters import measure_machine as measure_here
+        from ..simulator.clusters import measure_machine
 
         cpu = not device.startswith("cuda")
         size = (T, max(B // world, 1))  # every rank a replica: the most that computes at once
         if shared:
-            link, allreduce, sharing = measure_machine(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
+            link, allreduce, sharing = measure_job(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
         else:
-            link, allreduce, sharing = measure_here(workload=functools.partial(model_step, model, loss_fn, size))
+            link, allreduce, sharing = measure_machine(workload=functools.partial(model_step, model, loss_fn, size))
         cluster = local_machine(world, link=link, allreduce=allreduce, compute_sharing=sharing if cpu else 1.0)
         if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
