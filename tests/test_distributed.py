@@ -39,6 +39,7 @@ def test_matches_single_process(tmp_path, reference, nproc, pp, extra):
                                               str(tmp_path / "model.pt")])
     _check_trained(tmp_path, reference, result)
     assert f"pp={pp} x dp={nproc // pp}" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr[-3000:]  # e.g. a deprecated DDP argument
 
 
 def test_two_agents_match_single_process(tmp_path, reference):

@@ -7,6 +7,7 @@ pipelines, its ``"dp"`` groups the replicas of each stage.
 
 import contextlib
 import datetime
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
@@ -111,6 +112,19 @@ class Mesh:
             raise ValueError(f"Mesh.shard: a batch of {batch.size(dim)} along dim {dim} cannot feed "
                              f"dp={self.dp} replicas")
         return torch.tensor_split(batch, self.dp, dim=dim)[self.dp_rank]
+
+    def replicate(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` replicated over this rank's data-parallel group with
+        ``DistributedDataParallel``, or ``module`` itself where dp = 1. Its
+        buffers are not synced before each forward (a pipeline stage holds none)."""
+        if self.dp == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        # torch 2.13 renames the switch and deprecates the old name
+        renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync = dict(forward_sync_buffers=False) if renamed else dict(broadcast_buffers=False)
+        return DistributedDataParallel(module, process_group=self.dp_group, **no_sync)
 
     def __str__(self) -> str:
         return (f"rank {self.rank}/{self.world_size}: stage {self.pp_rank} of {self.pp}, replica {self.dp_rank} "

@@ -14,7 +14,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
 from ..pipeline import PipelineCore
@@ -121,8 +120,7 @@ class PipelineParallel(nn.Module):
         dtype = next(p for u in mine for p in u.params() if p is not None).dtype
         self._local = _Stage(core, global_names, in_features, dtype)
         self._local.train(model.training)
-        self.stage = (DistributedDataParallel(self._local, process_group=mesh.dp_group, broadcast_buffers=False)
-                      if mesh.dp > 1 else self._local)
+        self.stage = mesh.replicate(self._local)
         self.carry_state = carry_state
         self._hidden: Optional[Tuple[List[Tensor], List[Tensor]]] = None
         self._stage_names: Optional[List[str]] = None
