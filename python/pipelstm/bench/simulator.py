@@ -27,7 +27,8 @@ and every allocation of 64 KiB and more mapped on its own
 resident set at once; the figure is the rise of the resident set's peak
 (``VmHWM``) over the resident set just before the step, the gradients of
 the step before set to None: the largest memory the step held on top of
-the parameters, measured by the kernel. Predicted: the stages' peak less
+the parameters, measured by the kernel, in the third step (a steady one:
+DDP rebuilds its gradient buckets in the second). Predicted: the stages' peak less
 their parameters.
 """
 
@@ -56,6 +57,10 @@ from .timing import median_index
 __all__ = ["main"]
 
 MIB = 1 / 2**20
+# Steps of a memory run, the last measured: a training loop's steady step.
+# DDP rebuilds its gradient buckets in its second step, freeing the first
+# step's while that step runs, so the second step's rise is too low.
+MEMORY_STEPS = 3
 IN_PROCESS = [(1, 1, 1), (1, 4, 2), (2, 1, 1), (2, 4, 1), (2, 4, 2), (2, 8, 2)]  # (stages, K, M)
 OVER_GLOO = [(1, 1, 1, 1), (2, 1, 4, 2), (2, 1, 8, 2), (1, 2, 4, 1)]  # (pp, dp, K, M)
 
@@ -149,7 +154,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                 for k, v in env.items():
                     os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
             groups.append(g)
-            g.turn()
+            g.turn(MEMORY_STEPS)
             r["rise"] = [info["rise"] for info in g.last]
             g.close()
     finally:
