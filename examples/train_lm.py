@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node=2 examples/train_lm.py --pp 2            # 2 stages
     torchrun --nproc-per-node=4 examples/train_lm.py --pp 2 --dp 2     # 2 replicas x 2 stages
+    torchrun --nproc-per-node=2 examples/train_lm.py --pp auto         # the simulator picks dp x pp, K, M
     python examples/train_lm.py                                          # 1 process
 
 Embedding -> N LSTM layers -> dropout -> decoder, truncated BPTT (the LSTM
@@ -143,9 +144,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data", default=None, help="folder with train.txt, valid.txt, test.txt (default: pydoc's topics, "
                                                   "character-level)")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world size / pp)")
-    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (processes per pipeline)")
-    ap.add_argument("--chunks", type=int, default=4, help="time chunks per step (K)")
-    ap.add_argument("--micro-batches", type=int, default=2, help="micro-batches per step (M)")
+    ap.add_argument("--pp", type=int_or_auto, default=1,
+                    help="pipeline stages (processes per pipeline), or 'auto': the fastest layout the simulator "
+                         "predicts for this model and world (then K and M default to 'auto' too)")
+    ap.add_argument("--chunks", type=int_or_auto, default=None, help="time chunks per step (K), or 'auto'; default 4")
+    ap.add_argument("--micro-batches", type=int_or_auto, default=None,
+                    help="micro-batches per step (M), or 'auto'; default 2")
     ap.add_argument("--balance", default="auto", help="'auto' or units per stage, e.g. 3,3")
     ap.add_argument("--loss-outside", action="store_true",
                     help="compute the loss from the logits on the last rank's caller thread, not inside the pipeline")
@@ -180,7 +184,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="write the final unsplit state_dict here (rank 0)")
     ap.add_argument("--inject-fault", default=None, metavar="KIND:RANK:STEP",
                     help="testing: rank RANK kills (kill) or stops (stop) itself before step STEP, first attempt only")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.pp == "auto" and args.dp is not None:
+        ap.error("--dp goes with a number of stages: --pp auto chooses dp too")
+    default = "auto" if args.pp == "auto" else None
+    args.chunks = args.chunks or default or 4
+    args.micro_batches = args.micro_batches or default or 2
+    return args
+
+
+def int_or_auto(text: str):
+    """A positive int, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int or 'auto', got {text!r}")
+    return value
 
 
 def parse_balance(text: str):
@@ -222,25 +245,26 @@ def main(argv=None) -> dict:
     if "RANK" not in os.environ:  # a plain `python train_lm.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
+    corpus = Corpus(args.data)
+    model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed)
+    loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
     try:
         mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,
-                               device=None if args.device == "auto" else args.device)
+                               device=None if args.device == "auto" else args.device, model=model,
+                               sample=(args.bptt, args.batch_size), loss_fn=loss_fn)
     except ValueError as e:  # a layout or device this launch cannot have: the reason, not a traceback
         raise SystemExit(f"train_lm.py: {e}") from None
-    if args.pp > args.layers:
+    if args.pp != "auto" and args.pp > args.layers:
         torch.distributed.barrier()  # every rank is here: each says why before torchrun stops the others
         raise SystemExit(f"train_lm.py: --pp {args.pp} is larger than the number of LSTM layers ({args.layers}); "
                          "every pipeline stage needs at least one layer")
     log = mesh.rank == 0
-    corpus = Corpus(args.data)
     if args.batch_size < mesh.dp:
         raise SystemExit(f"train_lm.py: --batch-size {args.batch_size} is smaller than dp={mesh.dp}")
     train = batchify(corpus.train, args.batch_size)
     valid = batchify(corpus.valid, args.batch_size)
-    model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed)
     pipe = pdist.PipelineParallel(model, mesh, chunks=args.chunks, micro_batches=args.micro_batches,
-                                  balance=parse_balance(args.balance), checkpoint=args.recompute,
-                                  loss_fn=None if args.loss_outside else nn.CrossEntropyLoss())
+                                  balance=parse_balance(args.balance), checkpoint=args.recompute, loss_fn=loss_fn)
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(pipe.parameters(), lr=args.lr or 3e-3)
     else:

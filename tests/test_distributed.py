@@ -42,6 +42,13 @@ def test_matches_single_process(tmp_path, reference, nproc, pp, extra):
     assert "Warning" not in result.stderr, result.stderr[-3000:]  # e.g. a deprecated DDP argument
 
 
+def test_automatic_layout_matches_single_process(tmp_path, reference):
+    # --pp auto: the simulator picks dp x pp, K and M on rank 0; every rank runs its plan
+    result = torchrun(2, SMALL + ["--pp", "auto", "--max-steps", str(STEPS), "--save-model", str(tmp_path / "model.pt")])
+    _check_trained(tmp_path, reference, result)
+    assert "pipelstm.distributed: layout for 2 x cpu" in result.stdout and "predicted step" in result.stdout
+
+
 def test_two_agents_match_single_process(tmp_path, reference):
     procs = two_agents(SMALL + ["--pp", "2", "--max-steps", str(STEPS), "--save-model", str(tmp_path / "model.pt")])
     outs = []
