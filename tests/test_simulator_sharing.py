@@ -1,14 +1,17 @@
 """Compute that shares a node's cores (pipelstm.simulator.sharing, and
 predict with Cluster.compute_sharing): what runs beside other compute
 stretches by the sharing factor, what runs alone does not, and devices
-that share nothing (GPUs, 1.0) are predicted as before."""
+that share nothing (GPUs, 1.0) are predicted as before. Replicas in lock
+step (Cluster.replica_wait): a dp > 1 step waits for the slowest replica."""
 
+import math
 from dataclasses import replace
 
 import pytest
 from test_simulator import FREE, EqualCosts, cluster
 
 from pipelstm.simulator import Cluster, Layout, predict
+from pipelstm.simulator.model import expected_max_of_normals
 from pipelstm.simulator.sharing import stretches
 
 
@@ -56,3 +59,26 @@ def test_a_pipeline_stretches_only_where_its_stages_overlap():
 def test_compute_sharing_below_one_is_refused():
     with pytest.raises(ValueError, match="compute_sharing must be at least 1.0"):
         Cluster(1, 2, "cpu", 1e9, FREE, FREE, FREE, compute_sharing=0.5)
+
+
+def test_expected_max_of_normals_matches_its_closed_forms():
+    assert expected_max_of_normals(1) == pytest.approx(0.0, abs=1e-9)
+    assert expected_max_of_normals(2) == pytest.approx(1 / math.pi ** 0.5, rel=1e-6)
+    assert expected_max_of_normals(3) == pytest.approx(1.5 / math.pi ** 0.5, rel=1e-6)
+
+
+def test_replicas_in_lock_step_wait_for_the_slowest():
+    costs = EqualCosts(2, device="cpu", params=0)  # no gradients: no all-reduce, the step is the compute
+    c = replace(cpu(1.0, per_node=8), replica_wait=1.2)
+    assert c.replica_wait_for(1) == 1.0 and c.replica_wait_for(2) == pytest.approx(1.2)
+    assert c.replica_wait_for(2) < c.replica_wait_for(4) < c.replica_wait_for(8)
+    one = predict(costs, Layout(1, 1, [2], 1, 1), c, 16, 4).step_s
+    assert one == predict(costs, Layout(1, 1, [2], 1, 1), cpu(1.0), 16, 4).step_s  # one replica waits for none
+    free = predict(costs, Layout(2, 1, [2], 1, 1), cpu(1.0, per_node=8), 16, 8).step_s
+    waited = predict(costs, Layout(2, 1, [2], 1, 1), c, 16, 8).step_s
+    assert waited == pytest.approx(1.2 * free, rel=1e-3)  # less the loss share's latency, which does not wait
+
+
+def test_replica_wait_below_one_is_refused():
+    with pytest.raises(ValueError, match="replica_wait must be at least 1.0"):
+        Cluster(1, 2, "cpu", 1e9, FREE, FREE, FREE, replica_wait=0.9)

@@ -108,10 +108,8 @@ def _name(kind: str, pp: int, dp: int, threads: int) -> str:
 
 
 def machine(processes: int, measured: tuple) -> sim.Cluster:
-    """This machine as ``processes`` processes, from ``measure_machine()``'s
-    (link, all-reduce, compute sharing)."""
-    link, allreduce, sharing = measured
-    return local_machine(processes, link=link, allreduce=allreduce, compute_sharing=sharing)
+    """This machine as ``processes`` processes, from what ``measure_machine()`` measured."""
+    return local_machine(processes, **measured._asdict())
 
 
 def plan(model: nn.Module, T: int, B: int, measured: tuple):
@@ -199,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     last = runs[-1]
     rows, chosen, extra = last["rows"], last["chosen"], last["extra"]
     one, two = extra["costs"]
-    link, allreduce, sharing = last["measured"]
+    link, allreduce, sharing, wait = last["measured"]
     auto = rows[-1]
     every = [dict(choice=r["rows"][-1]["config"], K=r["rows"][-1]["K"], M=r["rows"][-1]["M"],
                   ratio=r["head_to_head"]["ratio"], grid_ratio=r["rows"][-1]["vs_best"],
@@ -225,7 +223,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         f"Calibration: {one} (1 thread), {two} (2 threads); gloo loopback: sends {link.latency_s * 1e6:.0f} us + "
         f"{link.bytes_per_s / 1e9:.2f} GB/s, all-reduce {allreduce.latency_s * 1e6:.0f} us + "
         f"{allreduce.bytes_per_s / 1e9:.2f} GB/s; compute sharing {sharing:.2f} (two one-thread processes "
-        "running the model's step on half the batch at once, each against one alone).",
+        "running the model's step on half the batch at once, each against one alone), and in lock step "
+        f"{wait:.2f} more (a barrier after each step, as replicas wait for each other).",
     ]
     same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
             and r["balance"] == auto["balance"]]

@@ -46,34 +46,40 @@ def measure_link(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int =
 
 
 def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 5, *, cpu: bool = True,
-                    step=None):
+                step=None):
     """What the job's ranks cost each other: the link between ranks 0 and 1
     (:func:`measure_link`); over gloo, also the all-reduce over the whole
     group (medians of ``repeats``, fitted as latency + bytes / bandwidth)
     and, where the stages compute on the CPU (``cpu``), how much rank 0's
-    compute slows while its machine's ranks compute beside it
-    (``pipelstm.simulator.loopback.compute_sharing`` of ``step``, e.g. the
-    model's own ``calibrate.model_step``). A collective: every rank calls it.
+    compute slows while its machine's ranks compute beside it, and in lock
+    step (``pipelstm.simulator.loopback.compute_sharing`` of ``step``, e.g.
+    the model's own ``calibrate.model_step``; the wait of ``n`` ranks given
+    as two replicas', ``Cluster.replica_wait_for``'s scale). A collective:
+    every rank calls it.
 
     Returns:
-        ``(link, allreduce, compute_sharing)``, the same on every rank
-        (``allreduce`` None and sharing 1.0 where not measured).
+        A :class:`pipelstm.simulator.clusters.Machine`, the same on every
+        rank (``allreduce`` None, sharing and wait 1.0 where not measured).
     """
     import os
 
+    from ..simulator.clusters import Machine
     from ..simulator.loopback import allreduce_times, compute_sharing, fit_link
+    from ..simulator.model import expected_max_of_normals
 
     link = measure_link(sizes, repeats)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world == 1 or dist.get_backend() != "gloo":
-        return link, None, 1.0
+        return Machine(link, None, 1.0, 1.0)
     times = allreduce_times(sizes, repeats)
     local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
-    sharing = compute_sharing(rank, range(local), repeats, step) if cpu else 1.0
-    fitted = [(fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing)
+    sharing, wait = compute_sharing(rank, range(local), repeats, step) if cpu else (1.0, 1.0)
+    if local > 2:  # as two replicas' wait
+        wait = 1.0 + (wait - 1.0) * expected_max_of_normals(2) / expected_max_of_normals(local)
+    fitted = [Machine(link, fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing, wait)
               if rank == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
-    return link, fitted[0][0], fitted[0][1]
+    return fitted[0]
 
 
 def engine_balance(balance: Sequence[int], loss_inside: bool) -> list:
@@ -97,8 +103,8 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
         world_size: default: the initialised process group's.
         cluster: a :class:`pipelstm.simulator.Cluster`; default every rank
             on one machine (its CPU memory shared, or each rank's GPU memory),
-            the link between ranks 0 and 1, the all-reduce and the compute
-            sharing measured (:func:`measure_job`), the link standing
+            the link between ranks 0 and 1, the all-reduce, the compute
+            sharing and the replicas' wait measured (:func:`measure_job`), the link standing
             for every link: give the cluster for several machines.
         costs: the units' costs; default calibrated now on ``device`` with
             ``threads`` (default this process's intra-op threads).
@@ -141,10 +147,12 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
         cpu = not device.startswith("cuda")
         size = (T, max(B // world, 1))  # every rank a replica: the most that computes at once
         if shared:
-            link, allreduce, sharing = measure_job(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
+            measured = measure_job(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
         else:
-            link, allreduce, sharing = measure_machine(workload=functools.partial(model_step, model, loss_fn, size))
-        cluster = local_machine(world, link=link, allreduce=allreduce, compute_sharing=sharing if cpu else 1.0)
+            measured = measure_machine(workload=functools.partial(model_step, model, loss_fn, size))
+        if not cpu:  # GPUs: the sharing and the wait of CPU processes do not apply
+            measured = measured._replace(compute_sharing=1.0, replica_wait=1.0)
+        cluster = local_machine(world, **measured._asdict())
         if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             cluster = dataclasses.replace(cluster, device=props.name, device_memory=float(props.total_memory))

@@ -21,16 +21,17 @@ send/receive reaches in practice, not the links' line rates:
 The local machine (CPU processes over gloo on loopback) is measured, not
 assumed: :func:`measure_machine` times a gloo send/receive and an
 all-reduce between two processes and fits latency and bandwidth to each,
-and times how much the two slow each other down when both compute.
+and times how much the two slow each other down when both compute, and
+when they keep in lock step.
 """
 
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence
 
 from .model import Cluster, Link
 
-__all__ = ["h100_node", "h100_cluster", "pcie_node", "local_machine", "measure_loopback", "measure_machine", "describe",
-           "PRESETS"]
+__all__ = ["h100_node", "h100_cluster", "pcie_node", "local_machine", "measure_loopback", "measure_machine", "Machine",
+           "describe", "PRESETS"]
 
 GIB = 2.0 ** 30
 H100_MEMORY = 80e9  # H100 SXM: 80 GB HBM3
@@ -86,22 +87,36 @@ def pcie_node(gpus: int = 8) -> Cluster:
                    same_device=SAME_GPU, intra_node=PCIE5, inter_node=IB_NDR)
 
 
+class Machine(NamedTuple):
+    """What a machine's processes cost each other, as measured
+    (:func:`measure_machine`, ``pipelstm.distributed.plan.measure_job``):
+    ``Cluster``'s fields of the same names."""
+
+    link: Link
+    allreduce: Optional[Link]
+    compute_sharing: float
+    replica_wait: float
+
+
 def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optional[float] = None,
-                  allreduce: Optional[Link] = None, compute_sharing: float = 1.0) -> Cluster:
+                  allreduce: Optional[Link] = None, compute_sharing: float = 1.0,
+                  replica_wait: float = 1.0) -> Cluster:
     """This machine as ``processes`` CPU processes talking over gloo on loopback.
 
     Args:
         processes: processes (ranks) on this machine.
         link: the loopback link between two processes; default: measured
             now (:func:`measure_machine`, a few seconds), with the
-            all-reduce and the compute sharing, which then replace
-            ``allreduce`` and ``compute_sharing``.
+            all-reduce, the compute sharing and the replicas' wait, which
+            then replace ``allreduce``, ``compute_sharing`` and ``replica_wait``.
         memory: bytes each process may use; default this machine's
             physical memory shared equally.
         allreduce: the measured all-reduce between two processes
             (``Cluster.allreduce``); None: a ring over ``link``.
         compute_sharing: how much longer compute takes beside other
             computing stages or processes (``Cluster.compute_sharing``).
+        replica_wait: how much longer replicas' steps take in lock step
+            (``Cluster.replica_wait``).
 
     Raises:
         ValueError: ``processes`` is not a positive int, ``memory`` not positive.
@@ -112,11 +127,11 @@ def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optio
     if not memory > 0:
         raise ValueError(f"local_machine: memory must be positive bytes, got {memory!r}")
     if link is None:
-        link, allreduce, compute_sharing = measure_machine()
+        link, allreduce, compute_sharing, replica_wait = measure_machine()
     # Two stages in one process hand over a tensor without a copy.
     return Cluster(nodes=1, devices_per_node=processes, device="cpu", device_memory=float(memory),
                    same_device=Link(latency_s=0.0, bytes_per_s=float("inf")), intra_node=link, inter_node=link,
-                   allreduce=allreduce, compute_sharing=compute_sharing)
+                   allreduce=allreduce, compute_sharing=compute_sharing, replica_wait=replica_wait)
 
 
 SIZES = (4096, 1 << 20, 8 << 20, 32 << 20)
@@ -141,18 +156,18 @@ def measure_loopback(sizes: Sequence[int] = SIZES, repeats: int = 7) -> Link:
     return measure_machine(sizes, repeats)[0]
 
 
-def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=None) -> Tuple[Link, Link, float]:
+def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=None) -> Machine:
     """What two CPU processes on this machine cost each other, measured in
     two processes it spawns (gloo on loopback): the point-to-point link (as
     :func:`measure_loopback`), the all-reduce between them (the medians of
-    ``repeats``, fitted the same way) and the compute sharing
-    (``loopback.compute_sharing`` of the step ``workload()`` makes, a
-    picklable function: e.g. ``functools.partial(calibrate.model_step,
-    model, loss_fn, (t, b))`` for the model's own; default a small LSTM
-    layer).
+    ``repeats``, fitted the same way), the compute sharing and the wait of
+    replicas in lock step (``loopback.compute_sharing`` of the step
+    ``workload()`` makes, a picklable function: e.g.
+    ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))`` for
+    the model's own; default a small LSTM layer).
 
     Returns:
-        ``(link, allreduce, compute_sharing)``.
+        A :class:`Machine` ``(link, allreduce, compute_sharing, replica_wait)``.
 
     Raises:
         ValueError: fewer than two sizes, or ``repeats`` below 1.
@@ -163,8 +178,9 @@ def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=Non
     from .loopback import fit_link, pair_times
 
     times = pair_times(list(sizes), repeats, workload=workload)
-    return (fit_link(list(sizes), times["one_way"], "measure_loopback"),
-            fit_link(list(sizes), times["allreduce"], "measure_loopback (all-reduce)"), float(times["sharing"]))
+    return Machine(fit_link(list(sizes), times["one_way"], "measure_loopback"),
+                   fit_link(list(sizes), times["allreduce"], "measure_loopback (all-reduce)"),
+                   float(times["sharing"]), float(times["wait"]))
 
 
 def describe(cluster: Cluster) -> Dict[str, object]:
@@ -177,7 +193,7 @@ def describe(cluster: Cluster) -> Dict[str, object]:
                 device_memory_GiB=cluster.device_memory / GIB, same_device=link(cluster.same_device),
                 intra_node=link(cluster.intra_node), inter_node=link(cluster.inter_node),
                 allreduce=None if cluster.allreduce is None else link(cluster.allreduce),
-                compute_sharing=cluster.compute_sharing)
+                compute_sharing=cluster.compute_sharing, replica_wait=cluster.replica_wait)
 
 
 # name: (builder, one line of assumptions), for the bench and the docs

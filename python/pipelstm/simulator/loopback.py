@@ -1,7 +1,7 @@
 """What a machine's processes cost each other, measured over gloo:
 ``ping_pong`` (a point-to-point link), ``allreduce_times`` (the collective)
 and ``compute_sharing`` (how much a computing process slows down while
-others compute beside it), each over a process group
+others compute beside it, and while they keep in lock step), each over a process group
 (``pipelstm.distributed``'s automatic layout runs them in the job), or all
 three in two processes ``pair_times`` spawns on this machine
 (``clusters.local_machine``); and ``fit_link``, ``latency + bytes /
@@ -10,7 +10,7 @@ bandwidth`` from the times."""
 import socket
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["ping_pong", "allreduce_times", "compute_sharing", "pair_times", "fit_link"]
 
@@ -80,15 +80,23 @@ def _lstm_step():
 
 
 def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7,
-                    step: Optional[Callable[[], None]] = None) -> float:
+                    step: Optional[Callable[[], None]] = None) -> Tuple[float, float]:
     """How much longer rank 0's compute takes while the ``together`` ranks
     (rank 0 among them, processes of one machine) compute at once than
-    alone: the median over ``repeats`` rounds of the ratio of three
-    one-thread runs of ``step`` together to three alone, at least 1.0.
+    alone, and how much longer again when they keep in lock step, as
+    data-parallel replicas do (each step waits for the slowest).
+
+    Each of ``repeats`` rounds times three one-thread runs of ``step``
+    alone, three side by side, and three in lock step (a barrier after
+    each); the sharing is the median over the rounds of side by side over
+    alone, the wait of lock step over side by side, each at least 1.0.
     ``step`` defaults to a small LSTM layer's forward and backward; the
     model's own (``calibrate.model_step``) says more, as the sharing
     depends on how much of the caches the work needs. A collective over
-    the default group: every rank calls it; the others get 1.0.
+    the default group: every rank calls it; the others get (1.0, 1.0).
+
+    Returns:
+        ``(compute_sharing, replica_wait)`` (``Cluster``'s fields).
     """
     import torch
     import torch.distributed as dist
@@ -99,27 +107,36 @@ def compute_sharing(rank: int, together: Sequence[int], repeats: int = 7,
         step = step or _lstm_step()
         step()  # warm up: weights packed, buffers allocated
 
-        def timed(n: int) -> float:
+        def timed(n: int, run: bool, lock_step: bool) -> float:
             samples = []
             for _ in range(n):
                 t = time.perf_counter()
-                step()
+                if run:
+                    step()
+                if lock_step:
+                    dist.barrier()
                 samples.append(time.perf_counter() - t)
             return statistics.median(samples)
 
-        # Rounds of alone, then together, so that what else the machine
-        # does falls on both alike; the median of the rounds' ratios.
-        ratios = []
+        # Rounds of alone, side by side and in lock step, so that what else
+        # the machine does falls on all three alike; medians of the ratios.
+        sharing, wait = [], []
         for _ in range(repeats):
             dist.barrier()
-            alone = timed(3) if rank == 0 else 0.0
+            alone = timed(3, rank == 0, False) if rank == 0 else 0.0
             dist.barrier()
-            beside = timed(3) if rank in together else 0.0
-            ratios.append(beside / alone if rank == 0 else 1.0)
+            beside = timed(3, True, False) if rank in together else 0.0
+            dist.barrier()
+            locked = timed(3, rank in together, True)
+            if rank == 0:
+                sharing.append(beside / alone)
+                wait.append(locked / beside)
         dist.barrier()
     finally:
         torch.set_num_threads(threads)
-    return max(1.0, statistics.median(ratios))
+    if rank != 0:
+        return 1.0, 1.0
+    return max(1.0, statistics.median(sharing)), max(1.0, statistics.median(wait))
 
 
 def fit_link(sizes: Sequence[int], times: Sequence[float], who: str, clamp: bool = False):
@@ -161,8 +178,8 @@ def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workloa
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         step = workload() if workload is not None else None
-        out = dict(one_way=ping_pong(rank, sizes, repeats), allreduce=allreduce_times(sizes, repeats),
-                   sharing=compute_sharing(rank, [0, 1], repeats, step))
+        out = dict(one_way=ping_pong(rank, sizes, repeats), allreduce=allreduce_times(sizes, repeats))
+        out["sharing"], out["wait"] = compute_sharing(rank, [0, 1], repeats, step)
         if rank == 0:
             queue.put(out)
     finally:
@@ -176,8 +193,9 @@ def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
     fastest of ``repeats`` round trips), of an all-reduce of each
     (medians), and their compute sharing (:func:`compute_sharing` of the
     step ``workload()`` makes in each process, a picklable function such
-    as ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))``),
-    as ``{"one_way": [...], "allreduce": [...], "sharing": float}``.
+    as ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))``,
+    and their wait in lock step), as ``{"one_way": [...], "allreduce":
+    [...], "sharing": float, "wait": float}``.
 
     Raises:
         RuntimeError: a process failed or did not answer within ``timeout``.

@@ -13,6 +13,7 @@ rank ``dp_rank * pp + pp_rank``, ``gpus_per_node`` consecutive ranks a node,
 so a pipeline's stages are neighbours and its replicas far apart.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Sequence
 
@@ -58,6 +59,12 @@ class Cluster:
             another stage or replica computes on the same node: 1.0 where
             devices are independent (GPUs); above 1 where they share cores,
             caches and memory bandwidth (a CPU's processes and threads).
+        replica_wait: how much longer a step of two data-parallel replicas
+            takes because each step waits for the slower one (a replica's
+            compute varies from step to step): their steps in lock step over
+            the same steps side by side, measured; ``n`` replicas wait for
+            the slowest of ``n`` (:meth:`replica_wait_for`). 1.0: steps that
+            do not vary (assumed for GPUs).
     """
 
     nodes: int
@@ -69,11 +76,23 @@ class Cluster:
     inter_node: Link
     allreduce: Optional[Link] = None
     compute_sharing: float = 1.0
+    replica_wait: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.compute_sharing >= 1.0:
             raise ValueError(f"Cluster: compute_sharing must be at least 1.0 (1.0: independent devices), got "
                              f"{self.compute_sharing!r}")
+        if not self.replica_wait >= 1.0:
+            raise ValueError(f"Cluster: replica_wait must be at least 1.0 (1.0: steps that do not vary), got "
+                             f"{self.replica_wait!r}")
+
+    def replica_wait_for(self, n: int) -> float:
+        """The stretch of a step of ``n`` replicas in lock step: the
+        measured two replicas' excess, scaled by how far the slowest of
+        ``n`` normal samples lies above their mean against the slower of two."""
+        if n <= 1:
+            return 1.0
+        return 1.0 + (self.replica_wait - 1.0) * expected_max_of_normals(n) / expected_max_of_normals(2)
 
     @property
     def world_size(self) -> int:
@@ -102,6 +121,19 @@ class Cluster:
         slowest = max((self.link(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
                       key=lambda l: l.seconds(nbytes / n))
         return 2 * (n - 1) * slowest.seconds(nbytes / n)
+
+
+def expected_max_of_normals(n: int) -> float:
+    """The mean of the largest of ``n`` standard normal samples (0 for one,
+    1/sqrt(pi) for two), by the midpoint rule over [-10, 10]."""
+    steps, lo, hi = 4000, -10.0, 10.0
+    dx = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * dx
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) * cdf ** (n - 1) * dx
+    return total
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ What it adds to the schedule (``play.py``):
 * Shared cores (``cluster.compute_sharing`` above 1, a CPU): a stage's
   compute stretches by the part of it that runs beside another stage or
   replica of its node (``sharing.py``).
+* Replicas in lock step (``cluster.replica_wait`` above 1): with dp > 1
+  each step waits for the slowest replica, so the played step (up to the
+  end of the backward) stretches by ``cluster.replica_wait_for(dp)``.
 """
 
 from typing import List, Sequence
@@ -190,8 +193,9 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
 
     grad_bytes = [sum(units[u].param_bytes for u in stage_units[s]) for s in range(S)]
     allreduce = [cluster.allreduce_seconds([d * S + s for d in range(dp)], grad_bytes[s]) for s in range(S)]
-    backward_done = max(played.backward_end)
-    done = max(e + a for e, a in zip(played.backward_end, allreduce))
+    wait = cluster.replica_wait_for(dp)  # every replica's step waits for the slowest
+    backward_done = max(played.backward_end) * wait
+    done = max(e * wait + a for e, a in zip(played.backward_end, allreduce))
     share = (cluster.link(S - 1, 0).seconds(8) if S > 1 else 0.0) + cluster.allreduce_seconds(
         [d * S for d in range(dp)], 8)
     step = done + share + float(getattr(costs, "step_overhead_s", 0.0))
