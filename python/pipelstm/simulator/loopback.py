@@ -170,16 +170,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workload) -> None:
+def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workload, link_only: bool) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        step = workload() if workload is not None else None
-        out = dict(one_way=ping_pong(rank, sizes, repeats), allreduce=allreduce_times(sizes, repeats))
-        out["sharing"], out["wait"] = compute_sharing(rank, [0, 1], repeats, step)
+        out = dict(one_way=ping_pong(rank, sizes, repeats))
+        if not link_only:
+            step = workload() if workload is not None else None
+            out["allreduce"] = allreduce_times(sizes, repeats)
+            out["sharing"], out["wait"] = compute_sharing(rank, [0, 1], repeats, step)
         if rank == 0:
             queue.put(out)
     finally:
@@ -187,7 +189,8 @@ def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workloa
 
 
 def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
-               workload: Optional[Callable[[], Callable[[], None]]] = None) -> Dict[str, object]:
+               workload: Optional[Callable[[], Callable[[], None]]] = None,
+               link_only: bool = False) -> Dict[str, object]:
     """Between two CPU processes it spawns on this machine, over gloo: the
     seconds of a one-way transfer of each of ``sizes`` bytes (half the
     fastest of ``repeats`` round trips), of an all-reduce of each
@@ -195,7 +198,8 @@ def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
     step ``workload()`` makes in each process, a picklable function such
     as ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))``,
     and their wait in lock step), as ``{"one_way": [...], "allreduce":
-    [...], "sharing": float, "wait": float}``.
+    [...], "sharing": float, "wait": float}``; with ``link_only``, the
+    one-way times alone.
 
     Raises:
         RuntimeError: a process failed or did not answer within ``timeout``.
@@ -205,7 +209,8 @@ def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, sizes, repeats, queue, workload)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, sizes, repeats, queue, workload, link_only))
+             for r in range(2)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
