@@ -35,7 +35,8 @@ from torch import nn
 
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
-from .pipeline import CONFIG_COLUMNS, add_ratios, build, describe, stage_busy, start_comparisons
+from .pipeline import (CONFIG_COLUMNS, add_ratios, build, parse_grid_arguments, stage_busy, start_comparisons,
+                       step_columns)
 from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
 from .timing import median_index, spread
@@ -78,9 +79,7 @@ def setup_pipelstm(rank: int, world: int, chunks: int, micro_batches: int, quick
     return _PipelstmStep(world, chunks, micro_batches, quick, mesh_timeout)
 
 
-COLUMNS = CONFIG_COLUMNS + [
-    Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
-    Column("vs_one", "vs 1 process", "{:.2f}x"), Column("best_vs", "best pipelstm pp=2 vs this", "{:.2f}x"),
+COLUMNS = CONFIG_COLUMNS + step_columns("1 process", "pipelstm pp=2") + [
     Column("busy", "busy per rank (s)", "{:.2f}"),
 ]
 MEMORY_COLUMNS = CONFIG_COLUMNS + [
@@ -95,15 +94,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m pipelstm.bench distributed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="vocab 1k, 128, H=256, T=64, B=16")
-    ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
-    ap.add_argument("--chunks", type=int, nargs="*", default=[4, 8])
-    ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2])
-    ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8])
-    args = report.parse_arguments(ap, argv, "--reps")
-    meta = report.metadata("distributed", argv)
-    s = SIZES[args.quick]
-    model = f"{describe(s)}; T={s['T']}, B={s['B']}"
+    args, meta, model = parse_grid_arguments(ap, argv, "distributed", chunks=[4, 8])
     print(f"model: {model}; one training step; gloo; median of {args.reps} steps, all configurations in turns "
           f"of {STEPS_PER_TURN} steps, the last one timed. "
           f"One process of one thread per stage stands in for one device per stage; the equal-cores baseline "

@@ -60,8 +60,8 @@ from .pipelining_peer import SIZES, make_data, peer_configs, start_peer
 from .table import Column, markdown
 from .timing import median_index, spread
 
-__all__ = ["CONFIG_COLUMNS", "build", "describe", "add_ratios", "stage_busy", "stage_memory", "PipelineStep",
-           "setup_pipeline", "start_comparisons", "main"]
+__all__ = ["CONFIG_COLUMNS", "step_columns", "build", "describe", "add_ratios", "stage_busy", "stage_memory",
+           "PipelineStep", "setup_pipeline", "start_comparisons", "parse_grid_arguments", "main"]
 
 STAGES = 2
 MIB = 1 / 2**20
@@ -199,9 +199,24 @@ def start_comparisons(quick: bool, peer_micro_batches: Sequence[int],
 
 # The columns that name a configuration: what runs, its chunks K and its micro-batches M.
 CONFIG_COLUMNS = [Column("config", "configuration"), Column("K", "K"), Column("M", "M")]
-COLUMNS = CONFIG_COLUMNS + [
-    Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
-    Column("vs_one", "vs 1 stage", "{:.2f}x"), Column("best_vs", "best 2-stage pipelstm vs this", "{:.2f}x"),
+
+
+def step_columns(one: str, best: str) -> List[Column]:
+    """The step-time columns of ``bench pipeline`` and ``bench distributed``: the median step, its spread
+    and the two ratios :func:`add_ratios` adds.
+
+    Args:
+        one: the first configuration as the ``vs_one`` header names it (``"1 stage"``).
+        best: the fastest pipelined configurations as the ``best_vs`` header names them.
+
+    Returns:
+        The columns ``seconds``, ``spread``, ``vs_one`` and ``best_vs``.
+    """
+    return [Column("seconds", "step (s), median", "{:.3f}"), Column("spread", "min-max (s)"),
+            Column("vs_one", f"vs {one}", "{:.2f}x"), Column("best_vs", f"best {best} vs this", "{:.2f}x")]
+
+
+COLUMNS = CONFIG_COLUMNS + step_columns("1 stage", "2-stage pipelstm") + [
     Column("bubble", "bubble (measured)", "{:.3f}"), Column("theory", "bubble (theory)", "{:.3f}"),
     Column("busy", "stage busy (s)", "{:.2f}"),
 ]
@@ -213,23 +228,43 @@ MEMORY_COLUMNS = CONFIG_COLUMNS + [
 ]
 
 
-def main(argv: Optional[List[str]] = None) -> List[dict]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench pipeline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_grid_arguments(ap: argparse.ArgumentParser, argv: List[str], name: str,
+                         chunks: List[int]) -> Tuple[argparse.Namespace, dict, str]:
+    """The start of ``bench pipeline`` and ``bench distributed``: the options they share (the model's size, the
+    K x M grid of the pipelines, the peer's micro-batch counts, the timed steps) added to the bench's parser,
+    the command line parsed, the run's metadata taken and the model named.
+
+    Args:
+        ap: the bench's parser, with its own options.
+        argv: the command line after the bench's name.
+        name: the bench's name, for its metadata.
+        chunks: the K values tried by default.
+
+    Returns:
+        ``(the parsed arguments, the run's metadata, the model and its batch as the notes name them)``.
+
+    Raises:
+        SystemExit: through the parser, for a bad command line.
+    """
     ap.add_argument("--quick", action="store_true", help="a small model (vocab 1k, 128, H=256, T=64, B=16)")
-    ap.add_argument("--chunks", type=int, nargs="*", default=[8, 16], help="K values to try")
+    ap.add_argument("--chunks", type=int, nargs="*", default=chunks, help="K values to try")
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2], help="M values to try")
     ap.add_argument("--peer-micro-batches", type=int, nargs="*", default=[2, 4, 8],
                     help="micro-batch counts for the torch.distributed.pipelining peer (none: skip the peer)")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
+    args = report.parse_arguments(ap, argv, "--reps")
+    s = SIZES[args.quick]
+    return args, report.metadata(name, argv), f"{describe(s)}; T={s['T']}, B={s['B']}"
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m pipelstm.bench pipeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timeline", default=None, help="write the best 2-stage run's timeline here (.json, + .png)")
     ap.add_argument("--loss-outside", action="store_true",
                     help="compute the loss on the caller's thread from the logits, not as the pipeline's last unit")
-    args = report.parse_arguments(ap, argv, "--reps")
-    meta = report.metadata("pipeline", argv)
-    s = SIZES[args.quick]
-    model = f"{describe(s)}; T={s['T']}, B={s['B']}"
+    args, meta, model = parse_grid_arguments(ap, argv, "pipeline", chunks=[8, 16])
     print(f"model: {model}; one training step (forward, cross-entropy, backward); median of {args.reps} steps, "
           f"each configuration in a process of its own, all in turns of {STEPS_PER_TURN} steps, the last timed. "
           f"One thread per stage stands in for one device per stage; the equal-cores baseline is the model as "

@@ -47,8 +47,7 @@ from .timing import interleaved_times, spread
 __all__ = [
     "SIZES",
     "LanguageModel",
-    "Stage0",
-    "Stage1",
+    "Stage",
     "layer_flops",
     "balanced_split",
     "split_model",
@@ -70,7 +69,26 @@ SCHEDULES = ("gpipe", "1f1b")
 NUM_STAGES = 2
 
 
-class LanguageModel(nn.Module):
+class Stage(nn.Module):
+    """A run of the language model's layers in order: the embedding (the first stage's), LSTM layers and the
+    decoder (the last stage's); [T, b] int64 with the embedding, else [T, b, hidden] -> [T, b, vocab] logits
+    with the decoder, else [T, b, hidden]."""
+
+    def __init__(self, lstm: nn.Module, embedding: Optional[nn.Embedding] = None,
+                 decoder: Optional[nn.Linear] = None):
+        super().__init__()
+        self.embedding = embedding
+        self.lstm = lstm
+        self.decoder = decoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        out, _ = self.lstm(x)
+        return out if self.decoder is None else self.decoder(out)
+
+
+class LanguageModel(Stage):
     """Embedding -> multi-layer LSTM -> Linear decoder; [T, B] int64 -> [T, B, vocab] logits.
 
     ``lstm``: the LSTM class, ``nn.LSTM`` (default) or ``pipelstm.LSTM``
@@ -78,40 +96,9 @@ class LanguageModel(nn.Module):
     """
 
     def __init__(self, vocab: int, emb: int, hidden: int, layers: int, lstm: type = nn.LSTM):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, emb)
-        self.lstm = lstm(emb, hidden, num_layers=layers)
-        self.decoder = nn.Linear(hidden, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embedding(x))
-        return self.decoder(out)
-
-
-class Stage0(nn.Module):
-    """Embedding + the first LSTM layers: [T, b] int64 -> [T, b, hidden]."""
-
-    def __init__(self, embedding: nn.Embedding, lstm: nn.LSTM):
-        super().__init__()
-        self.embedding = embedding
-        self.lstm = lstm
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embedding(x))
-        return out
-
-
-class Stage1(nn.Module):
-    """The remaining LSTM layers + decoder: [T, b, hidden] -> [T, b, vocab] logits."""
-
-    def __init__(self, lstm: nn.LSTM, decoder: nn.Linear):
-        super().__init__()
-        self.lstm = lstm
-        self.decoder = decoder
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(h)
-        return self.decoder(out)
+        embedding = nn.Embedding(vocab, emb)  # made in this order: the seed's draws as before
+        stack = lstm(emb, hidden, num_layers=layers)
+        super().__init__(stack, embedding, nn.Linear(hidden, vocab))
 
 
 def layer_flops(vocab: int, emb: int, hidden: int, layers: int) -> List[float]:
@@ -146,7 +133,7 @@ def _sub_lstm(lstm: nn.LSTM, start: int, stop: int) -> nn.LSTM:
     return sub
 
 
-def split_model(model: LanguageModel, k: int) -> Tuple[Stage0, Stage1]:
+def split_model(model: LanguageModel, k: int) -> Tuple[Stage, Stage]:
     """The two stages (copies of the weights) with LSTM layers [0, k) in stage 0 and [k, L) in stage 1."""
     import copy
 
@@ -154,8 +141,8 @@ def split_model(model: LanguageModel, k: int) -> Tuple[Stage0, Stage1]:
     if not 1 <= k < layers:
         raise ValueError(f"split k={k} must be in [1, {layers})")
     return (
-        Stage0(copy.deepcopy(model.embedding), _sub_lstm(model.lstm, 0, k)),
-        Stage1(_sub_lstm(model.lstm, k, layers), copy.deepcopy(model.decoder)),
+        Stage(_sub_lstm(model.lstm, 0, k), embedding=copy.deepcopy(model.embedding)),
+        Stage(_sub_lstm(model.lstm, k, layers), decoder=copy.deepcopy(model.decoder)),
     )
 
 
