@@ -97,22 +97,17 @@ cudaError_t pointwise_backward_cuda(const PointwiseBackwardArgs<T>& a, cudaStrea
   return cudaGetLastError();
 }
 
-template cudaError_t pointwise_forward_cuda<float>(const PointwiseForwardArgs<float>&,
-                                                   cudaStream_t);
-template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwardArgs<__half>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
-    const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
-template cudaError_t pointwise_forward_cuda<double>(const PointwiseForwardArgs<double>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_backward_cuda<double>(const PointwiseBackwardArgs<double>&,
-                                                     cudaStream_t);
-template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_backward_cuda<__half>(const PointwiseBackwardArgs<__half>&,
-                                                     cudaStream_t);
-template cudaError_t pointwise_backward_cuda<__nv_bfloat16>(
-    const PointwiseBackwardArgs<__nv_bfloat16>&, cudaStream_t);
+// Both entry points for storage type T.
+#define PIPELSTM_INSTANTIATE_POINTWISE(T)                                                       \
+  template cudaError_t pointwise_forward_cuda<T>(const PointwiseForwardArgs<T>&, cudaStream_t); \
+  template cudaError_t pointwise_backward_cuda<T>(const PointwiseBackwardArgs<T>&, cudaStream_t);
+
+PIPELSTM_INSTANTIATE_POINTWISE(float)
+PIPELSTM_INSTANTIATE_POINTWISE(__half)
+PIPELSTM_INSTANTIATE_POINTWISE(__nv_bfloat16)
+PIPELSTM_INSTANTIATE_POINTWISE(double)
+
+#undef PIPELSTM_INSTANTIATE_POINTWISE
 
 }  // namespace kernels
 }  // namespace pipelstm
