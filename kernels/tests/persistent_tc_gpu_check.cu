@@ -45,20 +45,18 @@ template <>
 struct Type<__half> {
   static constexpr const char* name = "fp16";
   static constexpr double tol = 1e-2;
-  static __half to(float v) { return __float2half_rn(v); }
-  static float from(__half v) { return __half2float(v); }
 };
 template <>
 struct Type<__nv_bfloat16> {
   static constexpr const char* name = "bf16";
   static constexpr double tol = 2e-2;
-  static __nv_bfloat16 to(float v) { return __float2bfloat16_rn(v); }
-  static float from(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 
+// v rounded to T and back, by the kernels' own conversions (Storage).
 template <typename T>
 struct Round {
-  float operator()(float v) const { return Type<T>::from(Type<T>::to(v)); }
+  using S = indexing::Storage<T>;
+  float operator()(float v) const { return S::load(S::store(v)); }
 };
 
 std::mt19937 rng(0);
@@ -75,13 +73,14 @@ std::vector<float> random_vec(int64_t n, float scale) {
 // A device copy of a float vector in T (or n elements of NaN where empty).
 template <typename T>
 struct DeviceBuf {
+  using S = indexing::Storage<T>;
   T* ptr = nullptr;
   int64_t n = 0;
   DeviceBuf(const std::vector<float>& v, int64_t count = -1) {
     n = count < 0 ? static_cast<int64_t>(v.size()) : count;
     CHECK_CUDA(cudaMalloc(&ptr, std::max<int64_t>(n, 1) * sizeof(T)));
-    std::vector<T> h(n, Type<T>::to(NAN));
-    for (int64_t i = 0; i < static_cast<int64_t>(v.size()) && i < n; ++i) h[i] = Type<T>::to(v[i]);
+    std::vector<T> h(n, S::store(NAN));
+    for (int64_t i = 0; i < static_cast<int64_t>(v.size()) && i < n; ++i) h[i] = S::store(v[i]);
     CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   DeviceBuf(const DeviceBuf&) = delete;
@@ -90,7 +89,7 @@ struct DeviceBuf {
     std::vector<T> h(n);
     CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = Type<T>::from(h[i]);
+    for (int64_t i = 0; i < n; ++i) v[i] = S::load(h[i]);
     return v;
   }
 };

@@ -118,15 +118,16 @@ cudaError_t persistent_forward_cuda(const PersistentForwardArgs<T>& args, cudaSt
                                      stream);
 }
 
-template bool persistent_forward_fits<float>(int64_t, int);
-template bool persistent_forward_fits<__half>(int64_t, int);
-template bool persistent_forward_fits<__nv_bfloat16>(int64_t, int);
-template cudaError_t persistent_forward_cuda<float>(const PersistentForwardArgs<float>&,
-                                                    cudaStream_t);
-template cudaError_t persistent_forward_cuda<__half>(const PersistentForwardArgs<__half>&,
-                                                     cudaStream_t);
-template cudaError_t persistent_forward_cuda<__nv_bfloat16>(
-    const PersistentForwardArgs<__nv_bfloat16>&, cudaStream_t);
+// Both entry points for storage type T.
+#define PIPELSTM_INSTANTIATE_PERSISTENT(T)                \
+  template bool persistent_forward_fits<T>(int64_t, int); \
+  template cudaError_t persistent_forward_cuda<T>(const PersistentForwardArgs<T>&, cudaStream_t);
+
+PIPELSTM_INSTANTIATE_PERSISTENT(float)
+PIPELSTM_INSTANTIATE_PERSISTENT(__half)
+PIPELSTM_INSTANTIATE_PERSISTENT(__nv_bfloat16)
+
+#undef PIPELSTM_INSTANTIATE_PERSISTENT
 
 }  // namespace kernels
 }  // namespace pipelstm

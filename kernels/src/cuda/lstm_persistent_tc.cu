@@ -370,22 +370,21 @@ cudaError_t tc_persistent_backward_cuda(const PersistentBackwardArgs<T>& args,
                 &tc_persistent_backward_plan<T>, &tc::backward_smem_bytes, stream, fit);
 }
 
-template cudaError_t tc_persistent_forward_plan<__half>(int64_t, int64_t, int64_t, int,
-                                                        tc::ForwardPlan*, TcFit*);
-template cudaError_t tc_persistent_forward_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int,
-                                                               tc::ForwardPlan*, TcFit*);
-template cudaError_t tc_persistent_forward_cuda<__half>(const PersistentForwardArgs<__half>&,
-                                                        int64_t, cudaStream_t, TcFit*);
-template cudaError_t tc_persistent_forward_cuda<__nv_bfloat16>(
-    const PersistentForwardArgs<__nv_bfloat16>&, int64_t, cudaStream_t, TcFit*);
-template cudaError_t tc_persistent_backward_plan<__half>(int64_t, int64_t, int64_t, int,
-                                                         tc::BackwardPlan*, TcFit*);
-template cudaError_t tc_persistent_backward_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int,
-                                                                tc::BackwardPlan*, TcFit*);
-template cudaError_t tc_persistent_backward_cuda<__half>(const PersistentBackwardArgs<__half>&,
-                                                         int64_t, cudaStream_t, TcFit*);
-template cudaError_t tc_persistent_backward_cuda<__nv_bfloat16>(
-    const PersistentBackwardArgs<__nv_bfloat16>&, int64_t, cudaStream_t, TcFit*);
+// The four entry points for storage type T.
+#define PIPELSTM_INSTANTIATE_TC(T)                                                               \
+  template cudaError_t tc_persistent_forward_plan<T>(int64_t, int64_t, int64_t, int,             \
+                                                     tc::ForwardPlan*, TcFit*);                  \
+  template cudaError_t tc_persistent_forward_cuda<T>(const PersistentForwardArgs<T>&, int64_t,   \
+                                                     cudaStream_t, TcFit*);                      \
+  template cudaError_t tc_persistent_backward_plan<T>(int64_t, int64_t, int64_t, int,            \
+                                                      tc::BackwardPlan*, TcFit*);                \
+  template cudaError_t tc_persistent_backward_cuda<T>(const PersistentBackwardArgs<T>&, int64_t, \
+                                                      cudaStream_t, TcFit*);
+
+PIPELSTM_INSTANTIATE_TC(__half)
+PIPELSTM_INSTANTIATE_TC(__nv_bfloat16)
+
+#undef PIPELSTM_INSTANTIATE_TC
 
 }  // namespace kernels
 }  // namespace pipelstm

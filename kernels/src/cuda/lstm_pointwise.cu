@@ -16,22 +16,24 @@ namespace {
 
 using indexing::kBlockSize;
 
-template <typename T, int VEC, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
-__global__ void __launch_bounds__(kBlockSize)
-    forward_kernel(const PointwiseForwardArgs<T> a, int64_t items) {
+// The grid-stride loop around one work-item body (indexing::forward_item or
+// indexing::backward_item, with its template flags fixed): item(a, i) for
+// every i < items.
+template <auto item, typename Args>
+__global__ void __launch_bounds__(kBlockSize) items_kernel(const Args a, int64_t items) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items; i += stride) {
-    indexing::forward_item<T, VEC, kHiddenGates, kBiasIh, kBiasHh>(a, i);
+    item(a, i);
   }
 }
 
-template <typename T, int VEC, bool kGradH, bool kGradC>
-__global__ void __launch_bounds__(kBlockSize)
-    backward_kernel(const PointwiseBackwardArgs<T> a, int64_t items) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items; i += stride) {
-    indexing::backward_item<T, VEC, kGradH, kGradC>(a, i);
-  }
+// Launches items_kernel<item> over the VEC-wide work items of a's
+// [batch, hidden] on the capped grid.
+template <auto item, int VEC, typename Args>
+void launch_items(const Args& a, cudaStream_t stream) {
+  const int64_t items = indexing::num_items<VEC>(a.batch, a.hidden);
+  const dim3 grid(static_cast<unsigned>(indexing::grid_blocks(items)));
+  items_kernel<item><<<grid, kBlockSize, 0, stream>>>(a, items);
 }
 
 // Calls f(std::integral_constant<bool, b>{}): runtime flag to template flag.
@@ -46,13 +48,12 @@ void with_flag(bool b, F&& f) {
 
 template <typename T, int VEC>
 void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
-  const int64_t items = indexing::num_items<VEC>(a.batch, a.hidden);
-  const dim3 grid(static_cast<unsigned>(indexing::grid_blocks(items)));
   with_flag(a.hidden_gates != nullptr, [&](auto hid) {
     with_flag(a.bias_ih != nullptr, [&](auto bih) {
       with_flag(a.bias_hh != nullptr, [&](auto bhh) {
-        forward_kernel<T, VEC, decltype(hid)::value, decltype(bih)::value, decltype(bhh)::value>
-            <<<grid, kBlockSize, 0, stream>>>(a, items);
+        launch_items<&indexing::forward_item<T, VEC, decltype(hid)::value, decltype(bih)::value,
+                                             decltype(bhh)::value>,
+                     VEC>(a, stream);
       });
     });
   });
@@ -60,12 +61,10 @@ void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
 
 template <typename T, int VEC>
 void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
-  const int64_t items = indexing::num_items<VEC>(a.batch, a.hidden);
-  const dim3 grid(static_cast<unsigned>(indexing::grid_blocks(items)));
   with_flag(a.grad_h != nullptr, [&](auto gh) {
     with_flag(a.grad_c != nullptr, [&](auto gc) {
-      backward_kernel<T, VEC, decltype(gh)::value, decltype(gc)::value>
-          <<<grid, kBlockSize, 0, stream>>>(a, items);
+      launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(gc)::value>,
+                   VEC>(a, stream);
     });
   });
 }
@@ -97,22 +96,17 @@ cudaError_t pointwise_backward_cuda(const PointwiseBackwardArgs<T>& a, cudaStrea
   return cudaGetLastError();
 }
 
-template cudaError_t pointwise_forward_cuda<float>(const PointwiseForwardArgs<float>&,
-                                                   cudaStream_t);
-template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwardArgs<__half>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
-    const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
-template cudaError_t pointwise_forward_cuda<double>(const PointwiseForwardArgs<double>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_backward_cuda<double>(const PointwiseBackwardArgs<double>&,
-                                                     cudaStream_t);
-template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
-                                                    cudaStream_t);
-template cudaError_t pointwise_backward_cuda<__half>(const PointwiseBackwardArgs<__half>&,
-                                                     cudaStream_t);
-template cudaError_t pointwise_backward_cuda<__nv_bfloat16>(
-    const PointwiseBackwardArgs<__nv_bfloat16>&, cudaStream_t);
+// Both entry points for storage type T.
+#define PIPELSTM_INSTANTIATE_POINTWISE(T)                                                       \
+  template cudaError_t pointwise_forward_cuda<T>(const PointwiseForwardArgs<T>&, cudaStream_t); \
+  template cudaError_t pointwise_backward_cuda<T>(const PointwiseBackwardArgs<T>&, cudaStream_t);
+
+PIPELSTM_INSTANTIATE_POINTWISE(float)
+PIPELSTM_INSTANTIATE_POINTWISE(__half)
+PIPELSTM_INSTANTIATE_POINTWISE(__nv_bfloat16)
+PIPELSTM_INSTANTIATE_POINTWISE(double)
+
+#undef PIPELSTM_INSTANTIATE_POINTWISE
 
 }  // namespace kernels
 }  // namespace pipelstm

@@ -23,22 +23,5 @@ cudaError_t pointwise_forward_cuda(const PointwiseForwardArgs<T>& args, cudaStre
 template <typename T>
 cudaError_t pointwise_backward_cuda(const PointwiseBackwardArgs<T>& args, cudaStream_t stream);
 
-extern template cudaError_t pointwise_forward_cuda<float>(const PointwiseForwardArgs<float>&,
-                                                          cudaStream_t);
-extern template cudaError_t pointwise_forward_cuda<__half>(const PointwiseForwardArgs<__half>&,
-                                                           cudaStream_t);
-extern template cudaError_t pointwise_forward_cuda<__nv_bfloat16>(
-    const PointwiseForwardArgs<__nv_bfloat16>&, cudaStream_t);
-extern template cudaError_t pointwise_forward_cuda<double>(const PointwiseForwardArgs<double>&,
-                                                           cudaStream_t);
-extern template cudaError_t pointwise_backward_cuda<double>(const PointwiseBackwardArgs<double>&,
-                                                            cudaStream_t);
-extern template cudaError_t pointwise_backward_cuda<float>(const PointwiseBackwardArgs<float>&,
-                                                           cudaStream_t);
-extern template cudaError_t pointwise_backward_cuda<__half>(
-    const PointwiseBackwardArgs<__half>&, cudaStream_t);
-extern template cudaError_t pointwise_backward_cuda<__nv_bfloat16>(
-    const PointwiseBackwardArgs<__nv_bfloat16>&, cudaStream_t);
-
 }  // namespace kernels
 }  // namespace pipelstm
