@@ -290,38 +290,32 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
 }
 
 FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
-                                  bool reverse,
-                                  const std::optional<Tensor>& grad_output,
-                                  const std::optional<Tensor>& grad_h_n,
-                                  const std::optional<Tensor>& grad_c_n, const Tensor& h0,
-                                  const Tensor& c0, const Tensor& w_hh,
-                                  const std::optional<Tensor>& w_hr, const Tensor& act,
-                                  const Tensor& cells) {
+                                  bool reverse, const FusedBackwardInputs& in) {
   const auto& K = kernels();
   const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch;
   const int64_t H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
-  const auto opts = act.options();
+  const auto opts = in.act.options();
 
   FusedBackward r;
   r.grad_gates = empty_huge({N, 4 * H}, opts);
   r.grad_h0 = at::empty({B, P}, opts);
-  r.grad_c0 = grad_c_n.has_value() ? grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
+  r.grad_c0 = in.grad_c_n.has_value() ? in.grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
   if (projected) r.grad_h = empty_huge({N, P}, opts);
 
   // Read in place when rows are dense (e.g. a slice), else made so.
   Tensor grad_out;
-  if (grad_output.has_value()) {
-    grad_out = grad_output->stride(1) == 1 ? *grad_output : grad_output->contiguous();
+  if (in.grad_output.has_value()) {
+    grad_out = in.grad_output->stride(1) == 1 ? *in.grad_output : in.grad_output->contiguous();
   }
-  const Tensor grad_h_last = grad_h_n.has_value() ? grad_h_n->contiguous() : Tensor();
-  const Tensor w = w_hh.contiguous();
+  const Tensor grad_h_last = in.grad_h_n.has_value() ? in.grad_h_n->contiguous() : Tensor();
+  const Tensor w = in.w_hh.contiguous();
   const Tensor packed_hh = packed_panels(K.plain_panels(P), 4 * H, w, [&](float* out, int64_t b, int64_t e) {
     K.pack_cols(cptr(w), 4 * H, P, out, b, e);
   });
   Tensor packed_hr;
   if (projected) {
-    const Tensor wr = w_hr->contiguous();
+    const Tensor wr = in.w_hr->contiguous();
     packed_hr = packed_panels(K.plain_panels(H), P, wr, [&](float* out, int64_t b, int64_t e) {
       K.pack_cols(cptr(wr), P, H, out, b, e);
     });
@@ -332,9 +326,9 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   const float* go = grad_out.defined() ? cptr(grad_out) : nullptr;
   const int64_t ldo = grad_out.defined() ? grad_out.stride(0) : 0;
   const float* state = grad_h_last.defined() ? cptr(grad_h_last) : nullptr;
-  const float* a = cptr(act);
-  const float* c = cptr(cells);
-  const float* c_init = cptr(c0);
+  const float* a = cptr(in.act);
+  const float* c = cptr(in.cells);
+  const float* c_init = cptr(in.c0);
 
   const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.plain_panels(H), proj_panels = K.plain_panels(P);

@@ -52,16 +52,23 @@ struct FusedBackward {
   Tensor grad_h;  // with w_hr: [N, P], the total gradient of each step's h
 };
 
-// Backward of all steps from the forward's act (activated gates), cells and
-// output; grad_output [N, P] (any row stride), grad_h_n, grad_c_n optional.
+// What the backward reads: the gradients given (grad_output [N, P] with
+// any row stride; each optional), c0 contiguous [B, H], the recurrent
+// weights, and what the forward kept: act (the activated gates) and cells.
+struct FusedBackwardInputs {
+  const std::optional<Tensor>& grad_output;
+  const std::optional<Tensor>& grad_h_n;
+  const std::optional<Tensor>& grad_c_n;
+  const Tensor& c0;
+  const Tensor& w_hh;
+  const std::optional<Tensor>& w_hr;
+  const Tensor& act;
+  const Tensor& cells;
+};
+
+// Backward of all steps.
 FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
-                                  bool reverse,
-                                  const std::optional<Tensor>& grad_output,
-                                  const std::optional<Tensor>& grad_h_n,
-                                  const std::optional<Tensor>& grad_c_n, const Tensor& h0,
-                                  const Tensor& c0, const Tensor& w_hh,
-                                  const std::optional<Tensor>& w_hr, const Tensor& act,
-                                  const Tensor& cells);
+                                  bool reverse, const FusedBackwardInputs& in);
 
 }  // namespace cpu
 }  // namespace pipelstm

@@ -86,9 +86,11 @@ struct CpuLayer {
                                                c0, w_ih, w_hh, w_hr, workspace, reverse);
     }
     const Workspace ws(workspace.contiguous(), steps.rows, s);
-    cpu::FusedBackward f =
-        cpu::fused_backward_loop(steps, s, reverse, grad_output, grad_h_n, grad_c_n,
-                                 h0.contiguous(), c0.contiguous(), w_hh, w_hr, ws.gates, ws.cells);
+    const Tensor c_init = c0.contiguous();
+    cpu::FusedBackward f = cpu::fused_backward_loop(
+        steps, s, reverse,
+        {.grad_output = grad_output, .grad_h_n = grad_h_n, .grad_c_n = grad_c_n, .c0 = c_init,
+         .w_hh = w_hh, .w_hr = w_hr, .act = ws.gates, .cells = ws.cells});
     LayerDataGrads r;
     r.grad_input = cpu::empty_huge({steps.rows, s.input}, x.options());
     cpu::layer_mm_out(r.grad_input, f.grad_gates, w_ih);

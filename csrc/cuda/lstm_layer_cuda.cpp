@@ -168,14 +168,11 @@ struct CudaLayer {
     return {out[0], out[1], out[2], out[3]};
   }
 
-  static LayerDataGrads backward_data(const LayerSteps& steps, const LayerGeometry& s,
-                                      const OptTensor& grad_output, const OptTensor& grad_h_n,
-                                      const OptTensor& grad_c_n, const Tensor& x,
-                                      const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-                                      const Tensor& w_hh, const OptTensor& w_hr,
-                                      const Tensor& workspace, bool reverse) {
-    return step_loop_backward_data<CudaLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
-                                              w_ih, w_hh, w_hr, workspace, reverse);
+  // The step loop's, as layer_ops.h calls it (steps, geometry, the
+  // gradients, x, h0, c0, the weights, workspace, reverse).
+  template <typename... Args>
+  static LayerDataGrads backward_data(const Args&... args) {
+    return step_loop_backward_data<CudaLayer>(args...);
   }
 
   static BackwardResult backward(const LayerSteps& steps, const LayerGeometry& s,
