@@ -106,6 +106,20 @@ def test_the_allreduce_follows_the_backward_and_costs_what_the_cluster_says():
     assert two.step_s - one.step_s == pytest.approx(expected + c.allreduce_seconds([0, 2], 8) + 0.0, rel=1e-6)
 
 
+def test_ddps_gradient_handling_comes_with_the_allreduce_of_replicas_only():
+    costs = EqualCosts(2, params=8_000_000)
+    handling = Link(2e-3, 1e9)
+    c = cluster(intra=Link(1e-3, 1e9), per_node=4)
+    handled = replace(c, gradient_handling=handling)
+    assert handled.gradient_seconds(1, 8e6) == 0.0 and c.gradient_seconds(2, 8e6) == 0.0
+    layout = Layout(2, 2, [1, 1], 2, 2)
+    without, with_it = (predict(costs, layout, x, 16, 8) for x in (c, handled))
+    assert with_it.allreduce_s - without.allreduce_s == pytest.approx(handling.seconds(8_000_000))
+    assert with_it.step_s - without.step_s == pytest.approx(handling.seconds(8_000_000))
+    one = Layout(1, 2, [1, 1], 2, 2)  # one replica: no DDP
+    assert predict(costs, one, handled, 8, 8).step_s == predict(costs, one, c, 8, 8).step_s
+
+
 def test_cpu_stages_of_one_process_share_their_weight_tasks():
     @dataclass
     class HeavyLast(EqualCosts):

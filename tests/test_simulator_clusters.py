@@ -80,9 +80,11 @@ def test_a_measured_allreduce_replaces_the_ring_within_a_node():
 
 
 def test_measured_machine_is_plausible():
-    link, allreduce, sharing, wait = measure_machine()
+    link, allreduce, sharing, wait, handling = measure_machine()
     assert 1e7 < link.bytes_per_s < 1e11 and 0.0 <= link.latency_s < 1e-2
     # gloo's all-reduce moves the bytes both ways and adds them: no faster than a send
     assert 1e7 < allreduce.bytes_per_s < 1e11 and 0.0 <= allreduce.latency_s < 1e-2
     assert 1.0 <= sharing < 4.0 and 1.0 <= wait < 4.0
+    # DDP copies the gradients into its buckets and back: slower than 10 TB/s, under 10 ms of fixed cost
+    assert handling.bytes_per_s <= 1e13 and 0.0 <= handling.latency_s < 1e-2
     assert local_machine(2, **measure_machine()._asdict()).replica_wait >= 1.0

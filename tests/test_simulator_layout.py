@@ -1,14 +1,16 @@
 """The automatic layout's search (pipelstm.simulator.layout), on hand-made
 cost tables and a small stand-in for the simulator, so the search itself is
-what is tested: it must return the fastest candidate that fits the memory."""
+what is tested: it must return the fastest candidate that fits the memory,
+or with a margin the simplest of those predicted within it of the fastest."""
 
+import dataclasses
 import itertools
 
 import pytest
 
 from pipelstm.simulator import Cluster, Layout, Link, Prediction, UnitInfo
 from pipelstm.simulator.clusters import h100_node
-from pipelstm.simulator.layout import choose_layout, seed_layout, stage_costs
+from pipelstm.simulator.layout import choose_layout, complexity, seed_layout, simplest, stage_costs
 
 
 class TableCosts:
@@ -213,3 +215,38 @@ def test_search_sizes_are_every_size_the_real_simulator_reads():
     sizes = set(search_sizes(T, B, 2, chunks=(1, 3), micro_batches=(1, 4)))
     assert asked and asked <= sizes, sorted(asked - sizes)
     assert (3, 1) in asked  # the smaller pieces are asked for too
+
+
+def _predicted(step_s):
+    return Prediction(layout=None, step_s=step_s, forward_s=0.0, backward_s=0.0, allreduce_s=0.0, bubble=0.0,
+                      stage_peak_bytes=[])
+
+
+def test_simplest_takes_the_least_complex_layout_within_the_margin():
+    piped = (Layout(1, 2, [1, 1], 4, 1), _predicted(1.00))
+    replicas = (Layout(2, 1, [2], 1, 1), _predicted(1.06))
+    one = (Layout(1, 1, [2], 1, 1, in_process=True), _predicted(1.09))
+    assert complexity(one[0]) < complexity(replicas[0]) < complexity(piped[0])
+    assert simplest([piped, replicas, one], 0.0) is piped  # no margin: the fastest
+    assert simplest([piped, replicas, one], 0.07) is replicas
+    assert simplest([piped, replicas, one], 0.10) is one
+    with pytest.raises(ValueError, match="margin must be a non-negative"):
+        simplest([piped], -0.1)
+
+
+def test_choose_layout_with_a_margin_prefers_fewer_stages_and_says_so():
+    # A pipeline is predicted a little faster than data parallelism: taken with no margin, not with one.
+    costs = TableCosts([1e-6, 1e-6], overhead=1e-6)
+
+    def pipeline_ahead(costs, layout, cluster, T, B):
+        p = stand_in_predict(costs, layout, cluster, T, B)
+        return dataclasses.replace(p, step_s=p.step_s * (0.8 if layout.pp == 2 else 1.0))
+
+    fastest = choose_layout(costs, free_links(2), 64, 32, predict=pipeline_ahead)
+    assert fastest.layout.pp == 2
+    ratio = choose_layout(costs, free_links(2), 64, 32, pp=1, predict=pipeline_ahead).prediction.step_s / \
+        fastest.prediction.step_s
+    within = choose_layout(costs, free_links(2), 64, 32, predict=pipeline_ahead, margin=ratio - 1 + 1e-6)
+    assert within.layout.pp == 1 and "within the margin" in within.why
+    assert choose_layout(costs, free_links(2), 64, 32, predict=pipeline_ahead,
+                         margin=ratio - 1 - 1e-6).layout.pp == 2

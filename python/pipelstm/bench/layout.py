@@ -15,7 +15,8 @@ units calibrated in this process (``pipelstm.simulator.calibrate``, one
 thread, and two for the 2-thread stage), the gloo loopback link, the
 all-reduce and the compute sharing measured between two processes
 (``measure_machine``), and ``choose_layout`` over the three kinds; the
-fastest predicted is the choice. Then every layout, the choice included
+choice is the simplest (fewest processes, stages, items) of those
+predicted within the plan's margin of the fastest (``PLAN_MARGIN``). Then every layout, the choice included
 (with its balance), runs in processes of its own that take turns
 (``bench.groups``: the median of ``--reps`` turns of 2 steps, the last
 timed). Then the choice and the grid's fastest run again, the two alone in
@@ -41,7 +42,7 @@ from .. import simulator as sim
 from ..pipeline import Pipeline
 from ..simulator.calibrate import model_step
 from ..simulator.clusters import local_machine, measure_machine
-from ..simulator.layout import choose_layout, search_sizes
+from ..simulator.layout import PLAN_MARGIN, choose_layout, search_sizes, simplest
 from . import report
 from .groups import STEPS_PER_TURN, Group, close_all, take_turns
 from .pipeline import PipelineStep, build, describe
@@ -118,10 +119,12 @@ def plan(model: nn.Module, T: int, B: int, measured: tuple):
     sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
     one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
     world = machine(2, measured)
-    candidates = [("parallel", 1, choose_layout(one, world, T, B)),
-                  ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True)),
-                  ("pipeline", 2, choose_layout(two, machine(1, measured), T, B, in_process=True))]
-    kind, threads, best = min(candidates, key=lambda c: c[2].prediction.step_s)
+    margin = PLAN_MARGIN  # as init_mesh(pp="auto") plans
+    candidates = [("parallel", 1, choose_layout(one, world, T, B, margin=margin)),
+                  ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True, margin=margin)),
+                  ("pipeline", 2, choose_layout(two, machine(1, measured), T, B, in_process=True, margin=margin))]
+    layout, _ = simplest([(p.layout, p.prediction) for _, _, p in candidates], margin)
+    kind, threads, best = next(c for c in candidates if c[2].layout is layout)
     return (kind, best.layout.pp, best.layout.dp, threads, best), dict(costs=(one, two), candidates=candidates)
 
 
@@ -197,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     last = runs[-1]
     rows, chosen, extra = last["rows"], last["chosen"], last["extra"]
     one, two = extra["costs"]
-    link, allreduce, sharing, wait = last["measured"]
+    link, allreduce, sharing, wait, handling = last["measured"]
     auto = rows[-1]
     every = [dict(choice=r["rows"][-1]["config"], K=r["rows"][-1]["K"], M=r["rows"][-1]["M"],
                   ratio=r["head_to_head"]["ratio"], grid_ratio=r["rows"][-1]["vs_best"],
@@ -224,7 +227,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         f"{link.bytes_per_s / 1e9:.2f} GB/s, all-reduce {allreduce.latency_s * 1e6:.0f} us + "
         f"{allreduce.bytes_per_s / 1e9:.2f} GB/s; compute sharing {sharing:.2f} (two one-thread processes "
         "running the model's step on half the batch at once, each against one alone), and in lock step "
-        f"{wait:.2f} more (a barrier after each step, as replicas wait for each other).",
+        f"{wait:.2f} more (a barrier after each step, as replicas wait for each other); DDP's gradient handling "
+        f"{handling.latency_s * 1e6:.0f} us + {handling.bytes_per_s / 1e9:.2f} GB/s.",
     ]
     same = [r for r in rows[:-1] if all(r[k] == auto[k] for k in ("kind", "pp", "dp", "threads", "K", "M"))
             and r["balance"] == auto["balance"]]

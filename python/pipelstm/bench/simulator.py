@@ -124,7 +124,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     # how much two processes running the model's step (half the batch each) slow each other
     measured = measure_machine(workload=functools.partial(model_step, model, nn.CrossEntropyLoss(),
                                                           (s["T"], s["B"] // 2)))
-    sharing, wait = measured.compute_sharing, measured.replica_wait
+    sharing, wait, handling = measured.compute_sharing, measured.replica_wait, measured.gradient_handling
     rows = _configs()
     groups: List[Group] = []
     try:  # the calibration and the link probe take turns with the configurations
@@ -140,7 +140,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     gloo, allreduce = gloo_links(infos[1])
     gloo_text = (f"gloo between 2 processes: sends {gloo.latency_s * 1e6:.0f} us + {gloo.bytes_per_s / 1e9:.2f} GB/s, "
                  f"all-reduce {allreduce.latency_s * 1e6:.0f} us + {allreduce.bytes_per_s / 1e9:.2f} GB/s; compute "
-                 f"sharing {sharing:.2f}, replicas in lock step {wait:.2f} more")
+                 f"sharing {sharing:.2f}, replicas in lock step {wait:.2f} more; DDP's gradient handling "
+                 f"{handling.latency_s * 1e6:.0f} us + {handling.bytes_per_s / 1e9:.2f} GB/s")
     print(f"calibration: {costs}; {gloo_text}", flush=True)
     times = {str(i): times[str(i + 2)] for i in range(len(rows))}
     infos = infos[2:]
@@ -177,7 +178,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         inner = r["kind"] == "pipeline"
         link = free if inner else gloo
         cluster = sim.Cluster(1, 2, "cpu", cpu_memory / 2, free, link, link, allreduce=allreduce,
-                              compute_sharing=sharing, replica_wait=wait)
+                              compute_sharing=sharing, replica_wait=wait, gradient_handling=handling)
         layout = sim.Layout(r["dp"], r["pp"], balance, r["K"], r["M"], in_process=inner)
         p = sim.predict(costs, layout, cluster, s["T"], s["B"])
         params = [sum(costs.units()[u].param_bytes for u in range(sum(balance[:j]), sum(balance[: j + 1])))

@@ -49,8 +49,8 @@ def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 
                 step=None):
     """What the job's ranks cost each other: the link between ranks 0 and 1
     (:func:`measure_link`); over gloo, also the all-reduce over the whole
-    group (medians of ``repeats``, fitted as latency + bytes / bandwidth)
-    and, where the stages compute on the CPU (``cpu``), how much rank 0's
+    group (medians of ``repeats``, fitted as latency + bytes / bandwidth),
+    what DDP's reducer adds to a step (fitted alike) and, where the stages compute on the CPU (``cpu``), how much rank 0's
     compute slows while its machine's ranks compute beside it, and in lock
     step (``pipelstm.simulator.loopback.compute_sharing`` of ``step``, e.g.
     the model's own ``calibrate.model_step``; the wait of ``n`` ranks given
@@ -59,24 +59,26 @@ def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 
 
     Returns:
         A :class:`pipelstm.simulator.clusters.Machine`, the same on every
-        rank (``allreduce`` None, sharing and wait 1.0 where not measured).
+        rank (``allreduce`` and the gradient handling None, sharing and
+        wait 1.0 where not measured).
     """
     import os
 
     from ..simulator.clusters import Machine
-    from ..simulator.loopback import allreduce_times, compute_sharing, fit_link
+    from ..simulator.loopback import allreduce_times, compute_sharing, fit_link, gradient_handling_times
     from ..simulator.model import expected_max_of_normals
 
     link = measure_link(sizes, repeats)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world == 1 or dist.get_backend() != "gloo":
-        return Machine(link, None, 1.0, 1.0)
-    times = allreduce_times(sizes, repeats)
+        return Machine(link, None, 1.0, 1.0, None)
+    times, handling = allreduce_times(sizes, repeats), gradient_handling_times(sizes, repeats)
     local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
     sharing, wait = compute_sharing(rank, range(local), repeats, step) if cpu else (1.0, 1.0)
     if local > 2:  # as two replicas' wait
         wait = 1.0 + (wait - 1.0) * expected_max_of_normals(2) / expected_max_of_normals(local)
-    fitted = [Machine(link, fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing, wait)
+    fitted = [Machine(link, fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing, wait,
+                      fit_link(list(sizes), handling, "measure_job (DDP's gradients)", clamp=True))
               if rank == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
     return fitted[0]
@@ -112,6 +114,10 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
             chosen (``balance`` as the pipeline takes it, without the loss;
             ``chunks``/``micro_batches``: an int, or the candidates).
         verbose: print the plan (on global rank 0).
+        margin: how much faster a layout with more stages or items must be
+            predicted to be taken over a simpler one
+            (``pipelstm.simulator.layout.simplest``); default
+            ``PLAN_MARGIN`` (10 %), the simulator's error measured on a CPU.
 
     Returns:
         A :class:`pipelstm.simulator.layout.Plan` (layout, prediction, why),
@@ -128,7 +134,8 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
                     world_size: Optional[int] = None, cluster=None, costs=None, pp: Optional[int] = None,
                     balance: Optional[Sequence[int]] = None, chunks: Union[int, Sequence[int], None] = None,
                     micro_batches: Union[int, Sequence[int], None] = None, checkpoint: Optional[str] = None,
-                    device: str = "cpu", threads: Optional[int] = None, verbose: bool = True):
+                    device: str = "cpu", threads: Optional[int] = None, verbose: bool = True,
+                    margin: Optional[float] = None):
     """:func:`plan_layout`, and the unit costs it planned with (None on
     ranks other than 0, which receive the plan)."""
     if (not isinstance(sample, (tuple, list)) or len(sample) != 2
@@ -150,8 +157,8 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
             measured = measure_job(cpu=cpu, step=model_step(model, loss_fn, size) if cpu else None)
         else:
             measured = measure_machine(workload=functools.partial(model_step, model, loss_fn, size))
-        if not cpu:  # GPUs: the sharing and the wait of CPU processes do not apply
-            measured = measured._replace(compute_sharing=1.0, replica_wait=1.0)
+        if not cpu:  # GPUs: what CPU processes cost each other does not apply
+            measured = measured._replace(compute_sharing=1.0, replica_wait=1.0, gradient_handling=None)
         cluster = local_machine(world, **measured._asdict())
         if device.startswith("cuda"):  # a GPU per rank: its memory bounds the stage
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -162,7 +169,7 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     if not shared or dist.get_rank() == 0:
         try:
             plan, costs = _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches,
-                                  checkpoint, device, threads)
+                                  checkpoint, device, threads, margin)
             result = [plan]
         except (ValueError, RuntimeError) as e:  # every rank stops with rank 0's reason
             if not shared:
@@ -179,7 +186,8 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     return plan, costs
 
 
-def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches, checkpoint, device, threads):
+def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches, checkpoint, device, threads,
+            margin):
     """The plan and the costs it used (calibrated here unless given)."""
     from ..simulator import layout as search
 
@@ -200,7 +208,8 @@ def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_bat
         if costs.units() and costs.units()[-1].kind in search.LOSS_KINDS:
             balance[-1] += 1
     plan = search.choose_layout(costs, cluster, T, B, pp=pp, balance=balance,
-                                checkpoints=[checkpoint] if checkpoint else search.CHECKPOINTS, **options)
+                                checkpoints=[checkpoint] if checkpoint else search.CHECKPOINTS,
+                                margin=search.PLAN_MARGIN if margin is None else margin, **options)
     return plan, costs
 
 

@@ -21,8 +21,9 @@ send/receive reaches in practice, not the links' line rates:
 The local machine (CPU processes over gloo on loopback) is measured, not
 assumed: :func:`measure_machine` times a gloo send/receive and an
 all-reduce between two processes and fits latency and bandwidth to each,
-and times how much the two slow each other down when both compute, and
-when they keep in lock step.
+what DDP's reducer adds to a step beside the all-reduce, and how much
+the two slow each other down when both compute, and when they keep in
+lock step.
 """
 
 import os
@@ -96,19 +97,20 @@ class Machine(NamedTuple):
     allreduce: Optional[Link]
     compute_sharing: float
     replica_wait: float
+    gradient_handling: Optional[Link]
 
 
 def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optional[float] = None,
                   allreduce: Optional[Link] = None, compute_sharing: float = 1.0,
-                  replica_wait: float = 1.0) -> Cluster:
+                  replica_wait: float = 1.0, gradient_handling: Optional[Link] = None) -> Cluster:
     """This machine as ``processes`` CPU processes talking over gloo on loopback.
 
     Args:
         processes: processes (ranks) on this machine.
         link: the loopback link between two processes; default: measured
             now (:func:`measure_machine`, a few seconds), with the
-            all-reduce, the compute sharing and the replicas' wait, which
-            then replace ``allreduce``, ``compute_sharing`` and ``replica_wait``.
+            all-reduce, the compute sharing, the replicas' wait and DDP's
+            gradient handling, which then replace the arguments of those names.
         memory: bytes each process may use; default this machine's
             physical memory shared equally.
         allreduce: the measured all-reduce between two processes
@@ -117,6 +119,8 @@ def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optio
             computing stages or processes (``Cluster.compute_sharing``).
         replica_wait: how much longer replicas' steps take in lock step
             (``Cluster.replica_wait``).
+        gradient_handling: what DDP's reducer adds per step
+            (``Cluster.gradient_handling``).
 
     Raises:
         ValueError: ``processes`` is not a positive int, ``memory`` not positive.
@@ -127,11 +131,12 @@ def local_machine(processes: int = 2, link: Optional[Link] = None, memory: Optio
     if not memory > 0:
         raise ValueError(f"local_machine: memory must be positive bytes, got {memory!r}")
     if link is None:
-        link, allreduce, compute_sharing, replica_wait = measure_machine()
+        link, allreduce, compute_sharing, replica_wait, gradient_handling = measure_machine()
     # Two stages in one process hand over a tensor without a copy.
     return Cluster(nodes=1, devices_per_node=processes, device="cpu", device_memory=float(memory),
                    same_device=Link(latency_s=0.0, bytes_per_s=float("inf")), intra_node=link, inter_node=link,
-                   allreduce=allreduce, compute_sharing=compute_sharing, replica_wait=replica_wait)
+                   allreduce=allreduce, compute_sharing=compute_sharing, replica_wait=replica_wait,
+                   gradient_handling=gradient_handling)
 
 
 SIZES = (4096, 1 << 20, 8 << 20, 32 << 20)
@@ -163,14 +168,16 @@ def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=Non
     """What two CPU processes on this machine cost each other, measured in
     two processes it spawns (gloo on loopback): the point-to-point link (as
     :func:`measure_loopback`), the all-reduce between them (the medians of
-    ``repeats``, fitted the same way), the compute sharing and the wait of
-    replicas in lock step (``loopback.compute_sharing`` of the step
+    ``repeats``, fitted the same way), what DDP's reducer adds to a step
+    (``loopback.gradient_handling_times``, fitted alike), the compute
+    sharing and the wait of replicas in lock step
+    (``loopback.compute_sharing`` of the step
     ``workload()`` makes, a picklable function: e.g.
     ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))`` for
     the model's own; default a small LSTM layer).
 
     Returns:
-        A :class:`Machine` ``(link, allreduce, compute_sharing, replica_wait)``.
+        A :class:`Machine` ``(link, allreduce, compute_sharing, replica_wait, gradient_handling)``.
 
     Raises:
         ValueError: fewer than two sizes, or ``repeats`` below 1.
@@ -183,7 +190,8 @@ def measure_machine(sizes: Sequence[int] = SIZES, repeats: int = 7, workload=Non
     times = pair_times(list(sizes), repeats, workload=workload)
     return Machine(fit_link(list(sizes), times["one_way"], "measure_loopback"),
                    fit_link(list(sizes), times["allreduce"], "measure_loopback (all-reduce)"),
-                   float(times["sharing"]), float(times["wait"]))
+                   float(times["sharing"]), float(times["wait"]),
+                   fit_link(list(sizes), times["gradients"], "measure_machine (DDP's gradients)", clamp=True))
 
 
 def describe(cluster: Cluster) -> Dict[str, object]:
@@ -196,7 +204,8 @@ def describe(cluster: Cluster) -> Dict[str, object]:
                 device_memory_GiB=cluster.device_memory / GIB, same_device=link(cluster.same_device),
                 intra_node=link(cluster.intra_node), inter_node=link(cluster.inter_node),
                 allreduce=None if cluster.allreduce is None else link(cluster.allreduce),
-                compute_sharing=cluster.compute_sharing, replica_wait=cluster.replica_wait)
+                compute_sharing=cluster.compute_sharing, replica_wait=cluster.replica_wait,
+                gradient_handling=None if cluster.gradient_handling is None else link(cluster.gradient_handling))
 
 
 # name: (builder, one line of assumptions), for the bench and the docs

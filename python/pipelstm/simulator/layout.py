@@ -6,8 +6,9 @@ most one stage per unit), splits the units by their calibrated costs at the
 item size (``pipeline.balance.partition``, as the pipeline's own
 ``balance="auto"`` splits them), a small set of chunk and micro-batch counts,
 and recomputation only where the memory requires it; the simulator predicts
-each, and the fastest that fits wins. Its ``why`` says by how much it beats
-the best of each other depth.
+each, and the fastest that fits wins, or with a ``margin`` the simplest
+(fewest processes, stages, items) of those predicted within it of the
+fastest. Its ``why`` says by how much it beats the best of each other depth.
 """
 
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -15,13 +16,16 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from ..pipeline.balance import partition
 from .model import Cluster, Layout, Prediction, UnitCosts
 
-__all__ = ["Plan", "choose_layout", "search_sizes", "seed_layout", "stage_costs", "LOSS_KINDS", "CHUNKS",
-           "MICRO_BATCHES"]
+__all__ = ["Plan", "choose_layout", "simplest", "complexity", "search_sizes", "seed_layout", "stage_costs",
+           "LOSS_KINDS", "CHUNKS", "MICRO_BATCHES", "PLAN_MARGIN"]
 
 LOSS_KINDS = ("cross_entropy",)  # units the engine runs inside the last stage, not stages of their own
 CHUNKS = (1, 2, 4, 8)
 MICRO_BATCHES = (1, 2, 4, 8)
 CHECKPOINTS = ("never", "except_last", "always")  # cheapest first: recomputation costs time
+# The automatic layout's margin (``simplest``): the simulator's error against
+# steps measured on a CPU (docs/simulator.md) is of this order.
+PLAN_MARGIN = 0.10
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
 
 Predict = Callable[[UnitCosts, Layout, Cluster, int, int], Prediction]
@@ -138,7 +142,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                   pp: Optional[int] = None, balance: Optional[Sequence[int]] = None,
                   chunks: Sequence[int] = CHUNKS, micro_batches: Sequence[int] = MICRO_BATCHES,
                   checkpoints: Sequence[str] = CHECKPOINTS, memory: Optional[float] = None,
-                  in_process: bool = False, predict: Optional[Predict] = None) -> Plan:
+                  in_process: bool = False, predict: Optional[Predict] = None, margin: float = 0.0) -> Plan:
     """The fastest predicted layout of the model ``costs`` describes for a
     global batch of ``B`` sequences of ``T`` steps that fits the devices' memory.
 
@@ -162,6 +166,9 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
         in_process: the stages of a replica are one process's
             (``pipelstm.Pipeline``) instead of a process each.
         predict: the simulator (default ``pipelstm.simulator.predict``).
+        margin: how much faster a layout with more pipeline stages or work
+            items must be predicted to be taken over a simpler one
+            (:func:`simplest`); 0: the fastest predicted.
 
     Returns:
         A :class:`Plan` ``(layout, prediction, why)``; ``why`` is the
@@ -192,6 +199,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
     if not depths or depths[0] > stages_max:
         raise ValueError(f"choose_layout: pp={pp} stages but the model has {stages_max} units to split")
     best_of: dict = {}  # pp -> (step, layout, prediction)
+    fits: List[Tuple[Layout, Prediction]] = []
     smallest_need: Tuple[float, Optional[Layout]] = (float("inf"), None)
     for p in depths:
         dp = world // p
@@ -211,6 +219,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                     if need > memory:
                         smallest_need = min(smallest_need, (need, layout), key=lambda x: x[0])
                         continue  # recomputation may make it fit
+                    fits.append((layout, pred))
                     key = (pred.step_s, K * M, K)  # ties: the fewest items
                     if p not in best_of or key < best_of[p][0]:
                         best_of[p] = (key, layout, pred)
@@ -222,9 +231,39 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                              f"for pp in {depths})")
         raise ValueError(f"choose_layout: no layout fits in {memory / GIB:.2f} GiB per device; the smallest "
                          f"needs {smallest_need[0] / GIB:.2f} GiB ({_name(smallest_need[1])})")
-    winner = min(best_of, key=lambda p: best_of[p][0])
-    _, layout, pred = best_of[winner]
-    return Plan(layout, pred, _why(layout, pred, best_of, winner, cluster, T, B))
+    fastest = min(fits, key=lambda f: f[1].step_s)
+    layout, pred = simplest(fits, margin)
+    why = _why(layout, pred, best_of, layout.pp, cluster, T, B)
+    if layout != fastest[0]:
+        why += (f"\n  taken over the fastest predicted ({_name(fastest[0])}, {fastest[1].step_s * 1e3:.3f} ms): "
+                f"within the margin of {margin:.0%}, with fewer stages or items")
+    return Plan(layout, pred, why)
+
+
+def complexity(layout: Layout) -> Tuple[int, int, int, int]:
+    """How much a layout synchronises, for :func:`simplest`: its processes
+    (one for an in-process pipeline), its stages, its items (K x M), its K."""
+    processes = 1 if layout.in_process else layout.dp * layout.pp
+    return processes, layout.pp, layout.chunks * layout.micro_batches, layout.chunks
+
+
+def simplest(candidates: Sequence[Tuple[Layout, Prediction]], margin: float) -> Tuple[Layout, Prediction]:
+    """Of ``(layout, prediction)`` pairs, the least complex layout
+    (:func:`complexity`) among those predicted within ``margin`` of the
+    fastest: a layout with more processes, stages or items, each a point
+    where the real run waits in ways the simulator only approximates, must
+    be predicted at least ``margin`` faster to be taken.
+
+    Raises:
+        ValueError: no candidates, or a negative margin.
+    """
+    if not candidates:
+        raise ValueError("simplest: no candidates")
+    if not margin >= 0:
+        raise ValueError(f"simplest: margin must be a non-negative fraction, got {margin!r}")
+    best = min(p.step_s for _, p in candidates)
+    close = [c for c in candidates if c[1].step_s <= best * (1.0 + margin)]
+    return min(close, key=lambda c: (complexity(c[0]), c[1].step_s))
 
 
 def _name(layout: Layout) -> str:
@@ -240,6 +279,9 @@ def _why(layout: Layout, pred: Prediction, best_of: dict, winner: int, cluster: 
         if p == winner:
             continue
         _, other, op = best_of[p]
-        lines.append(f"  pp={winner} beats pp={p} by {op.step_s / pred.step_s:.2f}x (its best: {_name(other)}, "
+        ratio = op.step_s / pred.step_s
+        verdict = (f"pp={winner} beats pp={p} by {ratio:.2f}x" if ratio >= 1 else
+                   f"pp={p} is predicted {1 / ratio:.2f}x faster, within the margin")
+        lines.append(f"  {verdict} (its best: {_name(other)}, "
                      f"{op.step_s * 1e3:.3f} ms, bubble {op.bubble:.0%}, all-reduce {op.allreduce_s * 1e3:.3f} ms)")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """What a machine's processes cost each other, measured over gloo:
-``ping_pong`` (a point-to-point link), ``allreduce_times`` (the collective)
-and ``compute_sharing`` (how much a computing process slows down while
+``ping_pong`` (a point-to-point link), ``allreduce_times`` (the collective),
+``gradient_handling_times`` (what DDP's reducer adds to a step) and
+``compute_sharing`` (how much a computing process slows down while
 others compute beside it, and while they keep in lock step), each over a process group
 (``pipelstm.distributed``'s automatic layout runs them in the job), or all
 three in two processes ``pair_times`` spawns on this machine
@@ -12,7 +13,7 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["ping_pong", "allreduce_times", "compute_sharing", "pair_times", "fit_link"]
+__all__ = ["ping_pong", "allreduce_times", "gradient_handling_times", "compute_sharing", "pair_times", "fit_link"]
 
 
 def ping_pong(rank: int, sizes: Sequence[int], repeats: int, peer: Optional[int] = None) -> List[float]:
@@ -58,6 +59,56 @@ def allreduce_times(sizes: Sequence[int], repeats: int) -> List[float]:
             dist.all_reduce(buf)
             samples.append(time.perf_counter() - t)
         out.append(statistics.median(samples[3:]))
+    return out
+
+
+def _no_communication(state, bucket):
+    """A DDP communication hook that does what the default one does to the
+    bucket (divides it by the world size) but communicates nothing."""
+    import torch
+    import torch.distributed as dist
+
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer().div_(dist.get_world_size()))
+    return future
+
+
+def gradient_handling_times(sizes: Sequence[int], repeats: int) -> List[float]:
+    """Seconds DDP's reducer adds to a step for each of ``sizes`` bytes of
+    float32 gradients, besides the all-reduce: the median over ``repeats``
+    rounds (after two) of a backward that only writes the gradients, under
+    DDP with a hook that divides the bucket as DDP's own does but
+    communicates nothing, less the same backward without DDP. A collective over the default group: every rank calls it.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    def gradients(nbytes: int) -> nn.Module:
+        n, piece = max(nbytes // 4, 1), 1 << 18  # tensors of at most 1 MiB, as a model's are many
+        module = nn.Module()
+        module.weights = nn.ParameterList([nn.Parameter(torch.zeros(min(piece, n - i))) for i in range(0, n, piece)])
+        module.forward = lambda x: sum(w.sum() for w in module.weights) * x
+        return module
+
+    x = torch.ones(())
+    out = []
+    for n in sizes:
+        plain = gradients(n)
+        wrapped = DistributedDataParallel(gradients(n))
+        wrapped.register_comm_hook(None, _no_communication)
+        extra = []
+        for _ in range(repeats + 2):
+            seconds = []
+            for m in (plain, wrapped):
+                m.zero_grad(set_to_none=True)
+                dist.barrier()
+                t = time.perf_counter()
+                m(x).backward()
+                seconds.append(time.perf_counter() - t)
+            extra.append(seconds[1] - seconds[0])
+        out.append(max(statistics.median(extra[2:]), 0.0))
     return out
 
 
@@ -181,6 +232,7 @@ def _worker(rank: int, port: int, sizes: List[int], repeats: int, queue, workloa
         if not link_only:
             step = workload() if workload is not None else None
             out["allreduce"] = allreduce_times(sizes, repeats)
+            out["gradients"] = gradient_handling_times(sizes, repeats)
             out["sharing"], out["wait"] = compute_sharing(rank, [0, 1], repeats, step)
         if rank == 0:
             queue.put(out)
@@ -197,9 +249,10 @@ def pair_times(sizes: List[int], repeats: int, timeout: float = 120.0,
     (medians), and their compute sharing (:func:`compute_sharing` of the
     step ``workload()`` makes in each process, a picklable function such
     as ``functools.partial(calibrate.model_step, model, loss_fn, (t, b))``,
-    and their wait in lock step), as ``{"one_way": [...], "allreduce":
-    [...], "sharing": float, "wait": float}``; with ``link_only``, the
-    one-way times alone.
+    and their wait in lock step), and what DDP's reducer adds for each
+    size of gradients (:func:`gradient_handling_times`), as ``{"one_way":
+    [...], "allreduce": [...], "gradients": [...], "sharing": float, "wait":
+    float}``; with ``link_only``, the one-way times alone.
 
     Raises:
         RuntimeError: a process failed or did not answer within ``timeout``.

@@ -65,6 +65,11 @@ class Cluster:
             the same steps side by side, measured; ``n`` replicas wait for
             the slowest of ``n`` (:meth:`replica_wait_for`). 1.0: steps that
             do not vary (assumed for GPUs).
+        gradient_handling: what DDP's reducer adds to a replica's step
+            beside the all-reduce, for a stage's gradient bytes (copying
+            them into its buckets and back, its hooks), as latency + bytes /
+            bandwidth; measured on a CPU. None: nothing (GPUs copy at device
+            bandwidth).
     """
 
     nodes: int
@@ -77,6 +82,7 @@ class Cluster:
     allreduce: Optional[Link] = None
     compute_sharing: float = 1.0
     replica_wait: float = 1.0
+    gradient_handling: Optional[Link] = None
 
     def __post_init__(self) -> None:
         if not self.compute_sharing >= 1.0:
@@ -108,6 +114,14 @@ class Cluster:
         if a == b:
             return self.same_device
         return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def gradient_seconds(self, replicas: int, nbytes: float) -> float:
+        """What DDP adds to a step of ``replicas`` for ``nbytes`` of
+        gradients besides the all-reduce (``gradient_handling``; none for
+        one replica, which DDP does not wrap)."""
+        if replicas <= 1 or nbytes <= 0 or self.gradient_handling is None:
+            return 0.0
+        return self.gradient_handling.seconds(nbytes)
 
     def allreduce_seconds(self, ranks: Sequence[int], nbytes: float) -> float:
         """An all-reduce of ``nbytes`` over ``ranks``: the measured one

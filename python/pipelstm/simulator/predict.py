@@ -11,7 +11,9 @@ What it adds to the schedule (``play.py``):
   ``dp`` replicas (``cluster.allreduce_seconds``). It does not overlap the
   backward: ``PipelineParallel`` wraps each stage in DDP, whose bucket
   hooks all fire when the pipelined backward (one autograd node) returns,
-  so the all-reduce starts after the stage's backward and weight tasks.
+  so the all-reduce starts after the stage's backward and weight tasks;
+  DDP's own handling of the gradients (``cluster.gradient_seconds``) comes
+  with it.
   Then the loss is shared (a broadcast over the pipeline, an all-reduce
   over the replicas), a latency each.
 * Memory (bytes), played along the schedule: what every item's forward
@@ -192,7 +194,8 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
             played = played_with(stretches(played.events, S, node_of, alongside, cluster.compute_sharing))
 
     grad_bytes = [sum(units[u].param_bytes for u in stage_units[s]) for s in range(S)]
-    allreduce = [cluster.allreduce_seconds([d * S + s for d in range(dp)], grad_bytes[s]) for s in range(S)]
+    allreduce = [cluster.allreduce_seconds([d * S + s for d in range(dp)], grad_bytes[s])
+                 + cluster.gradient_seconds(dp, grad_bytes[s]) for s in range(S)]
     wait = cluster.replica_wait_for(dp)  # every replica's step waits for the slowest
     backward_done = max(played.backward_end) * wait
     done = max(e * wait + a for e, a in zip(played.backward_end, allreduce))
