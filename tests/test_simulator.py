@@ -11,7 +11,7 @@ from torch import nn
 
 import pipelstm
 from pipelstm.simulator import Cluster, Layout, Link, UnitInfo, predict
-from pipelstm.simulator.schedule import item_grid, item_order
+from pipelstm.simulator.schedule import item_grid, item_order, join_runs
 
 FREE = Link(0.0, float("inf"))
 
@@ -195,3 +195,25 @@ def test_bad_arguments_are_named():
         predict(EqualCosts(2), layout, "8xH100", 8, 8)
     with pytest.raises(RuntimeError, match="direction 'forward' or 'backward'"):
         item_order("sideways", 2, 2)
+
+
+def test_an_lstm_units_weight_task_holds_its_joined_chunks():
+    @dataclass
+    class LstmCosts(EqualCosts):
+        kind: str = "lstm"
+
+        def units(self):
+            return [UnitInfo(f"u{i}", self.kind, self.params) for i in range(self.n)]
+
+    assert join_runs([16] * 4) == [(0, 4)] and join_runs([600, 600, 600]) == [(0, 2), (2, 3)]
+    assert join_runs([-1, 5, 5]) == [(1, 3)]  # a chunk without a piece ends a run
+    layout = Layout(1, 1, [1], 4, 1)  # 4 chunks of 2 x 8 = 16 rows: one run, joined
+    lstm = predict(LstmCosts(1, params=100, w=1.0), layout, cluster(), 8, 8)
+    linear = predict(LstmCosts(1, params=100, w=1.0, kind="linear"), layout, cluster(), 8, 8)
+    pieces = 4 * (10.0 * 2 * 8 + 1000.0)  # each chunk's piece: what its forward kept, and its output's gradient
+    # at the start of the weight task: the parameters, every piece, and their joined copy
+    assert lstm.stage_peak_bytes[0] == pytest.approx(100 + 2 * pieces)
+    assert linear.stage_peak_bytes[0] < lstm.stage_peak_bytes[0]
+    one_chunk = Layout(1, 1, [1], 1, 1)  # nothing to join
+    assert predict(LstmCosts(1, params=100, w=1.0), one_chunk, cluster(), 8, 8).stage_peak_bytes == \
+        predict(LstmCosts(1, params=100, w=1.0, kind="linear"), one_chunk, cluster(), 8, 8).stage_peak_bytes

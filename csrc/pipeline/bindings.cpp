@@ -182,6 +182,11 @@ void init_bindings(py::module_& parent) {
       py::arg("T"), py::arg("B"), py::arg("chunks"), py::arg("micro_batches"),
       "-> (K, M, t_sizes, b_sizes): how a pass cuts [T, B] into items (items.h)");
 
+  m.def("join_runs", &join_runs, py::arg("rows"),
+        "-> [(begin, end)]: the runs of chunks an LSTM unit's weight task joins, from each chunk's rows "
+        "(-1: none) (items.h)");
+  m.attr("JOIN_ROWS") = kJoinRows;
+
   // Testing: make unit `unit` (global index in its engine) of every engine
   // in this process raise in `phase` ("forward" or "backward") at (m, k).
   m.def(

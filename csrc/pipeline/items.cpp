@@ -156,4 +156,23 @@ std::vector<std::optional<at::Tensor>> ItemGrid::scatter_rows(
   return parts;
 }
 
+std::vector<std::pair<int64_t, int64_t>> join_runs(const std::vector<int64_t>& rows) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  const int64_t K = static_cast<int64_t>(rows.size());
+  for (int64_t k = 0; k < K;) {
+    if (rows[k] < 0) {
+      ++k;
+      continue;
+    }
+    int64_t end = k, joined = 0;
+    while (end < K && rows[end] >= 0 && (end == k || joined < kJoinRows)) {
+      joined += rows[end];
+      ++end;
+    }
+    runs.emplace_back(k, end);
+    k = end;
+  }
+  return runs;
+}
+
 }  // namespace pipelstm::pipeline

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "schedule.h"
@@ -100,5 +101,14 @@ class ItemGrid {
     return t.has_value() ? &*t : nullptr;
   }
 };
+
+// Which consecutive chunks of one micro-batch an LSTM unit's weight task
+// joins (copies into one sequence) before its GEMMs, given each chunk's rows
+// (-1: a chunk without a piece): runs [begin, end) of chunks with pieces,
+// each grown while its rows stay under kJoinRows. A chunk of fewer rows
+// gives GEMMs too shallow to run at the kernels' rate; chunks of more add
+// their GEMMs in place instead. The simulator counts the joined copies.
+constexpr int64_t kJoinRows = 1024;
+std::vector<std::pair<int64_t, int64_t>> join_runs(const std::vector<int64_t>& rows);
 
 }  // namespace pipelstm::pipeline

@@ -7,6 +7,7 @@
 #include "../../layer_steps.h"
 #include "../../layer_weight_grads.h"
 #include "../../lstm_ops.h"
+#include "../items.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
@@ -102,16 +103,8 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
   return d.grad_input;
 }
 
-// Consecutive chunks of a micro-batch are joined (copied into one sequence)
-// while the joined rows stay under kJoinRows: a chunk of fewer rows gives
-// GEMMs too shallow to run at the kernels' rate. Chunks of more rows add
-// their GEMMs into the gradients in place instead, from where they lie: at
-// H = 1024, T = 256, B = 32 the joined copies of a layer's gate gradients,
-// input and output were 192 MiB beside the pieces themselves.
-constexpr int64_t kJoinRows = 1024;
-
-// Per micro-batch, each run of consecutive chunks as sequences (joined up to
-// kJoinRows), all added into one set of gradients: pieces {x, h0, out,
+// Per micro-batch, each run of consecutive chunks as sequences (join_runs in
+// items.h), all added into one set of gradients: pieces {x, h0, out,
 // grad_gates, grad_h, raw_h}, rows time-major, and packed ones the item's
 // batch sizes after them (consecutive packed items of a micro-batch joined
 // are one packed sequence: its running sequences only end).
@@ -125,18 +118,9 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   LayerWeightGrads w;  // every group's gradients added in
   for (const auto& row : pieces) {
-    const int64_t K = static_cast<int64_t>(row.size());
-    for (int64_t k = 0; k < K;) {
-      if (row[k].empty()) {
-        ++k;
-        continue;
-      }
-      // Chunks [k, end): consecutive, and joined only while under kJoinRows.
-      int64_t end = k, rows = 0;
-      while (end < K && !row[end].empty() && (end == k || rows < kJoinRows)) {
-        rows += row[end][3].size(0);
-        ++end;
-      }
+    std::vector<int64_t> rows;
+    for (const auto& piece : row) rows.push_back(piece.empty() ? -1 : piece[3].size(0));
+    for (const auto& [k, end] : join_runs(rows)) {
       auto joined = [&](size_t i) -> Tensor {
         if (!row[k][i].defined() || end - k == 1) return row[k][i];
         std::vector<Tensor> parts;
@@ -164,7 +148,6 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       } else {
         lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
       }
-      k = end;
     }
   }
   if (!w.w_ih.defined()) return;

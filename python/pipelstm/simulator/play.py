@@ -44,7 +44,7 @@ class StageCosts:
     result to the next stage (forward) or the one before (backward), 0 when
     none is made; ``weights(s)``: the stage's parameter-gradient tasks in
     the engine's order (last unit first), as ``(seconds, bytes of the
-    gradients it makes, bytes it frees)``.
+    gradients it makes, bytes it frees, bytes it holds only while it runs)``.
 
     Memory, in bytes (optional): ``kept(s, m, k)``, what the item's forward
     keeps for its backward (``full(s, m, k)``: what it would keep without
@@ -57,7 +57,7 @@ class StageCosts:
     forward: Callable[[int, int, int], float]
     backward: Callable[[int, int, int], float]
     send: Callable[[int, str, int, int], float]
-    weights: Callable[[int], Sequence[Tuple[float, float, float]]]
+    weights: Callable[[int], Sequence[Tuple[float, float, float, float]]]
     kept: Callable[[int, int, int], float] = lambda s, m, k: 0.0
     full: Callable[[int, int, int], float] = lambda s, m, k: 0.0
     pieces: Callable[[int, int, int], float] = lambda s, m, k: 0.0
@@ -162,10 +162,11 @@ def _weights(S: int, costs: StageCosts, ready: Sequence[float], groups: Sequence
             else:
                 ends[s] = max(ends[s], t)
                 continue
-        seconds, grads, freed = tasks[owner][nxt[owner]]
+        seconds, grads, freed, joined = tasks[owner][nxt[owner]]
         nxt[owner] += 1
         events.append(_event(s, "weights", -1, -1, t, t + seconds))
-        memory.append((t + seconds, owner, grads - freed))
+        memory.append((t, owner, joined))  # the task's joined copy, while it runs
+        memory.append((t + seconds, owner, grads - freed - joined))
         busy[s] += seconds
         ends[s] = t + seconds
         heapq.heappush(queue, (t + seconds, 0, s))

@@ -27,7 +27,9 @@ What it adds to the schedule (``play.py``):
   LSTM layer's input, output and gate gradients, a Linear's input and
   output gradient; counted as the unit's saved bytes plus its output's),
   so recomputation lowers what the forward holds, not the backward's
-  peak; while an item runs, its output and its gradient; each unit's
+  peak; while an item runs, its output and its gradient; while an LSTM
+  unit's weight task runs, the copy it joins its chunks' pieces into (the
+  largest run of ``schedule.join_runs``); each unit's
   parameter gradients from the end of its weight task. On top, all step: the parameters; with dp > 1, DDP's
   gradient buckets (as large); in a process of its own before the last
   stage, the receives of every item's gradient, posted ahead. The peak of
@@ -45,7 +47,7 @@ from typing import List, Sequence
 
 from .model import Cluster, Layout, Prediction, UnitCosts
 from .play import StageCosts, play
-from .schedule import CHECKPOINTS, item_grid, recomputes
+from .schedule import CHECKPOINTS, item_grid, join_runs, recomputes
 from .sharing import stretches
 
 __all__ = ["predict"]
@@ -157,9 +159,17 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
     def pieces(s: int, m: int, k: int) -> float:
         return sum(piece(s, u, t_sizes[k], b_sizes[m]) for u in stage_units[s])
 
+    def joined(s: int, u: int) -> float:
+        # an LSTM unit's weight task copies each run of chunks it joins
+        # (join_runs) into one sequence: the largest run's pieces at once
+        if units[u].kind != "lstm":
+            return 0.0
+        return max((sum(piece(s, u, t_sizes[k], b) for k in range(a, e))
+                    for b in b_sizes for a, e in join_runs([t * b for t in t_sizes]) if e - a > 1), default=0.0)
+
     def weights(s: int) -> List[tuple]:
         return [(seconds(u, "weights", T, B // dp), units[u].param_bytes,
-                 sum(piece(s, u, t, b) for t in t_sizes for b in b_sizes))
+                 sum(piece(s, u, t, b) for t in t_sizes for b in b_sizes), joined(s, u))
                 for u in reversed(stage_units[s]) if units[u].param_bytes > 0]
 
     def kept(s: int, m: int, k: int) -> float:
@@ -177,7 +187,7 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
     def stage_costs(factor) -> StageCosts:  # factor[(stage, pass)]: what sharing the cores stretches it by
         return StageCosts(forward=lambda s, m, k: factor[(s, "forward")] * forward(s, m, k),
                           backward=lambda s, m, k: factor[(s, "backward")] * backward(s, m, k), send=send,
-                          weights=lambda s: [(factor[(s, "weights")] * sec, g, f) for sec, g, f in weights(s)],
+                          weights=lambda s: [(factor[(s, "weights")] * sec, g, f, j) for sec, g, f, j in weights(s)],
                           kept=kept, full=full, pieces=pieces, transient=transient)
 
     groups = [0] * S if one_device else list(range(S))

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from .. import _C
 
-__all__ = ["CHECKPOINTS", "item_order", "recomputes", "ends_recurrence", "item_grid"]
+__all__ = ["CHECKPOINTS", "item_order", "recomputes", "ends_recurrence", "item_grid", "join_runs"]
 
 _engine = _C.pipeline
 
@@ -42,3 +42,10 @@ def item_grid(T: int, B: int, chunks: int, micro_batches: int) -> Tuple[int, int
     first pieces one longer, as ``torch.tensor_split``)."""
     K, M, t_sizes, b_sizes = _engine.item_grid(T, B, chunks, micro_batches)
     return int(K), int(M), list(t_sizes), list(b_sizes)
+
+
+def join_runs(rows: List[int]) -> List[Tuple[int, int]]:
+    """The runs ``[begin, end)`` of one micro-batch's chunks that an LSTM
+    unit's weight task joins into one copy before its GEMMs, from each
+    chunk's rows (``items.h``: ``join_runs``)."""
+    return [tuple(r) for r in _engine.join_runs(list(rows))]
