@@ -66,7 +66,7 @@ def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 
 
     from ..simulator.clusters import Machine
     from ..simulator.loopback import allreduce_times, compute_sharing, fit_link, gradient_handling_times
-    from ..simulator.model import expected_max_of_normals
+    from ..simulator.model import rescaled_wait
 
     link = measure_link(sizes, repeats)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -76,7 +76,7 @@ def measure_job(sizes: Sequence[int] = (4096, 1 << 20, 8 << 20), repeats: int = 
     local = min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)  # torchrun: ranks 0..local-1 share rank 0's machine
     sharing, wait = compute_sharing(rank, range(local), repeats, step) if cpu else (1.0, 1.0)
     if local > 2:  # as two replicas' wait
-        wait = 1.0 + (wait - 1.0) * expected_max_of_normals(2) / expected_max_of_normals(local)
+        wait = rescaled_wait(wait, local, 2)
     fitted = [Machine(link, fit_link(list(sizes), times, "measure_job (all-reduce)", clamp=True), sharing, wait,
                       fit_link(list(sizes), handling, "measure_job (DDP's gradients)", clamp=True))
               if rank == 0 else None]

@@ -78,7 +78,8 @@ def gradient_handling_times(sizes: Sequence[int], repeats: int) -> List[float]:
     float32 gradients, besides the all-reduce: the median over ``repeats``
     rounds (after two) of a backward that only writes the gradients, under
     DDP with a hook that divides the bucket as DDP's own does but
-    communicates nothing, less the same backward without DDP. A collective over the default group: every rank calls it.
+    communicates nothing, less the same backward without DDP. A collective
+    over the default group: every rank calls it.
     """
     import torch
     import torch.distributed as dist

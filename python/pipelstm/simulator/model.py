@@ -96,9 +96,7 @@ class Cluster:
         """The stretch of a step of ``n`` replicas in lock step: the
         measured two replicas' excess, scaled by how far the slowest of
         ``n`` normal samples lies above their mean against the slower of two."""
-        if n <= 1:
-            return 1.0
-        return 1.0 + (self.replica_wait - 1.0) * expected_max_of_normals(n) / expected_max_of_normals(2)
+        return rescaled_wait(self.replica_wait, 2, n) if n > 1 else 1.0
 
     @property
     def world_size(self) -> int:
@@ -148,6 +146,13 @@ def expected_max_of_normals(n: int) -> float:
         cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
         total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) * cdf ** (n - 1) * dx
     return total
+
+
+def rescaled_wait(wait: float, measured_for: int, n: int) -> float:
+    """A lock-step wait measured for ``measured_for`` replicas, for ``n``:
+    its excess over 1 scaled by how far the slowest of ``n`` normal samples
+    lies above their mean against the slowest of ``measured_for``."""
+    return 1.0 + (wait - 1.0) * expected_max_of_normals(n) / expected_max_of_normals(measured_for)
 
 
 @dataclass(frozen=True)
