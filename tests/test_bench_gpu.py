@@ -89,3 +89,32 @@ def test_cuda_without_a_gpu_and_cpu_without_quick_are_refused(capsys):
         assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--device cuda needs a GPU" in err and "add --quick" in err
+
+
+def test_a_variant_is_timed_with_its_switches_set_and_only_for_its_calls(tmp_path, monkeypatch):
+    seen = []
+    step = gpu._step
+
+    def recording(model, x):
+        run = step(model, x)
+
+        def wrapped():
+            if isinstance(model, gpu.LSTM):
+                seen.append(gpu.cuda_switches.layer_wavefront)
+            run()
+        return wrapped
+
+    monkeypatch.setattr(gpu, "_step", recording)
+    data = _run(tmp_path, "--settings", "fp32", "--variant", "layer_wavefront=3")
+    assert data["variant"] == {"layer_wavefront": 3}
+    for row in data["rows"]:
+        assert row["variant"] > 0 and row["variant_gain"] == pytest.approx(row["ours"] / row["variant"])
+        assert len(row["samples"]["variant"]) == 2
+    assert "variant_gain" in [c["key"] for c in data["columns"]]
+    assert set(seen) == {0, 3}  # the switch set for the variant's calls, not for the plain side's
+    assert gpu.cuda_switches.layer_wavefront == 0
+
+
+def test_a_variant_that_is_not_a_switch_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "--variant", "wavefront=8")

@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
+#include <initializer_list>
 #include <list>
 #include <map>
 #include <memory>
@@ -21,9 +23,14 @@ namespace pipelstm {
 namespace cuda {
 namespace {
 
-// Graphs kept at once, least recently used dropped first: each holds its
-// body's outputs and intermediates in a private memory pool.
-constexpr size_t kMaxGraphs = 16;
+// Graphs kept at once, least recently used dropped first. Each holds its
+// body's outputs and intermediates in a private memory pool, so the cache
+// is bounded by count and by the bytes of its graphs' inputs and outputs.
+// The count fits a layer wavefront's graphs (each layer's chunk shapes,
+// forward and backward, on its own stream): fewer, and every call would
+// capture anew and drop a graph (a device synchronisation).
+constexpr size_t kMaxGraphs = 64;
+constexpr int64_t kMaxGraphBytes = int64_t{2} << 30;
 
 // PIPELSTM_CUDA_GRAPHS=1: every call; 0: none; auto (or unset): the op's
 // choice (settings.h).
@@ -38,6 +45,7 @@ struct Entry {
   c10::DeviceIndex device = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::vector<at::Tensor> inputs, outputs;  // the graph's own
+  std::atomic<int64_t> bytes{0};            // of inputs and outputs, once captured
 
   // Dropped from the cache: a replay may still be running, and the graph's
   // memory pool goes back to the allocator with it.
@@ -60,7 +68,12 @@ class GraphCache {
     }
     entries_.emplace_front(key, std::make_shared<Entry>());
     // A dropped entry lives on while a call still holds it.
-    if (entries_.size() > kMaxGraphs) entries_.pop_back();
+    int64_t bytes = 0;
+    for (const auto& e : entries_) bytes += e.second->bytes.load();
+    while (entries_.size() > 1 && (entries_.size() > kMaxGraphs || bytes > kMaxGraphBytes)) {
+      bytes -= entries_.back().second->bytes.load();
+      entries_.pop_back();
+    }
     return entries_.front().second;
   }
 
@@ -217,6 +230,11 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
       log_message(LogLevel::kWarning, message);
       return std::nullopt;
     }
+    int64_t bytes = 0;
+    for (const auto* list : {&entry->inputs, &entry->outputs}) {
+      for (const auto& t : *list) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+    }
+    entry->bytes = bytes;
     note_graph_capture();
     captured = true;
   } else {

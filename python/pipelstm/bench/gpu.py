@@ -23,6 +23,12 @@ dtype, H100 defaults). A row whose warm-up run took longer than
 geometric mean and the worst ratio, and the time of 4 layers over 1 layer
 at B <= 32 (the layer wavefront: at most 2x is the aim). ``--device cpu
 --quick`` checks that the bench runs on a machine without a GPU.
+
+``--variant persistent=1`` (any of ``pipelstm.backends.cuda``'s switches,
+``layer_wavefront=8`` say) times a third side in the same alternation:
+pipelstm with those switches set for its calls. A row then also gives its
+time and the gain, pipelstm's time over the variant's (> 1: the variant is
+faster): the measurements a dispatch rule is made from.
 """
 
 import argparse
@@ -37,6 +43,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
+from ..backends import cuda as cuda_switches
+from ..backends._switch import Switch
 from ..lstm import LSTM
 from . import report
 from .floors import floors
@@ -62,6 +70,8 @@ COLUMNS = [
     Column("ratio", "nn.LSTM / pipelstm", "{:.2f}x"), Column("floor", "floor ms", "{:.3f}", 1e3),
     Column("of_floor", "pipelstm / floor", "{:.1f}x"), Column("note", "note"),
 ]
+VARIANT_COLUMNS = [Column("variant", "variant ms", "{:.2f}", 1e3),
+                   Column("variant_gain", "pipelstm / variant", "{:.2f}x")]
 SUMMARY_COLUMNS = [
     Column("setting", "setting"), Column("rows", "rows"), Column("geomean", "geometric mean", "{:.2f}x"),
     Column("worst", "worst", "{:.2f}x"), Column("worst_row", "worst row"), Column("at_least_1", "rows >= 1.0x"),
@@ -94,9 +104,31 @@ def _step(model: nn.Module, x: torch.Tensor):
     return run
 
 
+def _with_switches(run, switches: Dict[str, object]):
+    def switched() -> None:
+        with cuda_switches.flags(**switches):
+            run()
+    return switched
+
+
+def parse_variant(items: List[str]) -> Dict[str, object]:
+    """``["persistent=1", "layer_wavefront=8"]`` as ``flags`` arguments,
+    each value read as its switch's environment variable is."""
+    switches = {k: v for k, v in vars(type(cuda_switches)).items() if isinstance(v, Switch)}
+    out: Dict[str, object] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in switches:
+            raise ValueError(f"--variant: expected SWITCH=VALUE with SWITCH one of {', '.join(switches)}, "
+                             f"got {item!r}")
+        out[name] = switches[name].kind.to_python(value)
+    return out
+
+
 def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, device: str,
-            row_seconds: float) -> dict:
-    """One row: both sides timed alternately, or the reason it was not."""
+            row_seconds: float, variant: Optional[Dict[str, object]] = None) -> dict:
+    """One row: both sides (and the variant) timed alternately, or the reason
+    they were not."""
     dtype = DTYPES[setting]
     row = dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None, note=None)
     f = floors(T, B, H, H, layers, torch.finfo(dtype).bits // 8, RATES[setting], BANDWIDTH, STEP_LATENCY)
@@ -107,6 +139,8 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
     ours.load_state_dict(peer.state_dict())
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
     sides = {"ours": _step(ours, x), "peer": _step(peer, x)}
+    if variant:
+        sides["variant"] = _with_switches(_step(ours, x), variant)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     with Settings(setting):
         for name in list(sides):
@@ -131,6 +165,8 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
     row["of_floor"] = med["ours"] / row["floor"]
     if "peer" in med:
         row["ratio"] = med["peer"] / med["ours"]
+    if "variant" in med:
+        row.update(variant=med["variant"], variant_gain=med["ours"] / med["variant"])
     return row
 
 
@@ -175,7 +211,15 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                    help="start no row after this many seconds (the first always runs); the rest are listed as not run "
                         "(default: no limit)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
+    p.add_argument("--variant", nargs="+", default=[], metavar="SWITCH=VALUE",
+                   help="also time pipelstm with these pipelstm.backends.cuda switches (persistent=1, "
+                        "layer_wavefront=8, graphs=0), alternated with both sides")
     args = report.parse_arguments(p, argv)
+    try:
+        variant = parse_variant(args.variant)
+    except ValueError as e:
+        p.error(str(e))
+    columns = COLUMNS[:-1] + VARIANT_COLUMNS + COLUMNS[-1:] if variant else COLUMNS
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda needs a GPU; none is visible here (--device cpu --quick checks the bench)")
     if torch.device(args.device).type != "cuda" and not args.quick:
@@ -184,9 +228,10 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     meta = report.metadata("gpu", argv)
     meta["device"] = device_info(args.device)
     meta["switches"] = {k: os.environ[k] for k in SWITCHES if k in os.environ}
+    meta["variant"] = variant
     print(f"torch {torch.__version__}, {meta['device']['name']}, forward+backward, median of {args.repeats} "
           f"interleaved runs; switches {meta['switches'] or 'none'}", flush=True)
-    print(header(COLUMNS), flush=True)
+    print(header(columns), flush=True)
     rows = []
     start = time.perf_counter()
     for setting, layers, T, B, H in itertools.product(args.settings, grid["layers"], grid["T"], grid["B"],
@@ -195,8 +240,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             rows.append(dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None,
                              note=f"not run: past --budget-seconds {args.budget_seconds:g}"))
         else:
-            rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds))
-        print(row_line(COLUMNS, rows[-1]), flush=True)
+            rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds, variant))
+        print(row_line(columns, rows[-1]), flush=True)
     summary = summarize(rows)
     tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
     report.print_tables(tables)
@@ -205,5 +250,5 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
              f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
     if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
+        report.write_json(args.json, meta, columns, rows, notes=notes, tables=tables)
     return rows
