@@ -13,6 +13,7 @@
 #include "graph_replay.h"
 #include "layer_gemm.h"
 #include "log_sink.h"
+#include "persistent_rule.h"
 #include "settings.h"
 
 namespace pipelstm {
@@ -126,6 +127,10 @@ PYBIND11_MODULE(_C, m) {
   }, pybind11::arg("device"), pybind11::arg("dtype"),
         "Whether an LSTM layer's GEMMs of `dtype` on `device` (a device type such as 'cuda') "
         "use TF32: float32 on CUDA while torch.backends.cudnn.allow_tf32 allows it (layer_gemm.h).");
+  m.def("_use_persistent", &pipelstm::use_persistent, pybind11::arg("dtype"), pybind11::arg("steps"),
+        pybind11::arg("batch"), pybind11::arg("hidden"),
+        "Whether a CUDA layer call of these sizes tries the persistent kernels: PIPELSTM_PERSISTENT "
+        "where set, else the measured rule (persistent_rule.h).");
   m.def("_column_major_gemm", [](int64_t M, int64_t N, int64_t K, std::vector<int64_t> out,
                                  std::vector<int64_t> a, std::vector<int64_t> b) -> pybind11::object {
     // Strides in; the cuBLAS call for out = a @ b out, or None where an operand must be copied.

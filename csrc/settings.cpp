@@ -49,7 +49,6 @@ std::optional<std::string> isa(const std::string& raw) {
   return one_of(raw, {"native", "avx512", "avx2", "generic"});
 }
 std::optional<std::string> gemm(const std::string& raw) { return one_of(raw, {"auto", "own", "aten"}); }
-std::optional<std::string> on_off(const std::string& raw) { return one_of(raw, {"0", "1"}); }
 std::optional<std::string> on_off_auto(const std::string& raw) { return one_of(raw, {"0", "1", "auto"}); }
 
 // MiB: up to 2^40 (12 digits), far past any machine, short of overflowing bytes.
@@ -84,7 +83,9 @@ constexpr std::array<Switch, kCount> kSwitches{{
     {"PIPELSTM_CUDA_GRAPHS", "auto",
      "one of 0 (never), 1 (every call), auto (the default: where the launches set the time)",
      &on_off_auto},
-    {"PIPELSTM_PERSISTENT", "0", "one of 0 (the default), 1", &on_off},
+    {"PIPELSTM_PERSISTENT", "auto",
+     "one of 0 (never), 1 (wherever it fits), auto (the default: where it was measured faster)",
+     &on_off_auto},
     {"PIPELSTM_LAYER_WAVEFRONT", "0",
      "a whole number of time chunks: 0 (the default: off) or 2 to 4096", &chunk_count},
     {"PIPELSTM_SPLIT_DEPTH", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},
@@ -235,7 +236,7 @@ size_t buffer_cache_bytes_or_none() noexcept {
 
 std::optional<bool> cuda_graphs() { return tristate(kCudaGraphs); }
 
-bool persistent() { return lookup(kPersistent).value == "1"; }
+std::optional<bool> persistent() { return tristate(kPersistent); }
 
 std::optional<bool> split_depth() { return tristate(kSplitDepth); }
 std::optional<bool> row_split() { return tristate(kRowSplit); }

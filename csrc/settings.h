@@ -67,8 +67,9 @@ size_t buffer_cache_bytes_or_none() noexcept;
 // PIPELSTM_CUDA_GRAPHS: graph every layer op's call (true), none (false).
 std::optional<bool> cuda_graphs();
 
-// PIPELSTM_PERSISTENT: the persistent recurrent kernel where it fits.
-bool persistent();
+// PIPELSTM_PERSISTENT: the persistent recurrent kernels wherever they fit
+// (true), never (false), or where they pay (nullopt: the layer op decides).
+std::optional<bool> persistent();
 
 // Measurement and test knobs (environment only in the Python API's public
 // part): the depth split of a weight gradient's GEMM, the row split of

@@ -31,7 +31,7 @@ PUBLIC = [
     (cpu, "gemm", "PIPELSTM_CPU_GEMM", "auto", "aten", "aten", "mkl"),
     (cpu, "buffer_cache_mb", "PIPELSTM_BUFFER_CACHE_MB", 1024, 0, "0", -1),
     (cuda, "graphs", "PIPELSTM_CUDA_GRAPHS", None, True, "1", None),
-    (cuda, "persistent", "PIPELSTM_PERSISTENT", False, True, "1", None),
+    (cuda, "persistent", "PIPELSTM_PERSISTENT", None, True, "1", None),
     (cuda, "layer_wavefront", "PIPELSTM_LAYER_WAVEFRONT", 0, 8, "8", 1),
 ]
 
@@ -97,7 +97,7 @@ def test_a_value_of_the_wrong_type_is_refused():
         cpu.buffer_cache_mb = True
     with pytest.raises(TypeError, match=r"pipelstm.backends.cuda.graphs \(PIPELSTM_CUDA_GRAPHS\) must be True, False"):
         cuda.graphs = "yes"
-    with pytest.raises(TypeError, match=r"persistent \(PIPELSTM_PERSISTENT\) must be a bool"):
+    with pytest.raises(TypeError, match=r"persistent \(PIPELSTM_PERSISTENT\) must be True, False or None"):
         cuda.persistent = 1
 
 

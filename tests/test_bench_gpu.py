@@ -118,3 +118,12 @@ def test_a_variant_is_timed_with_its_switches_set_and_only_for_its_calls(tmp_pat
 def test_a_variant_that_is_not_a_switch_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         _run(tmp_path, "--variant", "wavefront=8")
+
+
+def test_a_variant_run_is_summed_up_by_its_gain_not_by_cudnn(tmp_path):
+    from pipelstm.bench import summary
+    data = _run(tmp_path, "--settings", "fp32", "--variant", "layer_wavefront=3")
+    [row] = summary.gpu(data)
+    gains = [r["variant_gain"] for r in data["rows"]]
+    assert row["what"].startswith("`pipelstm.LSTM` with `layer_wavefront=3` vs without")
+    assert f"{sum(g >= 1.0 for g in gains)} of {len(gains)} rows" in row["result"]

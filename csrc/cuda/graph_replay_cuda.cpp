@@ -4,12 +4,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <list>
 #include <map>
 #include <memory>
@@ -25,12 +26,14 @@ namespace {
 
 // Graphs kept at once, least recently used dropped first. Each holds its
 // body's outputs and intermediates in a private memory pool, so the cache
-// is bounded by count and by the bytes of its graphs' inputs and outputs.
+// is bounded by count and by the device memory its graphs reserved, at most
+// 1/kGraphMemoryShare of the device's (at T = 500 a grid of sizes kept
+// 35 GiB in graph pools on an 80 GB GPU and a capture ran out of memory).
 // The count fits a layer wavefront's graphs (each layer's chunk shapes,
 // forward and backward, on its own stream): fewer, and every call would
 // capture anew and drop a graph (a device synchronisation).
 constexpr size_t kMaxGraphs = 64;
-constexpr int64_t kMaxGraphBytes = int64_t{2} << 30;
+constexpr int64_t kGraphMemoryShare = 8;
 
 // PIPELSTM_CUDA_GRAPHS=1: every call; 0: none; auto (or unset): the op's
 // choice (settings.h).
@@ -45,7 +48,7 @@ struct Entry {
   c10::DeviceIndex device = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::vector<at::Tensor> inputs, outputs;  // the graph's own
-  std::atomic<int64_t> bytes{0};            // of inputs and outputs, once captured
+  std::atomic<int64_t> bytes{0};            // device memory it holds, once captured
 
   // Dropped from the cache: a replay may still be running, and the graph's
   // memory pool goes back to the allocator with it.
@@ -68,19 +71,37 @@ class GraphCache {
     }
     entries_.emplace_front(key, std::make_shared<Entry>());
     // A dropped entry lives on while a call still holds it.
-    int64_t bytes = 0;
-    for (const auto& e : entries_) bytes += e.second->bytes.load();
-    while (entries_.size() > 1 && (entries_.size() > kMaxGraphs || bytes > kMaxGraphBytes)) {
-      bytes -= entries_.back().second->bytes.load();
-      entries_.pop_back();
-    }
+    if (entries_.size() > kMaxGraphs) entries_.pop_back();
     return entries_.front().second;
+  }
+
+  // Drops the least recently used graphs, never the newest, while they
+  // hold more than `limit` bytes.
+  void trim(int64_t limit) {
+    std::vector<std::shared_ptr<Entry>> dropped;  // destroyed (a device sync each) outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      int64_t bytes = 0;
+      for (const auto& e : entries_) bytes += e.second->bytes.load();
+      while (entries_.size() > 1 && bytes > limit) {
+        bytes -= entries_.back().second->bytes.load();
+        dropped.push_back(std::move(entries_.back().second));
+        entries_.pop_back();
+      }
+    }
   }
 
  private:
   std::mutex mutex_;
   std::list<std::pair<std::vector<int64_t>, std::shared_ptr<Entry>>> entries_;
 };
+
+// The device memory torch's caching allocator holds on `device` (the
+// aggregate over its pools, a capture's private pool among them).
+int64_t reserved_bytes(c10::DeviceIndex device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+}
 
 GraphCache& cache() {
   static auto* c = new GraphCache();  // never destroyed: graphs may outlive static teardown
@@ -210,6 +231,7 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
   }
   bool captured = false;
   if (!entry->graph) {
+    const int64_t reserved_before = reserved_bytes(device.index());
     entry->device = device.index();
     entry->inputs.clear();
     for (const auto& t : inputs) entry->inputs.push_back(t.clone());
@@ -230,11 +252,9 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
       log_message(LogLevel::kWarning, message);
       return std::nullopt;
     }
-    int64_t bytes = 0;
-    for (const auto* list : {&entry->inputs, &entry->outputs}) {
-      for (const auto& t : *list) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-    }
-    entry->bytes = bytes;
+    entry->bytes = std::max<int64_t>(reserved_bytes(device.index()) - reserved_before, 0);
+    cache().trim(static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem) /
+                 kGraphMemoryShare);
     note_graph_capture();
     captured = true;
   } else {

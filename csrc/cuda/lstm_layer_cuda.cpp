@@ -2,8 +2,8 @@
 // key. Every dtype runs the step loop (layer_step_loop.h) on this backend's
 // pointwise launches and the layer GEMMs (cuBLAS, layer_gemm.h); a dense
 // forward without projection may run as one persistent kernel instead
-// (PIPELSTM_PERSISTENT=1, where it fits: on tensor cores in float16 and
-// bfloat16, forward and backward); the forward and backward of a
+// (where persistent_rule.h says, and it fits: on tensor cores in float16
+// and bfloat16, forward and backward); the forward and backward of a
 // call are replayed as a captured CUDA graph where that pays
 // (graph_replay_cuda.h). A new whole-sequence kernel goes in
 // CudaLayer::sequence_forward / sequence_backward. Compiled only in a
@@ -21,6 +21,7 @@
 #include "../graph_replay.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
+#include "../persistent_rule.h"
 #include "../settings.h"
 #include "graph_replay_cuda.h"
 #include "persistent_cuda.h"
@@ -37,8 +38,9 @@ enum class GraphOp : int64_t { kForward, kBackward };
 std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse,
                                std::initializer_list<Tensor> in_place,
                                const std::vector<Tensor>& inputs) {
-  std::vector<int64_t> key{static_cast<int64_t>(op), reverse, settings::persistent(),
-                           steps.dense};
+  const std::optional<bool> persistent = settings::persistent();
+  std::vector<int64_t> key{static_cast<int64_t>(op), reverse,
+                           persistent.has_value() ? int64_t{*persistent} : int64_t{2}, steps.dense};
   key.insert(key.end(), steps.batch.begin(), steps.batch.end());
   for (const auto& t : in_place) add_to_key(key, t, /*in_place=*/true);
   for (const auto& t : inputs) add_to_key(key, t, /*in_place=*/false);
@@ -78,13 +80,10 @@ struct CudaLayer {
                                     [&] { f(scalar_t{}); });
   }
 
-  // The persistent kernels, opted in to with PIPELSTM_PERSISTENT=1
-  // (settings.h, read per call: cheap beside a launch) until measured on a
-  // GPU; for small batches only: there the per-step GEMM is latency-bound,
-  // larger batches keep cuBLAS (tensor cores) per step. float16 and
-  // bfloat16 run the tensor-core kernels (forward and backward), float32
-  // and a half-precision shape they do not fit the SIMT forward.
-  static constexpr int64_t kPersistentMaxBatch = 64;
+  // The persistent kernels where persistent_rule.h says (the switch, read
+  // per call, else the measured rule). float16 and bfloat16 run the
+  // tensor-core kernels (forward and backward), float32 and a
+  // half-precision shape they do not fit the SIMT forward.
   template <typename T>
   static constexpr bool kTensorCores = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
 
@@ -93,8 +92,8 @@ struct CudaLayer {
     if constexpr (std::is_same_v<T, double>) {
       return false;  // the persistent kernels have float, half and bfloat16
     } else {
-      if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
       const int64_t T_ = q.steps.steps(), B = q.steps.max_batch;
+      if (!use_persistent(c10::CppTypeToScalarType<T>::value, T_, B, q.geometry.hidden)) return false;
       const at::Tensor w = q.w_hh.contiguous();
       kernels::PersistentForwardArgs<T> seq;
       seq.input_gates = q.input_gates.template const_data_ptr<T>();
@@ -123,7 +122,10 @@ struct CudaLayer {
     if constexpr (!kTensorCores<T>) {
       return false;  // the tensor-core backward has half and bfloat16
     } else {
-      if (q.steps.max_batch > kPersistentMaxBatch || !settings::persistent()) return false;
+      if (!use_persistent(c10::CppTypeToScalarType<T>::value, q.steps.steps(), q.steps.max_batch,
+                          q.geometry.hidden)) {
+        return false;
+      }
       // The kernel reads the given gradients densely; kept alive until it is queued.
       const auto dense = [](const OptTensor& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
       const at::Tensor grad_output = dense(q.grad_output), grad_h_n = dense(q.grad_h_n),

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator
 
 from .. import _C
 
-__all__ = ["Switch", "SwitchModule", "choice", "mebibytes", "chunk_count", "flag", "tristate"]
+__all__ = ["Switch", "SwitchModule", "choice", "mebibytes", "chunk_count", "tristate"]
 
 logger = logging.getLogger("pipelstm")
 
@@ -38,7 +38,6 @@ def _whole(v: Any):
 
 mebibytes = Converter("an int (MiB, 0 or more)", _whole, int)
 chunk_count = Converter("an int: 0 (off), or 2 to 4096 time chunks", _whole, int)
-flag = Converter("a bool", lambda v: ("1" if v else "0") if isinstance(v, bool) else None, lambda t: t == "1")
 tristate = Converter("True, False or None (the library decides)",
                      lambda v: "auto" if v is None else ("1" if v else "0") if isinstance(v, bool) else None,
                      lambda t: None if t == "auto" else t == "1")

@@ -7,7 +7,10 @@ drops the override; docs/configuration.md has the whole table):
   as a captured CUDA graph: ``True`` every call, ``False`` never, ``None``
   (the default) where a step's launches, not its arithmetic, set the time.
 * ``persistent`` (``PIPELSTM_PERSISTENT``): run a dense layer direction's
-  forward as one persistent kernel where it fits (default ``False``).
+  recurrence as one persistent kernel (forward, and backward in float16
+  and bfloat16): ``True`` wherever it fits, ``False`` never, ``None`` (the
+  default) at the sizes where it measured faster (float16/bfloat16,
+  T >= 500, B <= 8, H <= 512).
 * ``layer_wavefront`` (``PIPELSTM_LAYER_WAVEFRONT``): run the layers of a
   dense, unidirectional stack as a wavefront over this many time chunks,
   one stream a layer (``pipelstm.layer_wavefront``; default ``0``: one
@@ -22,7 +25,7 @@ import sys
 from typing import Tuple
 
 from .. import _C
-from ._switch import Switch, SwitchModule, chunk_count, flag, tristate
+from ._switch import Switch, SwitchModule, chunk_count, tristate
 
 __all__ = ["graphs", "persistent", "layer_wavefront", "graph_counts", "flags"]
 
@@ -31,8 +34,9 @@ class _CudaModule(SwitchModule):
     graphs = Switch("PIPELSTM_CUDA_GRAPHS", tristate,
                     "Replay layer ops as CUDA graphs: True (every call), False (never), None (default: "
                     "where launches set the time).")
-    persistent = Switch("PIPELSTM_PERSISTENT", flag,
-                        "Run a dense layer's forward as one persistent kernel where it fits (default False).")
+    persistent = Switch("PIPELSTM_PERSISTENT", tristate,
+                        "Run a dense layer's recurrence as one persistent kernel: True (wherever it fits), False "
+                        "(never), None (default: where it measured faster).")
     layer_wavefront = Switch("PIPELSTM_LAYER_WAVEFRONT", chunk_count,
                              "Run a stack's layers as a wavefront over this many time chunks, one CUDA stream a "
                              "layer (default 0: one layer after another).")

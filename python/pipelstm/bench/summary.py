@@ -16,6 +16,7 @@ and returns its rows as dicts with the keys ``what``, ``result`` and
 
 import math
 import re
+import statistics
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .table import Column, markdown
@@ -83,10 +84,13 @@ def grid(data: Mapping) -> List[Row]:
 
 
 def gpu(data: Mapping) -> List[Row]:
-    """bench gpu: per setting, the geometric mean against cuDNN and the rows at 1.0x or above."""
+    """bench gpu: per setting, the geometric mean against cuDNN and the rows at 1.0x or above;
+    with ``--variant``, the variant's gain over pipelstm's default instead."""
     device = data.get("device") or {}
     name = device.get("name", "unknown GPU") if isinstance(device, Mapping) else str(device)
     T = "/".join(str(t) for t in sorted({r["T"] for r in data["rows"]}))
+    if data.get("variant"):
+        return _gpu_variant(data, name, T)
     out = []
     for s in data["tables"][0]["rows"]:
         if not s.get("rows") or s.get("geomean") is None:  # a setting the run left out
@@ -97,6 +101,22 @@ def gpu(data: Mapping) -> List[Row]:
                         result=f"geometric mean {_x(s['geomean'])}; {s['at_least_1']} of {s['rows']} rows ≥ 1.0× "
                                f"(range {_span(ratios)}){skipped}",
                         setup=f"{name}, {GPU_SETTINGS.get(s['setting'], s['setting'])}"))
+    return out
+
+
+def _gpu_variant(data: Mapping, name: str, T: str) -> List[Row]:
+    switches = ", ".join(f"{k}={v}" for k, v in data["variant"].items())
+    out = []
+    for setting in dict.fromkeys(r["setting"] for r in data["rows"]):
+        gains = [r["variant_gain"] for r in data["rows"] if r["setting"] == setting and r.get("variant_gain")]
+        if not gains:
+            continue
+        layers = "/".join(str(n) for n in sorted({r["layers"] for r in data["rows"] if r["setting"] == setting}))
+        out.append(dict(what=f"`pipelstm.LSTM` with `{switches}` vs without, forward + backward, {len(gains)} sizes, "
+                             f"{layers} layer(s), T={T}",
+                        result=f"geometric mean {_x(math.exp(statistics.fmean(math.log(g) for g in gains)))}; "
+                               f"{sum(g >= 1.0 for g in gains)} of {len(gains)} rows ≥ 1.0× (range {_span(gains)})",
+                        setup=f"{name}, {GPU_SETTINGS.get(setting, setting)}"))
     return out
 
 
