@@ -16,17 +16,9 @@ def cell(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
     return h, c
 
 
-def layer(
-    x: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    w_ih: Tensor,
-    w_hh: Tensor,
-    b_ih: Optional[Tensor] = None,
-    b_hh: Optional[Tensor] = None,
-    w_hr: Optional[Tensor] = None,
-    reverse: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
+          b_hh: Optional[Tensor] = None, w_hr: Optional[Tensor] = None,
+          reverse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """One direction of one layer, step by step: (output, h_n, c_n)."""
     h, c = h0, c0
     outputs = [None] * x.shape[0]

@@ -121,6 +121,21 @@ def test_parse_arguments_adds_json_and_checks_the_bench_own_repeats_flag(capsys)
         assert "--reps must be at least 5" in capsys.readouterr().err
 
 
+def test_the_shared_parser_has_threads_and_repeats_only_where_asked_for():
+    p = report.argument_parser("demo", "what it does", threads=(1, 2), repeats=7, per="side")
+    args = report.parse_arguments(p, ["--threads", "4"])
+    assert (p.prog, args.threads, args.repeats, args.json) == ("python -m pipelstm.bench demo", [4], 7, None)
+    assert "timed runs per side" in p.format_help()
+    bare = report.argument_parser("demo", None)
+    assert not hasattr(bare.parse_args([]), "threads") and not hasattr(bare.parse_args([]), "repeats")
+
+
+def test_write_json_without_a_path_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert report.write_json(None, {}, [Column("a", "a")], [dict(a=1)]) is None
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().out == ""
+
+
 def test_print_tables_shows_each_table_after_a_blank_line(capsys):
     second = [dict(name="x", ours=0.001, ratio=2.0)]
     report.print_tables([dict(title="one", columns=COLUMNS, rows=ROWS), dict(title="two", columns=COLUMNS,

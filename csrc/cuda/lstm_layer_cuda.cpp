@@ -24,8 +24,7 @@
 #include "../persistent_rule.h"
 #include "../settings.h"
 #include "graph_replay_cuda.h"
-#include "persistent_cuda.h"
-#include "pointwise_cuda.h"
+#include "kernels_cuda.h"
 
 namespace pipelstm {
 namespace {

@@ -1,4 +1,4 @@
-#include "pointwise_cuda.h"
+#include "kernels_cuda.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>

@@ -90,17 +90,9 @@ def lstm_cell(
     return hy, cy
 
 
-def lstm_layer(
-    input: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    w_ih: Tensor,
-    w_hh: Tensor,
-    b_ih: Optional[Tensor] = None,
-    b_hh: Optional[Tensor] = None,
-    w_hr: Optional[Tensor] = None,
-    reverse: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def lstm_layer(input: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
+               b_hh: Optional[Tensor] = None, w_hr: Optional[Tensor] = None,
+               reverse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """One direction of one LSTM layer over a whole sequence.
 
     Args:
@@ -122,18 +114,9 @@ def lstm_layer(
     return output, h_n, c_n
 
 
-def lstm_packed_layer(
-    input: Tensor,
-    batch_sizes: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    w_ih: Tensor,
-    w_hh: Tensor,
-    b_ih: Optional[Tensor] = None,
-    b_hh: Optional[Tensor] = None,
-    w_hr: Optional[Tensor] = None,
-    reverse: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def lstm_packed_layer(input: Tensor, batch_sizes: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
+                      b_ih: Optional[Tensor] = None, b_hh: Optional[Tensor] = None, w_hr: Optional[Tensor] = None,
+                      reverse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`lstm_layer` over the rows of a ``PackedSequence``.
 
     Args:

@@ -158,8 +158,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              "rise: the process's peak resident set over the steps (VmHWM) above its resident set before the "
              "first step, measured by the kernel."]
     print(markdown(COLUMNS, rows))
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes)
     return rows
 
 

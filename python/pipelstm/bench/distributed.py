@@ -144,8 +144,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     tables = [dict(title="Memory per process", columns=MEMORY_COLUMNS, rows=memory)]
     print(markdown(COLUMNS, rows))
     report.print_tables(tables)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

@@ -65,6 +65,5 @@ def main(argv=None) -> List[dict]:
                            args.step_latency_us * 1e-6)
                 rows.append(dict(T=T, B=B, H=H, layers=layers, dtype=dtype, **f))
                 print(row_line(COLUMNS, rows[-1]))
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows)
+    report.write_json(args.json, meta, COLUMNS, rows)
     return rows

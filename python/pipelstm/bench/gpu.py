@@ -31,7 +31,6 @@ time and the gain, pipelstm's time over the variant's (> 1: the variant is
 faster): the measurements a dispatch rule is made from.
 """
 
-import argparse
 import itertools
 import math
 import os
@@ -198,13 +197,11 @@ def device_info(device: str) -> Dict[str, object]:
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = report.argument_parser("gpu", __doc__, repeats=5, per="side")
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu with --quick to check the bench")
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     for axis, values in GRID.items():
         p.add_argument(f"--{axis}", type=int, nargs="+", default=None, help=f"default {values}")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
     p.add_argument("--row-seconds", type=float, default=3.0,
                    help="skip a row whose warm-up run of either side takes longer (default 3)")
     p.add_argument("--budget-seconds", type=float, default=None,
@@ -249,6 +246,5 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
              "pipelstm follows cudnn.allow_tf32, as nn.LSTM does); bf16/fp16 = both modules in that dtype. Ratio = nn.LSTM time / pipelstm time (> 1: pipelstm "
              "faster). Floor = the largest of bench floors' FLOP, memory and launch floors (H100 figures).",
              f"Every time is the median of {args.repeats} runs of each side, alternated in one process."]
-    if args.json:
-        report.write_json(args.json, meta, columns, rows, notes=notes, tables=tables)
+    report.write_json(args.json, meta, columns, rows, notes=notes, tables=tables)
     return rows

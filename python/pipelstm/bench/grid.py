@@ -34,7 +34,6 @@ geometric mean and the worst ratio per (threads, mode), a packed row
 counting with the lower of its two ratios.
 """
 
-import argparse
 import gc
 import itertools
 import math
@@ -228,17 +227,14 @@ SKIPPED_COLUMNS = [Column("threads", "threads"), Column("mode", "mode"), Column(
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench grid", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = report.argument_parser("grid", __doc__, threads=(1, 2), repeats=5, per="side")
     p.add_argument("--H", type=int, nargs="+", default=None, help="hidden sizes (= input sizes)")
     p.add_argument("--B", type=int, nargs="+", default=None, help="batch sizes")
     p.add_argument("--T", type=int, nargs="+", default=None, help="sequence lengths")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layer counts (default 1 4)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--full", action="store_true", help="every variant and layer count over the whole H x B x T")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per side (median reported; at least 5)")
     add_min_run_argument(p)
     p.add_argument("--budget-seconds", type=float, default=300.0,
                    help="skip rows estimated to take longer than this (0: no limit)")

@@ -4,7 +4,6 @@ Forward + backward of one layer, and of a stack of layers built from the
 op, against nn.LSTM with the same weights and data, fp32 on the CPU.
 """
 
-import argparse
 import statistics
 import sys
 from typing import List, Tuple
@@ -79,10 +78,8 @@ def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench layer", description=__doc__)
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p = report.argument_parser("layer", __doc__, threads=(1, 2), repeats=5)
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported; at least 5)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     p.add_argument("--device", default="cpu",
                    help="cpu or cuda (against cuDNN there; TF32 off; the GPU grid is `bench gpu`)")

@@ -121,12 +121,21 @@ def plan(model: nn.Module, T: int, B: int, measured: tuple):
     sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
     one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
     world = machine(2, measured)
-    margin = PLAN_MARGIN  # as init_mesh(pp="auto") plans
-    candidates = [("parallel", 1, choose_layout(one, world, T, B, margin=margin)),
-                  ("pipeline", 1, choose_layout(one, world, T, B, pp=2, in_process=True, margin=margin)),
-                  ("pipeline", 2, choose_layout(two, machine(1, measured), T, B, in_process=True, margin=margin))]
-    layout, _ = simplest([(p.layout, p.prediction) for _, _, p in candidates], margin)
-    kind, threads, best = next(c for c in candidates if c[2].layout is layout)
+    searches = [("parallel", 1, dict(costs=one, cluster=world)),
+                ("pipeline", 1, dict(costs=one, cluster=world, pp=2, in_process=True)),
+                ("pipeline", 2, dict(costs=two, cluster=machine(1, measured), in_process=True))]
+
+    def each_kind(margin: float) -> list:
+        return [(kind, threads, choose_layout(T=T, B=B, margin=margin, **kw)) for kind, threads, kw in searches]
+
+    # Each kind's simplest within PLAN_MARGIN (as init_mesh(pp="auto") plans),
+    # then across kinds the simplest within the margin of the fastest layout
+    # of any kind: each kind's own fastest joins the comparison, so that the
+    # margin is taken once, from the fastest predicted, not once per step.
+    candidates, fastest = each_kind(PLAN_MARGIN), each_kind(0.0)
+    pool = candidates + fastest
+    layout, _ = simplest([(p.layout, p.prediction) for _, _, p in pool], PLAN_MARGIN)
+    kind, threads, best = next(c for c in pool if c[2].layout is layout)
     return (kind, best.layout.pp, best.layout.dp, threads, best), dict(costs=(one, two), candidates=candidates)
 
 

@@ -269,8 +269,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print()
     for line in lines:
         print(line)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

@@ -11,7 +11,6 @@ CPUs without native bfloat16 arithmetic takes seconds per step; pipelstm
 computes in float32 and rounds the results.
 """
 
-import argparse
 import statistics
 import sys
 from typing import List
@@ -79,9 +78,7 @@ def run(T: int, B: int, I: int, H: int, threads: List[int], repeats: int, dtype:
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench module", description=__doc__)
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (median reported; at least 5)")
+    p = report.argument_parser("module", __doc__, threads=(1, 2), repeats=5)
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="both modules in this dtype (default float32)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
@@ -95,6 +92,5 @@ def main(argv=None) -> List[dict]:
           f"I=H={H}, median of {args.repeats} interleaved runs")
     print(header(COLUMNS))
     rows = run(T, B, I, H, args.threads, args.repeats, args.dtype)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows)
+    report.write_json(args.json, meta, COLUMNS, rows)
     return rows

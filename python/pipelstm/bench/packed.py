@@ -150,9 +150,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print(markdown(COLUMNS, rows))
     for note in notes:
         print(note)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, corpus=corpus, stage_threads=[1, 1],
-                          padding_ratio=padded / real)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes, corpus=corpus, stage_threads=[1, 1],
+                      padding_ratio=padded / real)
     return rows
 
 

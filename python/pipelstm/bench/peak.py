@@ -10,7 +10,6 @@ Every figure is the median of ``--repeats`` runs, the loop and the mm
 alternated.
 """
 
-import argparse
 import statistics
 import sys
 from typing import List, Optional
@@ -38,9 +37,7 @@ def fma_gflops(threads: int, iterations: int) -> float:
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench peak", description=__doc__)
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per row (median reported; at least 5)")
+    p = report.argument_parser("peak", __doc__, threads=(1, 2), repeats=7)
     p.add_argument("--iterations", type=int, default=50_000_000, help="FMAs per chain and thread in one run")
     p.add_argument("--mm", type=int, default=2048, help="the size of the square torch.mm")
     p.add_argument("--quick", action="store_true", help="short runs, to check that the benchmark runs")
@@ -70,9 +67,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             print(row_line(COLUMNS, rows[-1]))
     finally:
         torch.set_num_threads(previous)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=[
-            f"FMA loop: 12 chains x {iterations} vector FMAs per thread on registers, the threads released "
-            f"together; torch.mm: {n} x {n} float32 at the same threads; medians of {args.repeats} "
-            "alternated runs."])
+    report.write_json(args.json, meta, COLUMNS, rows, notes=[
+        f"FMA loop: 12 chains x {iterations} vector FMAs per thread on registers, the threads released "
+        f"together; torch.mm: {n} x {n} float32 at the same threads; medians of {args.repeats} "
+        "alternated runs."])
     return rows

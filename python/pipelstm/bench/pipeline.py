@@ -324,8 +324,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         for _ in range(STEPS_PER_TURN):
             step()
         print("timeline:", pipe.timeline(args.timeline))
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 

@@ -304,8 +304,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     rows = [dict(schedule=sch, micro_batches=m, seconds=statistics.median(times[g.name]),
                  spread=spread(times[g.name]), samples=times[g.name]) for (sch, m), g in zip(configs, groups)]
     print(markdown(COLUMNS, rows))
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=[f"Split: {split}."])
+    report.write_json(args.json, meta, COLUMNS, rows, notes=[f"Split: {split}."])
     return rows
 
 if __name__ == "__main__":

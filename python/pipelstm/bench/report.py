@@ -156,6 +156,20 @@ def metadata(bench: str, argv: Sequence[str]) -> Dict[str, object]:
                 commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
+def argument_parser(bench: str, description: Optional[str], *, threads: Optional[Sequence[int]] = None,
+                    repeats: Optional[int] = None, per: str = "row") -> argparse.ArgumentParser:
+    """A bench's parser (``python -m pipelstm.bench BENCH``), with the options most benches share where asked
+    for: ``--threads`` (default ``threads``) and ``--repeats`` (timed runs per ``per``, default ``repeats``)."""
+    parser = argparse.ArgumentParser(prog=f"python -m pipelstm.bench {bench}", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if threads is not None:
+        parser.add_argument("--threads", type=int, nargs="+", default=list(threads))
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats,
+                            help=f"timed runs per {per} (median reported; at least 5)")
+    return parser
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json PATH``, common to every bench."""
     parser.add_argument("--json", metavar="PATH", default=None,
@@ -211,13 +225,16 @@ def _clean(value):
     return value
 
 
-def write_json(path: str, meta: Mapping, columns: Sequence[Column], rows: Sequence[Mapping], *,
-               tables: Sequence[Mapping] = (), notes: Sequence[str] = (), **fields) -> str:
-    """Writes one result file (atomically) and returns its path.
+def write_json(path: Optional[str], meta: Mapping, columns: Sequence[Column], rows: Sequence[Mapping], *,
+               tables: Sequence[Mapping] = (), notes: Sequence[str] = (), **fields) -> Optional[str]:
+    """Writes one result file (atomically) and returns its path; with no path (a bench run without
+    ``--json``), writes nothing and returns None.
 
     ``tables``: further tables, each ``dict(title=..., columns=[Column...], rows=[...])``;
     ``notes``: lines printed under the tables; ``fields``: anything else to keep.
     """
+    if not path:
+        return None
     data = dict(meta)
     data.update(columns=columns_to_json(columns), rows=list(rows),
                 tables=[dict(title=t.get("title", ""), columns=columns_to_json(t["columns"]), rows=list(t["rows"]))

@@ -227,8 +227,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     report.print_tables(tables)
     for n in notes[2:5]:
         print(n)
-    if args.json:
-        report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
+    report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
 
 
