@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh                     # all of it
 #   BENCH_ARGS="--settings fp32 bf16 --B 1 8 32" bash tools/gpu_check.sh
 #   STEPS="build tests" bash tools/gpu_check.sh # a part
-#   STEPS="build persistent wavefront" bash tools/gpu_check.sh # the opt-in paths' benches
+#   STEPS="build persistent wavefront profile" bash tools/gpu_check.sh # the switches against the defaults, a profile
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -107,28 +107,37 @@ if want bench; then
 fi
 
 if want persistent; then
-  # The persistent kernels (pipelstm.backends.cuda.persistent: tensor cores in
-  # float16 and bfloat16) against cuDNN where they are meant to pay.
+  # The persistent kernels everywhere they fit (pipelstm.backends.cuda.persistent
+  # = True) against the library's default, the measurement the default rule
+  # (csrc/persistent_rule.h) comes from: the gain column.
   start=$SECONDS
   # shellcheck disable=SC2086
-  PIPELSTM_PERSISTENT=1 timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
-    --budget-seconds "$BENCH_SECONDS" --settings bf16 fp16 --B 1 8 32 64 --T 100 500 --layers 1 \
+  timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu --variant persistent=1 \
+    --budget-seconds "$BENCH_SECONDS" --settings fp16 bf16 default --B 1 4 8 16 32 --T 100 500 --layers 1 \
     --json "$OUT/gpu_persistent.json" ${PERSISTENT_ARGS:-} >"$OUT/gpu_persistent.log" 2>&1
   note "bench persistent: rc=$? ($((SECONDS - start)) s)"
   sed -n '/geometric mean/,$p' "$OUT/gpu_persistent.log" | head -8 | tee -a "$summary"
 fi
 
 if want wavefront; then
-  # The layer wavefront (pipelstm.backends.cuda.layer_wavefront) against the
-  # layers one after another, where it is meant to pay (B <= 32, 1 and 4
-  # layers): WAVEFRONT_CHUNKS (default "0 8 20"), one gpu_wavefront_K.json each.
-  for chunks in ${WAVEFRONT_CHUNKS:-0 8 20}; do
+  # The layer wavefront (pipelstm.backends.cuda.layer_wavefront = K) against
+  # the layers one after another, 4 layers at B <= 32: WAVEFRONT_CHUNKS
+  # (default "4 10"), one gpu_wavefront_K.json each (the gain column).
+  for chunks in ${WAVEFRONT_CHUNKS:-4 10}; do
     start=$SECONDS
     # shellcheck disable=SC2086
-    PIPELSTM_LAYER_WAVEFRONT=$chunks timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu \
-      --budget-seconds "$BENCH_SECONDS" --settings default bf16 --B 1 8 32 --T 100 --layers 1 4 \
+    timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu --variant "layer_wavefront=$chunks" \
+      --budget-seconds "$BENCH_SECONDS" --settings default bf16 fp16 --B 1 8 32 --T 100 --layers 4 \
       --json "$OUT/gpu_wavefront_$chunks.json" ${WAVEFRONT_ARGS:-} >"$OUT/gpu_wavefront_$chunks.log" 2>&1
     note "bench wavefront K=$chunks: rc=$? ($((SECONDS - start)) s)"
     sed -n '/geometric mean/,$p' "$OUT/gpu_wavefront_$chunks.log" | head -8 | tee -a "$summary"
   done
+fi
+
+if want profile; then
+  # Where a step's time goes, pipelstm and cuDNN (tools/gpu_profile.py).
+  start=$SECONDS
+  timeout 120 "$PY" tools/gpu_profile.py --json "$OUT/gpu_profile.json" >"$OUT/gpu_profile.log" 2>&1
+  note "profile: rc=$? ($((SECONDS - start)) s)"
+  grep -E "pipelstm|cuDNN" "$OUT/gpu_profile.log" | cut -c1-120 | tee -a "$summary"
 fi

@@ -12,7 +12,8 @@ cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 NVCC="${NVCC:-$(command -v nvcc || echo "$cuda_home/bin/nvcc")}"
 out="${OUT:-build/persistent_tc_gpu_check}"
 mkdir -p "$out"
-bin="$out/persistent_tc_gpu_check"
+# The program outside $out: a lent GPU machine sends back only a few files.
+bin="$(mktemp -d)/persistent_tc_gpu_check"
 status=0
 
 start=$SECONDS
