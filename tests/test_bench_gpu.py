@@ -93,7 +93,7 @@ def test_cuda_without_a_gpu_and_cpu_without_quick_are_refused(capsys):
 
 def test_a_variant_is_timed_with_its_switches_set_and_only_for_its_calls(tmp_path, monkeypatch):
     seen = []
-    step = gpu._step
+    step = gpu.training_step
 
     def recording(model, x):
         run = step(model, x)
@@ -104,7 +104,7 @@ def test_a_variant_is_timed_with_its_switches_set_and_only_for_its_calls(tmp_pat
             run()
         return wrapped
 
-    monkeypatch.setattr(gpu, "_step", recording)
+    monkeypatch.setattr(gpu, "training_step", recording)
     data = _run(tmp_path, "--settings", "fp32", "--variant", "layer_wavefront=3")
     assert data["variant"] == {"layer_wavefront": 3}
     for row in data["rows"]:

@@ -21,10 +21,7 @@ import tempfile
 import time
 
 import torch
-from torch import nn
-
-import pipelstm
-from pipelstm.bench.gpu import DTYPES, SETTINGS, Settings
+from pipelstm.bench.gpu import SETTINGS, Settings, models, training_step
 
 SIZES = [(100, 256, 1024, 1), (100, 8, 512, 1), (100, 32, 1024, 1), (100, 8, 512, 4)]  # T, B, H, layers
 
@@ -40,11 +37,7 @@ def busy_seconds(intervals):
 
 
 def profile_step(model, x, steps=3):
-    def step():
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-        model(x)[0].float().sum().backward()
-
+    step = training_step(model, x)
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
@@ -76,11 +69,7 @@ def main(argv=None):
     rows = []
     for setting in args.setting:
         for T, B, H, layers in args.size or SIZES:
-            torch.manual_seed(0)
-            peer = nn.LSTM(H, H, num_layers=layers).cuda().to(DTYPES[setting])
-            ours = pipelstm.LSTM(H, H, num_layers=layers).cuda().to(DTYPES[setting])
-            ours.load_state_dict(peer.state_dict())
-            x = torch.randn(T, B, H, device="cuda", dtype=DTYPES[setting], requires_grad=True)
+            peer, ours, x = models(setting, layers, T, B, H, "cuda")
             with Settings(setting):
                 for side, model in (("pipelstm", ours), ("cuDNN", peer)):
                     r = dict(setting=setting, T=T, B=B, H=H, layers=layers, side=side, **profile_step(model, x))

@@ -27,11 +27,11 @@ namespace {
 // Graphs kept at once, least recently used dropped first. Each holds its
 // body's outputs and intermediates in a private memory pool, so the cache
 // is bounded by count and by the device memory its graphs reserved, at most
-// 1/kGraphMemoryShare of the device's (at T = 500 a grid of sizes kept
-// 35 GiB in graph pools on an 80 GB GPU and a capture ran out of memory).
-// The count fits a layer wavefront's graphs (each layer's chunk shapes,
-// forward and backward, on its own stream): fewer, and every call would
-// capture anew and drop a graph (a device synchronisation).
+// 1/kGraphMemoryShare of the device's (unbounded, the pools of many sizes
+// fill the device: docs/cuda.md). The count fits a layer wavefront's graphs
+// (each layer's chunk shapes, forward and backward, on its own stream):
+// fewer, and every call would capture anew and drop a graph (a device
+// synchronisation).
 constexpr size_t kMaxGraphs = 64;
 constexpr int64_t kGraphMemoryShare = 8;
 

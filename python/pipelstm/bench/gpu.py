@@ -32,7 +32,6 @@ faster): the measurements a dispatch rule is made from.
 """
 
 import itertools
-import math
 import os
 import statistics
 import sys
@@ -95,7 +94,19 @@ class Settings:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
-def _step(model: nn.Module, x: torch.Tensor):
+def models(setting: str, layers: int, T: int, B: int, H: int, device: str):
+    """``(nn.LSTM, pipelstm.LSTM, x)`` of one row: the same weights, in the
+    setting's dtype, and a time-major input that requires grad."""
+    dtype = DTYPES[setting]
+    torch.manual_seed(0)
+    peer = nn.LSTM(H, H, num_layers=layers).to(device, dtype)
+    ours = LSTM(H, H, num_layers=layers).to(device, dtype)
+    ours.load_state_dict(peer.state_dict())
+    return peer, ours, torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
+
+
+def training_step(model: nn.Module, x: torch.Tensor):
+    """One timed step, forward and backward of the output's sum, as a callable."""
     def run() -> None:
         model.zero_grad(set_to_none=True)
         x.grad = None
@@ -132,14 +143,10 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
     row = dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None, note=None)
     f = floors(T, B, H, H, layers, torch.finfo(dtype).bits // 8, RATES[setting], BANDWIDTH, STEP_LATENCY)
     row["floor"] = max(f["t_flop"], f["t_mem"], f["t_lat"])
-    torch.manual_seed(0)
-    peer = nn.LSTM(H, H, num_layers=layers).to(device, dtype)
-    ours = LSTM(H, H, num_layers=layers).to(device, dtype)
-    ours.load_state_dict(peer.state_dict())
-    x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
-    sides = {"ours": _step(ours, x), "peer": _step(peer, x)}
+    peer, ours, x = models(setting, layers, T, B, H, device)
+    sides = {"ours": training_step(ours, x), "peer": training_step(peer, x)}
     if variant:
-        sides["variant"] = _with_switches(_step(ours, x), variant)
+        sides["variant"] = _with_switches(training_step(ours, x), variant)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     with Settings(setting):
         for name in list(sides):
@@ -180,7 +187,7 @@ def summarize(rows: List[dict]) -> List[dict]:
                  if r["layers"] == 4 and r["B"] <= 32 and r["ours"] and (r["T"], r["B"], r["H"]) in one]
         out.append(dict(
             setting=setting, rows=len(timed),
-            geomean=math.exp(statistics.fmean(math.log(r["ratio"]) for r in timed)) if timed else None,
+            geomean=statistics.geometric_mean(r["ratio"] for r in timed) if timed else None,
             worst=worst and worst["ratio"],
             worst_row=worst and f"L={worst['layers']} T={worst['T']} B={worst['B']} H={worst['H']}",
             at_least_1=sum(r["ratio"] >= 1.0 for r in timed), stack=max(stack) if stack else None,

@@ -114,7 +114,7 @@ def _gpu_variant(data: Mapping, name: str, T: str) -> List[Row]:
         layers = "/".join(str(n) for n in sorted({r["layers"] for r in data["rows"] if r["setting"] == setting}))
         out.append(dict(what=f"`pipelstm.LSTM` with `{switches}` vs without, forward + backward, {len(gains)} sizes, "
                              f"{layers} layer(s), T={T}",
-                        result=f"geometric mean {_x(math.exp(statistics.fmean(math.log(g) for g in gains)))}; "
+                        result=f"geometric mean {_x(statistics.geometric_mean(gains))}; "
                                f"{sum(g >= 1.0 for g in gains)} of {len(gains)} rows ≥ 1.0× (range {_span(gains)})",
                         setup=f"{name}, {GPU_SETTINGS.get(setting, setting)}"))
     return out
