@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from types import ModuleType
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = ["MODULES", "public_modules", "members", "missing_docstrings", "render", "main"]
 
@@ -213,7 +213,7 @@ def render(mods: Optional[Sequence[ModuleType]] = None) -> str:
     mods = list(mods) if mods is not None else public_modules()
     lines = [HEADER]
     lines += ["Modules: " + ", ".join(f"[`{m.__name__}`](#{m.__name__.replace('.', '')})" for m in mods), ""]
-    seen = {}
+    seen: Dict[int, Tuple[str, object]] = {}
     for mod in mods:
         lines += [f"## {mod.__name__}", ""]
         if _doc(mod):
@@ -226,13 +226,16 @@ def render(mods: Optional[Sequence[ModuleType]] = None) -> str:
                           ""]
                 continue
             if id(obj) in seen:
-                lines += [f"### `{qual}`", "", f"The same object as `{seen[id(obj)]}`.", ""]
+                lines += [f"### `{qual}`", "", f"The same object as `{seen[id(obj)][0]}`.", ""]
                 continue
             if _is_data(obj):
                 doc = _attribute_doc(mod, name)
                 lines += [f"### `{qual}`", "", "*attribute*", "", _markdown(doc) if doc else "_No docstring._", ""]
                 continue
-            seen[id(obj)] = qual
+            # The object is kept with its name: an attribute made anew on each
+            # access (a module's bound method) would otherwise be freed and its
+            # id given to a later object, which would read as "the same".
+            seen[id(obj)] = (qual, obj)
             kind = "class" if inspect.isclass(obj) else "function" if callable(obj) else type(obj).__name__
             lines += _entry("###", qual, obj, kind)
             if inspect.isclass(obj):
