@@ -1,6 +1,7 @@
 """Calibration of the pipeline simulator: the units measured on the engine,
 their bytes from the real tensors, the fit, and the JSON round trip."""
 
+import importlib
 import json
 
 import pytest
@@ -100,6 +101,25 @@ def test_bad_models_and_files_are_named(tmp_path):
         FittedCosts.from_dict({"format": "something else"})
     with pytest.raises(RuntimeError, match="round"):
         Calibrator(tiny(), sizes=SIZES).costs()
+
+
+def test_each_size_is_timed_in_its_second_step_in_a_row(monkeypatch):
+    """A training loop runs one size step after step: the timed step follows
+    an untimed one of the same size, not another size's."""
+    calib = importlib.import_module("pipelstm.simulator.calibrate")
+    calibrator = Calibrator(tiny(), loss_fn=nn.CrossEntropyLoss(), sizes=SIZES)
+    runs = []
+    real = calib._run
+
+    def recording(core, x, target):
+        runs.append((tuple(x.shape), torch.autograd.profiler._is_profiler_enabled))
+        return real(core, x, target)
+
+    monkeypatch.setattr(calib, "_run", recording)
+    calibrator.round()
+    timed = [i for i, (_, profiled) in enumerate(runs) if profiled]
+    assert [runs[i][0] for i in timed] == [tuple(s) for s in SIZES]
+    assert all(i > 0 and runs[i - 1] == (runs[i][0], False) for i in timed)
 
 
 def test_scaled_costs_are_slower_by_the_factor(costs):

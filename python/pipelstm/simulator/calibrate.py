@@ -3,7 +3,8 @@
 The whole model (as ``pipelstm.Pipeline`` flattens it into units; the
 loss, if any, last) runs as a one-stage
 :class:`~pipelstm.pipeline.core.PipelineCore` with K = M = 1 on the
-device, one training step at each item size ``(t, b)``, under
+device, one training step at each item size ``(t, b)`` (after an untimed
+one of the same size: a training loop's steady step), under
 ``torch.profiler``: the engine's ranges name every unit's forward,
 backward (the data gradients) and parameter gradients
 (``profile_range.h``), so each unit is timed in place, after the unit
@@ -190,8 +191,13 @@ class Calibrator:
                             who="calibrate")
 
     def round(self) -> None:
-        """Times every unit at every size once (the whole model, one step a size)."""
+        """Times every unit at every size once (the whole model, two steps a
+        size, the second timed)."""
         for t, b, x, target in self.steps:
+            # A training loop runs the same sizes step after step; the step
+            # after another size's finds colder caches and allocator.
+            _zero_grads(self.whole)
+            _run(self.whole, x, target)
             _zero_grads(self.whole)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 _run(self.whole, x, target)
