@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "column_major_gemm.h"
 #include "graph_replay.h"
+#include "graph_rule.h"
 #include "layer_gemm.h"
 #include "log_sink.h"
 #include "persistent_rule.h"
@@ -127,6 +128,10 @@ PYBIND11_MODULE(_C, m) {
   }, pybind11::arg("device"), pybind11::arg("dtype"),
         "Whether an LSTM layer's GEMMs of `dtype` on `device` (a device type such as 'cuda') "
         "use TF32: float32 on CUDA while torch.backends.cudnn.allow_tf32 allows it (layer_gemm.h).");
+  m.def("_graph_pays", &pipelstm::graph_pays, pybind11::arg("dtype"), pybind11::arg("tf32"),
+        pybind11::arg("batch"), pybind11::arg("hidden"),
+        "Whether a CUDA layer call of these sizes replays its time loop as a graph where "
+        "PIPELSTM_CUDA_GRAPHS is unset (graph_rule.h); tf32: its float32 GEMMs run as TF32.");
   m.def("_use_persistent", &pipelstm::use_persistent, pybind11::arg("dtype"), pybind11::arg("steps"),
         pybind11::arg("batch"), pybind11::arg("hidden"),
         "Whether a CUDA layer call of these sizes tries the persistent kernels: PIPELSTM_PERSISTENT "

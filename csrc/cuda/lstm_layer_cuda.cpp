@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "../graph_replay.h"
+#include "../graph_rule.h"
+#include "../layer_gemm.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
 #include "../persistent_rule.h"
@@ -48,25 +50,17 @@ std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse
 
 Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
-// Whether a graph pays for this layer when the user has not said
-// (PIPELSTM_CUDA_GRAPHS unset): where a step's launches, not its recurrent
-// GEMM (B x H x 4H), set the time. Tensor cores (float16, bfloat16) finish
-// the GEMM sooner, so their bound is higher; above the bounds a graph only
-// holds its memory pool (docs/cuda.md, "The time loop as a CUDA graph").
-bool graph_pays(const LayerSteps& steps, const LayerGeometry& s, at::ScalarType dtype) {
-  const double work = static_cast<double>(steps.max_batch) * s.hidden * s.hidden;
-  const bool tensor_cores = dtype == at::kHalf || dtype == at::kBFloat16;
-  return work <= (tensor_cores ? 0x1p28 : 0x1p26);
-}
-
 // body(inputs) from a captured graph (graph_replay_cuda.h), or run
-// directly where this call is not graphed.
+// directly where this call is not graphed (by default, where graph_rule.h
+// says a graph pays).
 std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp op,
                              const LayerSteps& steps, bool reverse,
                              std::initializer_list<Tensor> in_place,
                              const std::vector<Tensor>& inputs, const GraphBody& body) {
+  const at::ScalarType dtype = like.scalar_type();
   auto out = cuda::run_as_graph(graph_key(op, steps, reverse, in_place, inputs), inputs, body,
-                                graph_pays(steps, s, like.scalar_type()));
+                                graph_pays(dtype, layer_gemm_tf32(c10::DeviceType::CUDA, dtype),
+                                           steps.max_batch, s.hidden));
   return out.has_value() ? *out : body(inputs);
 }
 
