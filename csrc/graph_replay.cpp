@@ -5,7 +5,7 @@
 namespace pipelstm {
 namespace {
 
-std::atomic<int64_t> captures{0}, replays{0};
+std::atomic<int64_t> captures{0}, replays{0}, memory{0};
 thread_local bool no_graphs = false;
 
 }  // namespace
@@ -13,6 +13,8 @@ thread_local bool no_graphs = false;
 GraphCounts graph_counts() { return {captures.load(), replays.load()}; }
 void note_graph_capture() { captures.fetch_add(1); }
 void note_graph_replay() { replays.fetch_add(1); }
+int64_t graph_memory() { return memory.load(); }
+void note_graph_memory(int64_t delta) { memory.fetch_add(delta); }
 
 NoGraphsOnThisThread::NoGraphsOnThisThread() : saved_(no_graphs) { no_graphs = true; }
 NoGraphsOnThisThread::~NoGraphsOnThisThread() { no_graphs = saved_; }

@@ -63,6 +63,12 @@ GraphCounts graph_counts();
 void note_graph_capture();
 void note_graph_replay();
 
+// Device memory the cached graphs hold now, in bytes (what their captures
+// reserved; pipelstm._C._graph_memory()); runners add a graph's when they
+// capture it and take it off when they drop it.
+int64_t graph_memory();
+void note_graph_memory(int64_t delta);
+
 // Adds a tensor's dtype, sizes and strides to a key, and its address when
 // the body reads it in place (an undefined tensor adds a marker).
 void add_to_key(std::vector<int64_t>& key, const at::Tensor& t, bool in_place);

@@ -123,6 +123,8 @@ PYBIND11_MODULE(_C, m) {
     const auto c = pipelstm::graph_counts();
     return pybind11::make_tuple(c.captures, c.replays);
   }, "(captures, replays) of the layer ops' CUDA graphs in this process (graph_replay.h).");
+  m.def("_graph_memory", &pipelstm::graph_memory,
+        "Bytes of device memory the layer ops' cached CUDA graphs hold now (graph_replay.h).");
   m.def("_layer_gemm_tf32", [](const std::string& device, at::ScalarType dtype) {
     return pipelstm::layer_gemm_tf32(c10::Device(device).type(), dtype);
   }, pybind11::arg("device"), pybind11::arg("dtype"),

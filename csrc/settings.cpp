@@ -65,13 +65,21 @@ std::optional<std::string> chunk_count(const std::string& raw) {
   return n == 0 || (n >= 2 && n <= 4096) ? std::optional<std::string>(v) : std::nullopt;
 }
 
+// The stack graph's time chunks: 0 (off), 1 (the layers one after
+// another) or 2..4096 (a wavefront of that many).
+std::optional<std::string> stack_chunks(const std::string& raw) {
+  if (!digits(raw, 4)) return std::nullopt;
+  const std::string v = without_leading_zeros(raw);
+  return std::stoi(v) <= 4096 ? std::optional<std::string>(v) : std::nullopt;
+}
+
 std::optional<std::string> microseconds_or_off(const std::string& raw) {
   if (lower(raw) == "off") return std::string("off");
   if (!digits(raw, 12)) return std::nullopt;
   return without_leading_zeros(raw);
 }
 
-enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kLayerWavefront, kSplitDepth, kRowSplit,
+enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kLayerWavefront, kStackGraph, kSplitDepth, kRowSplit,
              kInputInSteps, kHostCopyStream, kCount };
 
 constexpr std::array<Switch, kCount> kSwitches{{
@@ -88,6 +96,10 @@ constexpr std::array<Switch, kCount> kSwitches{{
      &on_off_auto},
     {"PIPELSTM_LAYER_WAVEFRONT", "0",
      "a whole number of time chunks: 0 (the default: off) or 2 to 4096", &chunk_count},
+    {"PIPELSTM_STACK_GRAPH", "0",
+     "a whole number of time chunks: 0 (the default: off), 1 (the layers one after another) or 2 to "
+     "4096 (a wavefront)",
+     &stack_chunks},
     {"PIPELSTM_SPLIT_DEPTH", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},
     {"PIPELSTM_ROW_SPLIT", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},
     {"PIPELSTM_INPUT_IN_STEPS", "auto", "one of 0 (never), 1 (always), auto (the default)", &on_off_auto},

@@ -54,6 +54,7 @@ struct Entry {
   // memory pool goes back to the allocator with it.
   ~Entry() {
     if (!graph) return;
+    note_graph_memory(-bytes.load());
     const c10::cuda::CUDAGuard guard(device);
     (void)cudaDeviceSynchronize();  // an error here would be a sticky one, raised by the next call
   }
@@ -253,6 +254,7 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
       return std::nullopt;
     }
     entry->bytes = std::max<int64_t>(reserved_bytes(device.index()) - reserved_before, 0);
+    note_graph_memory(entry->bytes.load());
     cache().trim(static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem) /
                  kGraphMemoryShare);
     note_graph_capture();

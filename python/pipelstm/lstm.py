@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import PackedSequence
 from . import export, ops
 from .input_checks import check_state_pair, packed_batch
 from .layer_wavefront import run_wavefront, wavefront_chunks
+from .stack_graph import call_key, graphed_stack, stack_graph_chunks
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
 
@@ -271,8 +272,22 @@ class LSTM(nn.RNNBase):
 
     def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
         h0, c0 = hx
-        chunks = 0 if batch_sizes is not None or ops._under_functorch_transform() else \
-            wavefront_chunks(data, self.num_layers, self.bidirectional)
+        if batch_sizes is not None or ops._under_functorch_transform():
+            return self._layers(data, batch_sizes, h0, c0, 0)
+        stack = stack_graph_chunks(data, self.num_layers, self.bidirectional)
+        if stack:  # the whole stack as one CUDA graph each way (stack_graph.py)
+            params = [w for layer in range(self.num_layers) for d in range(2 if self.bidirectional else 1)
+                      for w in self._layer_weights(layer, d == 1) if w is not None]
+            chunks = stack if stack > 1 else 0
+            dropout = self.dropout if self.training else 0.0
+            key = call_key([data, h0, c0], params, chunks, dropout, self.num_layers, self.bidirectional)
+            return graphed_stack(key, lambda x, h, c, *_: self._layers(x, None, h, c, chunks), [data, h0, c0], params)
+        return self._layers(data, None, h0, c0, wavefront_chunks(data, self.num_layers, self.bidirectional))
+
+    def _layers(self, data: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor,
+                chunks: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """The stack over ``data``: as a wavefront of ``chunks`` time chunks
+        (``layer_wavefront.py``), or layer after layer for 0."""
         if chunks:
             output, h_list, c_list = run_wavefront(
                 data, list(h0.unbind(0)), list(c0.unbind(0)),

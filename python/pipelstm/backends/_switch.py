@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator
 
 from .. import _C
 
-__all__ = ["Switch", "SwitchModule", "choice", "mebibytes", "chunk_count", "tristate"]
+__all__ = ["Switch", "SwitchModule", "choice", "mebibytes", "chunk_count", "stack_chunks", "tristate"]
 
 logger = logging.getLogger("pipelstm")
 
@@ -38,6 +38,7 @@ def _whole(v: Any):
 
 mebibytes = Converter("an int (MiB, 0 or more)", _whole, int)
 chunk_count = Converter("an int: 0 (off), or 2 to 4096 time chunks", _whole, int)
+stack_chunks = Converter("an int: 0 (off), 1 (the layers one after another), or 2 to 4096 time chunks", _whole, int)
 tristate = Converter("True, False or None (the library decides)",
                      lambda v: "auto" if v is None else ("1" if v else "0") if isinstance(v, bool) else None,
                      lambda t: None if t == "auto" else t == "1")

@@ -15,19 +15,25 @@ drops the override; docs/configuration.md has the whole table):
   dense, unidirectional stack as a wavefront over this many time chunks,
   one stream a layer (``pipelstm.layer_wavefront``; default ``0``: one
   layer after another).
+* ``stack_graph`` (``PIPELSTM_STACK_GRAPH``): capture a training call of a
+  dense stack, forward and backward, as one CUDA graph each way and replay
+  them (``pipelstm.stack_graph``): ``1`` the layers one after another,
+  ``2`` to ``4096`` as a wavefront of that many time chunks (default ``0``:
+  off).
 
-All are read at each call. Functions: :func:`graph_counts`, and
-``flags(**values)``, a context manager that sets switches for a ``with``
-block.
+All are read at each call. Functions: :func:`graph_counts`,
+:func:`graph_memory`, and ``flags(**values)``, a context manager that sets
+switches for a ``with`` block.
 """
 
 import sys
 from typing import Tuple
 
 from .. import _C
-from ._switch import Switch, SwitchModule, chunk_count, tristate
+from .. import stack_graph as stack_graph_module
+from ._switch import Switch, SwitchModule, chunk_count, stack_chunks, tristate
 
-__all__ = ["graphs", "persistent", "layer_wavefront", "graph_counts", "flags"]
+__all__ = ["graphs", "persistent", "layer_wavefront", "stack_graph", "graph_counts", "graph_memory", "flags"]
 
 
 class _CudaModule(SwitchModule):
@@ -40,11 +46,20 @@ class _CudaModule(SwitchModule):
     layer_wavefront = Switch("PIPELSTM_LAYER_WAVEFRONT", chunk_count,
                              "Run a stack's layers as a wavefront over this many time chunks, one CUDA stream a "
                              "layer (default 0: one layer after another).")
+    stack_graph = Switch("PIPELSTM_STACK_GRAPH", stack_chunks,
+                         "Capture a training call of a stack as one CUDA graph each way: 1 (the layers one after "
+                         "another), 2 to 4096 (a wavefront of that many time chunks), 0 (default: off).")
 
 
 def graph_counts() -> Tuple[int, int]:
     """(captures, replays) of the layer ops' CUDA graphs in this process."""
     return tuple(_C._graph_counts())
+
+
+def graph_memory() -> int:
+    """Bytes of device memory the CUDA graphs pipelstm keeps hold now: the
+    layer ops' and the stacks'."""
+    return int(_C._graph_memory()) + stack_graph_module.graph_memory()
 
 
 sys.modules[__name__].__class__ = _CudaModule
