@@ -127,3 +127,17 @@ def test_a_variant_run_is_summed_up_by_its_gain_not_by_cudnn(tmp_path):
     gains = [r["variant_gain"] for r in data["rows"]]
     assert row["what"].startswith("`pipelstm.LSTM` with `layer_wavefront=3` vs without")
     assert f"{sum(g >= 1.0 for g in gains)} of {len(gains)} rows" in row["result"]
+
+
+def test_memory_adds_the_graphs_a_row_captured_to_their_side(monkeypatch):
+    """Each side's allocator peak, plus the graph memory the row added: the
+    layer ops' to pipelstm, the stacks' to the variant, none to cuDNN."""
+    peaks = {"ours": 100, "peer": 400, "variant": 90}
+    sides = {name: (lambda n=name: n) for name in peaks}
+    monkeypatch.setattr(gpu, "_peak", lambda run: peaks[run()])
+    monkeypatch.setattr(gpu, "_graph_memory", lambda: dict(ours=70, variant=1030))
+    got = gpu._memory(sides, dict(ours=50, variant=1000))
+    assert got == dict(ours_memory=120, peer_memory=400, variant_memory=120, memory_ratio=0.3)
+    # graphs dropped from the cache during the row count as none, not as less
+    monkeypatch.setattr(gpu, "_graph_memory", lambda: dict(ours=10, variant=1000))
+    assert gpu._memory(sides, dict(ours=50, variant=1000))["ours_memory"] == 100

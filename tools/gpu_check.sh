@@ -11,6 +11,7 @@
 #   BENCH_ARGS="--settings fp32 bf16 --B 1 8 32" bash tools/gpu_check.sh
 #   STEPS="build tests" bash tools/gpu_check.sh # a part
 #   STEPS="build persistent wavefront profile" bash tools/gpu_check.sh # the switches against the defaults, a profile
+#   STEPS="build stack" bash tools/gpu_check.sh # the stack graph against the defaults
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -131,6 +132,24 @@ if want wavefront; then
       --json "$OUT/gpu_wavefront_$chunks.json" ${WAVEFRONT_ARGS:-} >"$OUT/gpu_wavefront_$chunks.log" 2>&1
     note "bench wavefront K=$chunks: rc=$? ($((SECONDS - start)) s)"
     sed -n '/geometric mean/,$p' "$OUT/gpu_wavefront_$chunks.log" | head -8 | tee -a "$summary"
+  done
+fi
+
+if want stack; then
+  # The stack graph (pipelstm.backends.cuda.stack_graph = K) against the
+  # library's default: STACK_CHUNKS (default "1 8"; 1: the layers one after
+  # another in one graph, K >= 2: a wavefront inside it), one
+  # gpu_stack_K.json each (the gain and memory columns), 4 layers over the
+  # small batches the wavefront is for and the large ones where the host
+  # gaps were.
+  for chunks in ${STACK_CHUNKS:-1 8}; do
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    timeout $((BENCH_SECONDS + 120)) "$PY" -m pipelstm.bench gpu --variant "stack_graph=$chunks" \
+      --budget-seconds "$BENCH_SECONDS" --settings default bf16 fp16 --B 1 8 32 256 --H 512 1024 --T 100 --layers 4 \
+      --json "$OUT/gpu_stack_$chunks.json" ${STACK_ARGS:-} >"$OUT/gpu_stack_$chunks.log" 2>&1
+    note "bench stack graph K=$chunks: rc=$? ($((SECONDS - start)) s)"
+    sed -n '/geometric mean/,$p' "$OUT/gpu_stack_$chunks.log" | head -8 | tee -a "$summary"
   done
 fi
 

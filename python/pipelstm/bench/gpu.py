@@ -24,6 +24,14 @@ geometric mean and the worst ratio, and the time of 4 layers over 1 layer
 at B <= 32 (the layer wavefront: at most 2x is the aim). ``--device cpu
 --quick`` checks that the bench runs on a machine without a GPU.
 
+Memory: after the timed runs, one more step of each side with torch's
+allocator peak reset; a row gives that peak over what was allocated before
+the step (weights, input, the last step's gradients), plus, for pipelstm,
+the device memory its CUDA graphs came to hold during the row (the layer
+ops' for pipelstm, the stacks' for a variant; graphs a row drops from the
+cache make this an underestimate), and the ratio pipelstm / cuDNN (< 1:
+pipelstm holds less).
+
 ``--variant persistent=1`` (any of ``pipelstm.backends.cuda``'s switches,
 ``layer_wavefront=8`` say) times a third side in the same alternation:
 pipelstm with those switches set for its calls. A row then also gives its
@@ -41,6 +49,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
+from .. import _C, stack_graph
 from ..backends import cuda as cuda_switches
 from ..backends._switch import Switch
 from ..lstm import LSTM
@@ -60,20 +69,25 @@ DTYPES = {"fp32": torch.float32, "default": torch.float32, "bf16": torch.bfloat1
 RATES = {"fp32": 50e12, "default": 50e12, "bf16": 790e12, "fp16": 790e12}
 BANDWIDTH, STEP_LATENCY = 3.0e12, 3e-6
 # Run-time switches of pipelstm's CUDA path, recorded with the results.
-SWITCHES = ("PIPELSTM_CUDA_GRAPHS", "PIPELSTM_PERSISTENT", "PIPELSTM_LAYER_WAVEFRONT")
+SWITCHES = ("PIPELSTM_CUDA_GRAPHS", "PIPELSTM_PERSISTENT", "PIPELSTM_LAYER_WAVEFRONT", "PIPELSTM_STACK_GRAPH")
 
 COLUMNS = [
     Column("setting", "setting"), Column("layers", "layers"), Column("T", "T"), Column("B", "B"),
     Column("H", "I=H"), Column("ours", "pipelstm ms", "{:.2f}", 1e3), Column("peer", "nn.LSTM (cuDNN) ms", "{:.2f}", 1e3),
     Column("ratio", "nn.LSTM / pipelstm", "{:.2f}x"), Column("floor", "floor ms", "{:.3f}", 1e3),
-    Column("of_floor", "pipelstm / floor", "{:.1f}x"), Column("note", "note"),
+    Column("of_floor", "pipelstm / floor", "{:.1f}x"),
+    Column("ours_memory", "pipelstm peak MiB", "{:.0f}", 2.0 ** -20),
+    Column("peer_memory", "cuDNN peak MiB", "{:.0f}", 2.0 ** -20),
+    Column("memory_ratio", "memory pipelstm / cuDNN", "{:.2f}x"), Column("note", "note"),
 ]
 VARIANT_COLUMNS = [Column("variant", "variant ms", "{:.2f}", 1e3),
-                   Column("variant_gain", "pipelstm / variant", "{:.2f}x")]
+                   Column("variant_gain", "pipelstm / variant", "{:.2f}x"),
+                   Column("variant_memory", "variant peak MiB", "{:.0f}", 2.0 ** -20)]
 SUMMARY_COLUMNS = [
     Column("setting", "setting"), Column("rows", "rows"), Column("geomean", "geometric mean", "{:.2f}x"),
     Column("worst", "worst", "{:.2f}x"), Column("worst_row", "worst row"), Column("at_least_1", "rows >= 1.0x"),
     Column("stack", "4 layers / 1 layer, B <= 32 (ours, max)", "{:.2f}x"),
+    Column("memory", "memory pipelstm / cuDNN, max", "{:.2f}x"),
     Column("skipped", "skipped rows"),
 ]
 
@@ -148,6 +162,7 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
     if variant:
         sides["variant"] = _with_switches(training_step(ours, x), variant)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    graphs_before = _graph_memory() if torch.device(device).type == "cuda" else None
     with Settings(setting):
         for name in list(sides):
             try:
@@ -166,6 +181,8 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
                 row["note"] = f"skipped: one {name} run took {warm:.1f} s (> --row-seconds {row_seconds:g})"
                 return row
         times = interleaved_times(sides, repeats, warmup=1, device=device)
+        if torch.device(device).type == "cuda":
+            row.update(_memory(sides, graphs_before))
     med = {k: statistics.median(v) for k, v in times.items()}
     row.update(ours=med["ours"], peer=med.get("peer"), samples=times)
     row["of_floor"] = med["ours"] / row["floor"]
@@ -174,6 +191,32 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
     if "variant" in med:
         row.update(variant=med["variant"], variant_gain=med["ours"] / med["variant"])
     return row
+
+
+def _graph_memory() -> Dict[str, int]:
+    """Device memory held by the layer ops' graphs and by the stacks'."""
+    return dict(ours=int(_C._graph_memory()), variant=stack_graph.graph_memory())
+
+
+def _peak(run) -> int:
+    """The allocator's peak over one call of ``run`` less what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _memory(sides: Dict[str, object], graphs_before: Dict[str, int]) -> dict:
+    """Each side's peak (``ours_memory``, ``peer_memory``,
+    ``variant_memory``) with the graphs' memory the row added, and the
+    ratio pipelstm / cuDNN."""
+    graphs = {k: max(v - graphs_before[k], 0) for k, v in _graph_memory().items()}
+    out = {f"{name}_memory": _peak(run) + graphs.get(name, 0) for name, run in sides.items()}
+    if "peer_memory" in out:
+        out["memory_ratio"] = out["ours_memory"] / max(out["peer_memory"], 1)
+    return out
 
 
 def summarize(rows: List[dict]) -> List[dict]:
@@ -191,6 +234,7 @@ def summarize(rows: List[dict]) -> List[dict]:
             worst=worst and worst["ratio"],
             worst_row=worst and f"L={worst['layers']} T={worst['T']} B={worst['B']} H={worst['H']}",
             at_least_1=sum(r["ratio"] >= 1.0 for r in timed), stack=max(stack) if stack else None,
+            memory=max((r["memory_ratio"] for r in mine if r.get("memory_ratio")), default=None),
             skipped=sum(r["ours"] is None for r in mine)))  # over --row-seconds or --budget-seconds
     return out
 
