@@ -131,3 +131,23 @@ def test_scaled_costs_are_slower_by_the_factor(costs):
         assert slow.saved_bytes(u, 8, 2) == costs.saved_bytes(u, 8, 2)
     with pytest.raises(ValueError, match="factor must be a positive number"):
         costs.scaled(0)
+
+
+def test_a_unit_takes_its_kernels_time_where_it_is_longer_than_its_launches():
+    """On CUDA a unit's range ends once its kernels are launched: where they
+    run longer on the device, that is the unit's time."""
+    from types import SimpleNamespace
+
+    calib = importlib.import_module("pipelstm.simulator.calibrate")
+
+    def event(name, host_us, device_us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=10, end=10 + host_us),
+                               device_time_total=device_us)
+
+    got = calib._unit_seconds([
+        event("pipelstm forward stage 0 unit 1 'l0' (LSTM layer) micro-batch 0 chunk 0", 100, 250),
+        event("pipelstm forward stage 0 unit 1 'l0' (LSTM layer) micro-batch 0 chunk 1", 300, 250),
+        event("pipelstm backward stage 0 unit 2 'fc' (Linear) micro-batch 0 chunk 0", 40, 0),  # the CPU: none
+        event("pipelstm forward stage 0", 1000, 1000),  # a pass, not a unit
+    ])
+    assert got == {(1, "forward"): pytest.approx(550e-6), (2, "backward"): pytest.approx(40e-6)}

@@ -12,6 +12,7 @@
 #   STEPS="build tests" bash tools/gpu_check.sh # a part
 #   STEPS="build persistent wavefront profile" bash tools/gpu_check.sh # the switches against the defaults, a profile
 #   STEPS="build stack" bash tools/gpu_check.sh # the stack graph against the defaults
+#   STEPS="build simulator" bash tools/gpu_check.sh # the simulator against stages on one GPU
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -151,6 +152,16 @@ if want stack; then
     note "bench stack graph K=$chunks: rc=$? ($((SECONDS - start)) s)"
     sed -n '/geometric mean/,$p' "$OUT/gpu_stack_$chunks.log" | head -8 | tee -a "$summary"
   done
+fi
+
+if want simulator; then
+  # The pipeline simulator against one and two pipeline stages on this GPU
+  # (bench simulator --device cuda): measured and predicted step and memory.
+  start=$SECONDS
+  timeout "${SIMULATOR_SECONDS:-240}" "$PY" -m pipelstm.bench simulator --device cuda --reps "${SIMULATOR_REPS:-7}" \
+    --json "$OUT/simulator_gpu.json" --calibration "$OUT/simulator_gpu_calibration.json" >"$OUT/simulator_gpu.log" 2>&1
+  note "bench simulator on the GPU: rc=$? ($((SECONDS - start)) s)"
+  grep -E "^Worst" "$OUT/simulator_gpu.log" | tee -a "$summary"
 fi
 
 if want profile; then

@@ -84,9 +84,9 @@ def _group(row: dict, name: str, memory: bool) -> Group:
     return Group(name, world, setup_parallel, timeout=600.0, **kw)
 
 
-def _item_sizes(s: dict) -> List[tuple]:
+def _item_sizes(s: dict, rows: List[dict]) -> List[tuple]:
     sizes = set()
-    for row in _configs():
+    for row in rows:
         K, M, t_sizes, b_sizes = sim.schedule.item_grid(s["T"], s["B"] // row["dp"], row["K"], row["M"])
         sizes.update((t, b) for t in t_sizes for b in b_sizes)
         sizes.add((s["T"], s["B"] // row["dp"]))  # the weight tasks: the whole pass
@@ -114,9 +114,14 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="timed steps per configuration (median; at least 5)")
     ap.add_argument("--calibration", default=None, help="also save the calibration here (JSON)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (default: every configuration above), or cuda: one and two stages on one GPU "
+                         "(bench/simulator_device.py)")
     args = report.parse_arguments(ap, argv, "--reps")
     meta = report.metadata("simulator", argv)
     s = SIZES[True]
+    if torch.device(args.device).type != "cpu":
+        return _on_device(ap, args, meta, s)
     model_text = f"{describe(s)}; T={s['T']}, global batch B={s['B']}"
     load_before = os.getloadavg()
     torch.manual_seed(0)
@@ -128,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     rows = _configs()
     groups: List[Group] = []
     try:  # the calibration and the link probe take turns with the configurations
-        groups = [Group("calibration", 1, setup_calibration, timeout=600.0, sizes=_item_sizes(s)),
+        groups = [Group("calibration", 1, setup_calibration, timeout=600.0, sizes=_item_sizes(s, _configs())),
                   Group("gloo link", 2, setup_link_probe, timeout=600.0)]
         groups += [_group(r, f"{r['config']} K={r['K']} M={r['M']}", memory=False) for r in rows]
         times, infos = take_turns(groups, args.reps)
@@ -229,6 +234,22 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         print(n)
     report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
+
+
+def _on_device(ap: argparse.ArgumentParser, args: argparse.Namespace, meta: dict, s: dict) -> List[dict]:
+    """``--device cuda``: the one-device configurations of ``simulator_device``."""
+    if torch.device(args.device).type != "cuda" or not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: expected cpu, or cuda on a machine with a GPU (torch.cuda.is_available() "
+                 f"is {torch.cuda.is_available()})")
+    from . import simulator_device
+
+    rows = [dict(dp=1, K=K, M=M) for _, K, M in simulator_device.CONFIGS]
+    out = simulator_device.run(args.device, args.reps, _item_sizes(s, rows))
+    if args.calibration:
+        out["costs"].save(args.calibration)
+    meta["device"] = dict(name=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    report.write_json(args.json, meta, simulator_device.COLUMNS, out["rows"], notes=out["notes"])
+    return out["rows"]
 
 
 if __name__ == "__main__":

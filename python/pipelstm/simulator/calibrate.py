@@ -50,13 +50,16 @@ _UNIT_RANGE = re.compile(r"^pipelstm (forward|backward|weights) stage 0 unit (\d
 
 
 def _unit_seconds(events) -> Dict[Tuple[int, str], float]:
-    """Seconds of each (unit, phase) among a profile's events."""
+    """Seconds of each (unit, phase) among a profile's events: its range on
+    the host, or the time its kernels took on the device where that is
+    longer (a CUDA unit returns once it has launched them)."""
     out: Dict[Tuple[int, str], float] = {}
     for e in events:
         m = _UNIT_RANGE.match(e.name)
         if m:
             key = (int(m[2]), m[1])
-            out[key] = out.get(key, 0.0) + (e.time_range.end - e.time_range.start) / 1e6
+            host = e.time_range.end - e.time_range.start
+            out[key] = out.get(key, 0.0) + max(host, getattr(e, "device_time_total", 0)) / 1e6
     return out
 
 
@@ -181,6 +184,8 @@ class Calibrator:
                 both = _run(pair, ins[(i - 1, t, b)], None)[1]
                 out_bytes, _ = self.info[(i, t, b)]
                 self.info[(i, t, b)] = (out_bytes, max(both - self.alone[(i - 1, t, b)], 0))
+        # On CUDA the kernels too: a unit's time is its kernels' where they take longer than its launches.
+        self._activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self.spans: Dict[tuple, List[Dict[str, float]]] = {}  # (unit, t, b) -> per round, phase -> seconds
         self.gaps: List[float] = []
         self.rests: List[float] = []
@@ -199,7 +204,7 @@ class Calibrator:
             _zero_grads(self.whole)
             _run(self.whole, x, target)
             _zero_grads(self.whole)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=self._activities) as prof:
                 _run(self.whole, x, target)
             got = _unit_seconds(prof.events())
             for i in range(len(self.whole.units) + (self.loss is not None)):
