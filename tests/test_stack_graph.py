@@ -17,6 +17,7 @@ import torch
 import pipelstm
 from pipelstm import stack_graph
 from pipelstm.backends import cuda
+from stack_graph_cases import two_calls_before_one_backward
 
 I, H, LAYERS, T, B = 5, 7, 3, 9, 4
 
@@ -129,18 +130,11 @@ def test_gradients_are_copies_the_next_replay_leaves_alone(graphs):
 
 def test_two_calls_before_one_backward_are_both_right(graphs):
     plain, graphed = _models()
-    x1, x2 = _inputs(1)[0], _inputs(2)[0]
+    x = [_inputs(seed)[0] for seed in range(3)]
     with cuda.flags(stack_graph=3):
-        graphed(_inputs(0)[0])[0].sum().backward()  # the warm-up call
-        graphed.zero_grad()
-        a, _ = graphed(x1)  # a replay, whose backward is still to come
-        b, _ = graphed(x2)  # so this one runs eagerly
-        assert graphs.replays == 1
-        (a.sum() + 2 * b.sum()).backward()
-    want_a, _ = plain(x1)
-    want_b, _ = plain(x2)
-    (want_a.sum() + 2 * want_b.sum()).backward()
-    _close([a, b], [want_a, want_b])
+        got = two_calls_before_one_backward(graphed, *x)
+    assert graphs.replays == 1  # the first of the two; the second ran eagerly
+    _close(got, two_calls_before_one_backward(plain, *x))
     for p, q in zip(graphed.parameters(), plain.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
 

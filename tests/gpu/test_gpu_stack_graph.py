@@ -15,6 +15,7 @@ import pipelstm
 from pipelstm import stack_graph
 from pipelstm.backends import cuda as cuda_switches
 from reference import rel_error
+from stack_graph_cases import two_calls_before_one_backward
 
 pytestmark = pytest.mark.gpu
 
@@ -76,18 +77,12 @@ def test_bf16_replays_match_the_layers_without_graphs():
 
 def test_two_calls_before_one_backward_are_both_right(_fresh_graphs):
     ref, ours = _models()
-    x1, x2 = _inputs(1)[0], _inputs(2)[0]
+    x = [_inputs(seed)[0] for seed in range(3)]
     with cuda_switches.flags(stack_graph=4):
-        ours(_inputs(0)[0])[0].sum().backward()  # the warm-up call
-        ours.zero_grad()
-        a, _ = ours(x1)  # replayed; its backward is still to come
-        b, _ = ours(x2)  # so this one runs eagerly
-        (a.sum() + 2 * b.sum()).backward()
-    assert _fresh_graphs.replays == 1
-    want_a, _ = ref(x1)
-    want_b, _ = ref(x2)
-    (want_a.sum() + 2 * want_b.sum()).backward()
-    assert rel_error(a, want_a) < 2e-5 and rel_error(b, want_b) < 2e-5
+        got = two_calls_before_one_backward(ours, *x)
+    assert _fresh_graphs.replays == 1  # the first of the two; the second ran eagerly
+    for a, b in zip(got, two_calls_before_one_backward(ref, *x)):
+        assert rel_error(a, b) < 2e-5
     for p, q in zip(ours.parameters(), ref.parameters()):
         assert rel_error(p.grad, q.grad) < 2e-5
 
