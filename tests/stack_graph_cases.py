@@ -5,10 +5,10 @@ and on a GPU (tests/gpu/test_gpu_stack_graph.py) alike."""
 def two_calls_before_one_backward(model, warm, x1, x2):
     """A warm-up call and its backward, then ``model(x1)`` and ``model(x2)``
     and one backward of both (the parameters' gradients zeroed after the
-    warm-up); returns the two outputs."""
+    warm-up); returns the two outputs and the parameters' gradients."""
     model(warm)[0].sum().backward()
     model.zero_grad()
     a, _ = model(x1)
     b, _ = model(x2)  # with the stack graph: while a's backward is still to come
     (a.sum() + 2 * b.sum()).backward()
-    return a, b
+    return [a, b, *(p.grad for p in model.parameters())]

