@@ -27,7 +27,7 @@ PLANS = {
 
 @pytest.fixture
 def fake_search(monkeypatch):
-    monkeypatch.setattr(bench.sim, "calibrate", lambda model, threads, **kw: {1: "one", 2: "two"}[threads])
+    monkeypatch.setattr(bench, "calibrations", lambda model, loss, sizes: ("one", "two"))
     monkeypatch.setattr(bench, "search_sizes", lambda T, B, n: [])
     monkeypatch.setattr(bench, "machine", lambda processes, measured: f"{processes} processes")
 
@@ -46,3 +46,23 @@ def test_the_margin_is_taken_once_from_the_fastest_of_any_kind(fake_search):
     assert (kind, pp, dp, threads) == ("parallel", 1, 2, 1)
     assert (plan.layout.chunks, plan.layout.micro_batches) == (1, 1)  # the simpler of the two dp=2 layouts
     assert [p.prediction.step_s for _, _, p in extra["candidates"]] == [0.109, 0.130, 0.112]
+
+
+def test_the_two_calibrations_take_turns_round_by_round(monkeypatch):
+    """A slow spell of the machine falls on both alike: the 1-thread and the
+    2-thread calibration alternate, not one after the other."""
+    rounds = []
+
+    class Calibrator:
+        def __init__(self, model, loss_fn, threads, sizes):
+            self.threads = threads
+
+        def round(self):
+            rounds.append(self.threads)
+
+        def costs(self):
+            return f"{self.threads} thread(s)"
+
+    monkeypatch.setattr(bench.sim, "Calibrator", Calibrator)
+    assert bench.calibrations(None, None, []) == ("1 thread(s)", "2 thread(s)")
+    assert rounds == [1, 2] * bench.CALIBRATION_ROUNDS

@@ -11,8 +11,11 @@ cores, in every way that uses them:
   several K x M, and 1 stage of 2 threads.
 
 First the automatic layout plans, as ``init_mesh(pp="auto")`` does: the
-units calibrated in this process (``pipelstm.simulator.calibrate``, one
-thread, and two for the 2-thread stage), the gloo loopback link, the
+units calibrated in this process (``pipelstm.simulator.Calibrator``, one
+thread, and two for the 2-thread stage, the two taking turns round by
+round, ``CALIBRATION_ROUNDS`` each, so that a slow spell of the machine
+falls on both alike rather than on the one it compares against the
+other), the gloo loopback link, the
 all-reduce and the compute sharing measured between two processes
 (``measure_machine``), and ``choose_layout`` over the three kinds; the
 choice is the simplest (fewest processes, stages, items) of those
@@ -60,6 +63,8 @@ GRID = ([("pipeline", 1, 1, 2, K, M) for K, M in ((1, 1), (4, 1))]
         + [("parallel", 2, 1, 1, K, M) for K, M in ((1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (8, 2))])
 # Turns of the choice against the grid's fastest, head to head (at least).
 HEAD_TO_HEAD_REPS = 15
+# Timed rounds of each calibration (the median per unit and size).
+CALIBRATION_ROUNDS = 5
 COLUMNS = [
     Column("config", "layout"), Column("K", "K"), Column("M", "M"), Column("balance", "balance"),
     Column("seconds", "measured step (s), median", "{:.4f}"), Column("spread", "min-max (s)"),
@@ -115,11 +120,22 @@ def machine(processes: int, measured: tuple) -> sim.Cluster:
     return local_machine(processes, **measured._asdict())
 
 
+def calibrations(model: nn.Module, loss: nn.Module, sizes) -> tuple:
+    """The units' costs with one thread and with two, the two calibrations
+    taking turns round by round, so that a slow spell of the machine falls
+    on both alike rather than on one of the two the plan compares."""
+    calibrators = [sim.Calibrator(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2)]
+    for _ in range(CALIBRATION_ROUNDS):
+        for c in calibrators:
+            c.round()
+    return tuple(c.costs() for c in calibrators)
+
+
 def plan(model: nn.Module, T: int, B: int, measured: tuple):
     """The automatic choice over the three kinds: (kind, pp, dp, threads, plan), the plans of each kind."""
     loss = nn.CrossEntropyLoss()
     sizes = search_sizes(T, B, 2)  # the item sizes the search reads, measured rather than extrapolated
-    one, two = (sim.calibrate(model, loss_fn=loss, threads=n, sizes=sizes) for n in (1, 2))
+    one, two = calibrations(model, loss, sizes)
     world = machine(2, measured)
     searches = [("parallel", 1, dict(costs=one, cluster=world)),
                 ("pipeline", 1, dict(costs=one, cluster=world, pp=2, in_process=True)),
