@@ -55,6 +55,7 @@ from ..backends._switch import Switch
 from ..lstm import LSTM
 from . import report
 from .floors import floors
+from .memory import device_peak_bytes
 from .table import Column, header, row_line
 from .timing import interleaved_times
 
@@ -200,12 +201,7 @@ def _graph_memory() -> Dict[str, int]:
 
 def _peak(run) -> int:
     """The allocator's peak over one call of ``run`` less what was allocated before it."""
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    run()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
+    return device_peak_bytes(run)
 
 
 def _memory(sides: Dict[str, object], graphs_before: Dict[str, int]) -> dict:

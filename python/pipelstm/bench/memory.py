@@ -6,13 +6,17 @@
 process touched (tensors, the allocator's free lists, libraries), measured
 by the kernel, not estimated. Where that is not possible, ``peak_bytes()``
 falls back to ``ru_maxrss`` (the peak since the process started).
+``device_peak_bytes(run)``: the same for a CUDA device, from torch's
+caching allocator.
 """
 
 import re
 import resource
 from typing import Optional
 
-__all__ = ["rss_bytes", "peak_bytes", "reset_peak", "available_bytes"]
+import torch
+
+__all__ = ["rss_bytes", "peak_bytes", "reset_peak", "available_bytes", "device_peak_bytes"]
 
 
 def _kib_field(path: str, field: str) -> Optional[int]:
@@ -53,3 +57,14 @@ def peak_bytes() -> int:
 def available_bytes() -> Optional[int]:
     """``MemAvailable`` of the machine (None off Linux)."""
     return _kib_field("/proc/meminfo", "MemAvailable")
+
+
+def device_peak_bytes(run, device=None) -> int:
+    """The CUDA caching allocator's peak over one call of ``run`` on
+    ``device`` (default: the current one), less what was allocated before it."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before

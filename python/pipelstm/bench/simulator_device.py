@@ -30,6 +30,7 @@ from torch import nn
 from .. import Pipeline
 from .. import simulator as sim
 from ..simulator.clusters import SAME_GPU
+from .memory import device_peak_bytes
 from .pipeline import CONFIG_COLUMNS, PipelineStep, build
 from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
@@ -75,12 +76,7 @@ def _timed(step, device: torch.device) -> float:
 def _rise(row: dict, device: torch.device) -> int:
     """The allocator's peak over one step, over what was allocated before it."""
     row["pipe"].zero_grad(set_to_none=True)
-    _sync(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    row["step"]()
-    _sync(device)
-    return torch.cuda.max_memory_allocated(device) - before
+    return device_peak_bytes(row["step"], device)
 
 
 def run(device: str, reps: int, item_sizes) -> dict:
