@@ -30,9 +30,10 @@ build: venv
 pytest: build
 	$(PY) -m pytest -q tests
 
-# The CUDA kernels compile (sm_80, sm_90, warnings as errors) with no GPU.
-check-cuda:
-	bash tools/check_cuda.sh
+# The CUDA kernels compile (sm_80, sm_90, warnings as errors) with no GPU,
+# and the persistent kernels' machine code loads as it should.
+check-cuda: venv
+	PYTHON=$(PY) bash tools/check_cuda.sh
 
 # The CUDA kernels' indexing, driven over the whole grid on the host.
 indexing-harness:

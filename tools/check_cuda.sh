@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA kernel sources (no GPU or torch needed):
 # every kernels/src/cuda/*.cu for sm_80 and sm_90 with all warnings as errors,
-# the GPU check programs kernels/tests/*_gpu_check.cu likewise, plus the public
-# CUDA headers through the plain host compiler.
+# the GPU check programs kernels/tests/*_gpu_check.cu likewise, the public
+# CUDA headers through the plain host compiler, and the persistent kernels'
+# sm_90 machine code (tools/check_sass.py; $PYTHON runs it).
 # Run from the repository root.
 set -euo pipefail
 
@@ -61,4 +62,7 @@ else
   status=1
 fi
 done
+
+# The persistent tensor-core kernels' loads, in their sm_90 machine code.
+if "${PYTHON:-python3}" tools/check_sass.py; then :; else status=1; fi
 exit $status

@@ -100,6 +100,30 @@ __device__ __forceinline__ void step_product(const tc::TilePlan& p, int warp, fl
   }
 }
 
+// The mma tiles of an item's K-tiles in order: load_b(kt, r) gives register
+// r of the lane's B fragment of K-tile kt, mma_at(kt, b0, b1) adds that
+// tile's product. The B fragments of up to kLoadDepth K-tiles are loaded
+// before the first of their mma, so that their round trips to L2 overlap:
+// ptxas does not move these loads above an earlier tile's mma, and one
+// load per tile issued after it would cost a round trip each.
+template <typename LoadB, typename MmaAt>
+__device__ __forceinline__ void product_in_chunks(const tc::Item& w, LoadB load_b,
+                                                  MmaAt mma_at) {
+  for (int64_t k0 = w.kt_begin; k0 < w.kt_end; k0 += tc::kLoadDepth) {
+    uint32_t b[tc::kLoadDepth][2];
+#pragma unroll
+    for (int c = 0; c < tc::kLoadDepth; ++c) {
+      const bool in_range = k0 + c < w.kt_end;
+      b[c][0] = in_range ? load_b(k0 + c, 0) : 0u;
+      b[c][1] = in_range ? load_b(k0 + c, 1) : 0u;
+    }
+#pragma unroll
+    for (int c = 0; c < tc::kLoadDepth; ++c) {
+      if (k0 + c < w.kt_end) mma_at(k0 + c, b[c][0], b[c][1]);
+    }
+  }
+}
+
 // Register r (0 or 1) of a lane's B fragment: elements 2r (low half) and
 // 2r + 1 (high half), consecutive columns k, k + 1 of one h row. h_{t-1}
 // was written by other blocks before the last grid barrier: read through L2
@@ -146,15 +170,12 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
           return tc::partial_index(p, slice, pair, e, lane);
         },
         [&](const tc::Item& w, float (&acc)[8]) {
-#pragma unroll 4
-          for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
-            const uint4 a0 = slab[tc::slab_slot(p, w.tau, kt, 0, lane)];
-            const uint4 a1 = slab[tc::slab_slot(p, w.tau, kt, 1, lane)];
-            const uint32_t b0 = load_b(a, p, pos, w, kt, lane, 0, paired);
-            const uint32_t b1 = load_b(a, p, pos, w, kt, lane, 1, paired);
-            mma<T>(acc, a0, b0, b1);
-            mma<T>(acc + 4, a1, b0, b1);
-          }
+          product_in_chunks(
+              w, [&](int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
+              [&](int64_t kt, uint32_t b0, uint32_t b1) {
+                mma<T>(acc, slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
+                mma<T>(acc + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
+              });
         },
         [&](const tc::Item& w, const float (&acc)[8]) {
           tc::fwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
@@ -217,13 +238,11 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
           return tc::bwd_partial_index(p, slice, pair, e, lane);
         },
         [&](const tc::Item& w, float (&acc)[4]) {
-#pragma unroll 4
-          for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
-            const uint4 av = slab[tc::bwd_slab_slot(p, w.tau, kt, lane)];
-            const uint32_t b0 = load_bwd_b(a, p, pos, w, kt, lane, 0, paired);
-            const uint32_t b1 = load_bwd_b(a, p, pos, w, kt, lane, 1, paired);
-            mma<T>(acc, av, b0, b1);
-          }
+          product_in_chunks(
+              w, [&](int64_t kt, int r) { return load_bwd_b(a, p, pos, w, kt, lane, r, paired); },
+              [&](int64_t kt, uint32_t b0, uint32_t b1) {
+                mma<T>(acc, slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
+              });
         },
         [&](const tc::Item& w, const float (&acc)[4]) {
           if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);

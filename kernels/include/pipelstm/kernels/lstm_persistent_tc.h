@@ -54,6 +54,7 @@ constexpr int kUnitsPerTile = 8;   // forward: 8 units x 4 gates = two M-tiles
 constexpr int kWarps = 8;          // warps per block
 constexpr int kThreads = kWarps * kLanes;
 constexpr int64_t kMaxBatch = 64;  // bounds the partial-sum buffer
+constexpr int kLoadDepth = 16;     // K-tiles whose B fragments a warp loads at once
 
 // A position in a fragment's matrix: A is M x K (row, col = k), B is K x N
 // (row = k, col = n), C/D is M x N.
