@@ -1,13 +1,17 @@
 """Checks the machine code of the persistent tensor-core kernels (no GPU needed).
 
 Per step, each warp of these kernels loads the B fragments of its K-tiles
-from L2 and feeds them to mma.sync. ptxas keeps those loads in program order
-with the mma before them, so a loop that loads one K-tile's fragments and
-then multiplies them waits one L2 round trip per K-tile. The kernels load
-tc::kLoadDepth K-tiles' fragments before the first of their mma; this check
-compiles them for sm_90, disassembles the cubin and fails unless every
-kernel issues at least that many K-tiles' loads (2 registers each) in one
-run before an mma.
+from L2 and feeds them to mma.sync, then the lanes that finish a cell load
+its inputs (input gates or the forward's activated gates, cells, incoming
+gradients) and write its results. ptxas keeps loads in program order behind
+an earlier mma or an earlier store to another array, so code that loads
+and uses one K-tile, or one cell, at a time waits one memory round trip for
+each. This check compiles the kernels for sm_90, disassembles the cubin and
+fails unless every kernel
+  - issues the B fragments of tc::kLoadDepth K-tiles (2 registers each) in
+    one run of L2 loads before an mma, and
+  - loads all of a lane's cells' inputs in one run before a store: 2 cells
+    x 5 values in the forward, 4 cells x 8 values in the backward.
 
 Usage: python tools/check_sass.py  (from the repository root; nvcc from
 $NVCC or PATH, nvdisasm from PATH, $CUDA_HOME/bin or the nvidia-cuda-nvdisasm
@@ -65,46 +69,61 @@ def disassemble(workdir: Path) -> str:
                           text=True).stdout
 
 
-def longest_load_run(sass: str) -> dict[str, int]:
-    """Per kernel (name and element type), the most L2 loads issued in a row
-    before an mma (loads bypassing L1: LDG ... STRONG.GPU)."""
-    runs: dict[str, int] = {}
-    name, run = None, 0
+# The loads of one lane's cells in the finish phase: 2 cells x (4 input
+# gates + c_prev) forward; 4 cells x (4 gates, c, c_prev, grad_c,
+# grad_output) backward.
+FINISH_LOADS = {"tc_forward_kernel": 2 * 5, "tc_backward_kernel": 4 * 8}
+
+
+def load_runs(sass: str) -> dict[str, tuple[int, int]]:
+    """Per kernel (name and element type): the most L2 loads (LDG ...
+    STRONG.GPU, bypassing L1) issued in a row before an mma, and the most
+    other global loads issued between two stores or barriers."""
+    runs: dict[str, list[int]] = {}
+    name = None
+    l2_run = plain_run = 0
     for line in sass.splitlines():
         header = re.match(r"^\.text\.(\S+):", line)
         if header:
             symbol = header.group(1)
             kernel = next((k for k in KERNELS if k in symbol), None)
             name = f"{kernel} ({'bf16' if 'bfloat16' in symbol else 'fp16'})" if kernel else None
-            run = 0
+            l2_run = plain_run = 0
             if name:
-                runs[name] = 0
+                runs[name] = [0, 0]
             continue
         if name is None:
             continue
         if "LDG" in line and "STRONG.GPU" in line:
-            run += 1
+            l2_run += 1
+        elif "LDG" in line:
+            plain_run += 1
         elif "HMMA" in line:
-            runs[name] = max(runs[name], run)
-            run = 0
-    return runs
+            runs[name][0] = max(runs[name][0], l2_run)
+            l2_run = 0
+        elif "STG" in line or re.search(r"\bBAR\.", line):
+            runs[name][1] = max(runs[name][1], plain_run)
+            plain_run = 0
+    return {name: (l2, plain) for name, (l2, plain) in runs.items()}
 
 
 def main() -> int:
     depth = load_depth()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = longest_load_run(disassemble(Path(tmp)))
-    status = 0
+        runs = load_runs(disassemble(Path(tmp)))
     if len(runs) != 2 * len(KERNELS):
         print(f"FAIL {SOURCE}: expected {2 * len(KERNELS)} kernels in the cubin, found {sorted(runs)}")
         return 1
-    for name, run in sorted(runs.items()):
-        # Each K-tile's two B registers take one to three loads (the kernels
-        # carry an aligned and an unaligned variant, predicated).
-        ok = run >= 2 * depth
-        status |= not ok
-        print(f"{'OK  ' if ok else 'FAIL'} {name}: {run} L2 loads in a row before an mma "
-              f"(want >= {2 * depth}: {depth} K-tiles' B fragments)")
+    status = 0
+    for name, (l2, plain) in sorted(runs.items()):
+        # Each register takes one to three loads (the kernels carry an
+        # aligned and an unaligned variant, predicated).
+        checks = [(l2, 2 * depth, f"L2 loads in a row before an mma ({depth} K-tiles' B fragments)"),
+                  (plain, FINISH_LOADS[name.split()[0]], "loads in a row before a store (a lane's cells)")]
+        for got, want, what in checks:
+            ok = got >= want
+            status |= not ok
+            print(f"{'OK  ' if ok else 'FAIL'} {name}: {got} {what}, want >= {want}")
     return status
 
 

@@ -63,25 +63,47 @@ PIPELSTM_HD float partial_dot(const float* w_row, const T* h_row, int64_t hidden
   return acc;
 }
 
-// The gate math of hidden unit j of batch row b at step t, given the four
-// recurrent dot products; writes h, c and the activated gates.
-template <typename T, typename Load, typename Store>
-PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t p, int64_t b,
-                             int64_t j, const float (&dot)[4], Load load, Store store) {
+// What the gate math of hidden unit j of batch row b at step position p
+// (step t) reads besides the recurrent product: the input projection of
+// its four gates and the cell it starts from.
+struct UnitInputs {
+  float gates[4];
+  float c_prev;
+};
+
+template <typename T, typename Load>
+PIPELSTM_HD UnitInputs unit_inputs(const PersistentForwardArgs<T>& a, int64_t t, int64_t p,
+                                   int64_t b, int64_t j, Load load) {
   const int64_t H = a.hidden, B = a.batch;
   const int64_t g0 = (t * B + b) * 4 * H + j;
   const int64_t prev = p == 0 ? -1 : step_at(p - 1, a.steps, a.reverse);
-  const float c_prev = prev < 0 ? load(a.c0[b * H + j]) : load(a.cells[(prev * B + b) * H + j]);
-  const auto r = math::cell_forward(load(a.input_gates[g0]) + dot[0],
-                                    load(a.input_gates[g0 + H]) + dot[1],
-                                    load(a.input_gates[g0 + 2 * H]) + dot[2],
-                                    load(a.input_gates[g0 + 3 * H]) + dot[3], c_prev);
+  UnitInputs in;
+  for (int k = 0; k < 4; ++k) in.gates[k] = load(a.input_gates[g0 + k * H]);
+  in.c_prev = prev < 0 ? load(a.c0[b * H + j]) : load(a.cells[(prev * B + b) * H + j]);
+  return in;
+}
+
+// The gate math of that unit, given its inputs and the four recurrent dot
+// products; writes h, c and the activated gates.
+template <typename T, typename Store>
+PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t b, int64_t j,
+                             const UnitInputs& in, const float (&dot)[4], Store store) {
+  const int64_t H = a.hidden, B = a.batch;
+  const int64_t g0 = (t * B + b) * 4 * H + j;
+  const auto r = math::cell_forward(in.gates[0] + dot[0], in.gates[1] + dot[1],
+                                    in.gates[2] + dot[2], in.gates[3] + dot[3], in.c_prev);
   a.act_gates[g0] = store(r.i);
   a.act_gates[g0 + H] = store(r.f);
   a.act_gates[g0 + 2 * H] = store(r.g);
   a.act_gates[g0 + 3 * H] = store(r.o);
   a.cells[(t * B + b) * H + j] = store(r.c);
   a.output[(t * B + b) * H + j] = store(r.h);
+}
+
+template <typename T, typename Load, typename Store>
+PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t p, int64_t b,
+                             int64_t j, const float (&dot)[4], Load load, Store store) {
+  finish_unit(a, t, b, j, unit_inputs(a, t, p, b, j, load), dot, store);
 }
 
 // The h row that step position p of batch row b starts from.

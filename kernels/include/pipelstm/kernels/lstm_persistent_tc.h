@@ -221,6 +221,9 @@ PIPELSTM_HD int64_t partial_index(const ForwardPlan& p, int64_t slice, int64_t p
 // for batch column col (row, col = c_elem(lane, i)). A lane holds two
 // columns, each with all four gates of one unit; persistent::finish_unit
 // writes h, c and the activated gates of each (unit, batch row) in range.
+// Both cells' inputs are loaded before either is written, so that their
+// loads go out together (stores to other arrays would otherwise keep the
+// second cell's loads behind the first cell's stores).
 template <typename T, typename Load, typename Store>
 PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan& p,
                             int64_t block, const Item& w, int lane, int64_t t, int64_t step_pos,
@@ -228,23 +231,31 @@ PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan
   // Cell k is the column of C element k; every array index below is a
   // constant once unrolled (the matching is by value), so the device keeps
   // everything in registers.
+  float dot[2][4];
+  int64_t unit[2], row[2];
+  bool valid[2];
+  persistent::UnitInputs in[2];
   PIPELSTM_UNROLL
   for (int cell = 0; cell < 2; ++cell) {
     const Coord home = c_elem(lane, cell);
-    float dot[4];
     PIPELSTM_UNROLL
     for (int gate = 0; gate < 4; ++gate) {
-      dot[gate] = 0.0f;
+      dot[cell][gate] = 0.0f;
       PIPELSTM_UNROLL
       for (int e = 0; e < 8; ++e) {
         const Coord c = c_elem(lane, e & 3);
         const GateRow r = fwd_row(e >> 2, c.row);
-        if (c.col == home.col && r.gate == gate) dot[gate] = acc[e];
+        if (c.col == home.col && r.gate == gate) dot[cell][gate] = acc[e];
       }
     }
-    const int64_t j = (block * p.unit_tiles + w.tau) * kUnitsPerTile + fwd_row(0, home.row).unit;
-    const int64_t b = w.n_tile * kTileN + home.col;
-    if (j < p.hidden && b < p.batch) persistent::finish_unit(a, t, step_pos, b, j, dot, load, store);
+    unit[cell] = (block * p.unit_tiles + w.tau) * kUnitsPerTile + fwd_row(0, home.row).unit;
+    row[cell] = w.n_tile * kTileN + home.col;
+    valid[cell] = unit[cell] < p.hidden && row[cell] < p.batch;
+    if (valid[cell]) in[cell] = persistent::unit_inputs(a, t, step_pos, row[cell], unit[cell], load);
+  }
+  PIPELSTM_UNROLL
+  for (int cell = 0; cell < 2; ++cell) {
+    if (valid[cell]) persistent::finish_unit(a, t, row[cell], unit[cell], in[cell], dot[cell], store);
   }
 }
 
@@ -351,7 +362,9 @@ namespace tc {
 // The cell backward of a lane's four cells at step position `pos` (step t):
 // acc[i] is the recurrent gradient of cell i (ignored at the first position
 // processed, pos == steps - 1, where grad_h_n stands in for it). Each cell's
-// running grad_c is read and written by this lane only.
+// running grad_c is read and written by this lane only. All four cells'
+// inputs are loaded before any result is written, so that their loads go
+// out together rather than one cell's behind the previous cell's stores.
 template <typename T, typename Load, typename Store>
 PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BackwardPlan& p,
                             int64_t block, const Item& w, int lane, int64_t t, int64_t pos,
@@ -359,18 +372,29 @@ PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BackwardPl
   const int64_t H = a.hidden, B = a.batch;
   const bool first = pos == a.steps - 1;
   const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, a.steps, a.reverse);
+  Cell cell[4];
+  float grad_h[4], grad_c[4], c_prev[4], c[4], gate[4][4];
+  PIPELSTM_UNROLL
   for (int i = 0; i < 4; ++i) {
-    const Cell c = bwd_cell(p, block, w, lane, i);
-    if (!c.valid) continue;
-    const int64_t s = c.b * H + c.j, ts = (t * B + c.b) * H + c.j;
-    const int64_t g0 = (t * B + c.b) * 4 * H + c.j;
-    float grad_h = first ? (a.grad_h_n ? load(a.grad_h_n[s]) : 0.0f) : acc[i];
-    if (a.grad_output) grad_h += load(a.grad_output[ts]);
-    const float grad_c = first ? (a.grad_c_n ? load(a.grad_c_n[s]) : 0.0f) : load(a.grad_c0[s]);
-    const float c_prev = prev < 0 ? load(a.c0[s]) : load(a.cells[(prev * B + c.b) * H + c.j]);
-    const auto r = math::cell_backward(grad_h, grad_c, load(a.act_gates[g0]),
-                                       load(a.act_gates[g0 + H]), load(a.act_gates[g0 + 2 * H]),
-                                       load(a.act_gates[g0 + 3 * H]), c_prev, load(a.cells[ts]));
+    cell[i] = bwd_cell(p, block, w, lane, i);
+    if (!cell[i].valid) continue;
+    const int64_t s = cell[i].b * H + cell[i].j, ts = (t * B + cell[i].b) * H + cell[i].j;
+    const int64_t g0 = (t * B + cell[i].b) * 4 * H + cell[i].j;
+    grad_h[i] = first ? (a.grad_h_n ? load(a.grad_h_n[s]) : 0.0f) : acc[i];
+    if (a.grad_output) grad_h[i] += load(a.grad_output[ts]);
+    grad_c[i] = first ? (a.grad_c_n ? load(a.grad_c_n[s]) : 0.0f) : load(a.grad_c0[s]);
+    c_prev[i] = prev < 0 ? load(a.c0[s]) : load(a.cells[(prev * B + cell[i].b) * H + cell[i].j]);
+    c[i] = load(a.cells[ts]);
+    PIPELSTM_UNROLL
+    for (int k = 0; k < 4; ++k) gate[i][k] = load(a.act_gates[g0 + k * H]);
+  }
+  PIPELSTM_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    if (!cell[i].valid) continue;
+    const int64_t s = cell[i].b * H + cell[i].j;
+    const int64_t g0 = (t * B + cell[i].b) * 4 * H + cell[i].j;
+    const auto r = math::cell_backward(grad_h[i], grad_c[i], gate[i][0], gate[i][1], gate[i][2],
+                                       gate[i][3], c_prev[i], c[i]);
     a.grad_gates[g0] = store(r.d_i);
     a.grad_gates[g0 + H] = store(r.d_f);
     a.grad_gates[g0 + 2 * H] = store(r.d_g);
