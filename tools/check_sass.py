@@ -10,8 +10,9 @@ each. This check compiles the kernels for sm_90, disassembles the cubin and
 fails unless every kernel
   - issues the B fragments of tc::kLoadDepth K-tiles (2 registers each) in
     one run of L2 loads before an mma, and
-  - loads all of a lane's cells' inputs in one run before a store: 2 cells
-    x 5 values in the forward, 4 cells x 8 values in the backward.
+  - loads all of a lane's cells' inputs (2 cells x 5 values in the
+    forward, 4 cells x 8 values in the backward) before the product's mma,
+    with no store or barrier between them and it.
 
 Usage: python tools/check_sass.py  (from the repository root; nvcc from
 $NVCC or PATH, nvdisasm from PATH, $CUDA_HOME/bin or the nvidia-cuda-nvdisasm
@@ -78,7 +79,8 @@ FINISH_LOADS = {"tc_forward_kernel": 2 * 5, "tc_backward_kernel": 4 * 8}
 def load_runs(sass: str) -> dict[str, tuple[int, int]]:
     """Per kernel (name and element type): the most L2 loads (LDG ...
     STRONG.GPU, bypassing L1) issued in a row before an mma, and the most
-    other global loads issued between two stores or barriers."""
+    other global loads issued before an mma since the last store or
+    barrier."""
     runs: dict[str, list[int]] = {}
     name = None
     l2_run = plain_run = 0
@@ -100,9 +102,9 @@ def load_runs(sass: str) -> dict[str, tuple[int, int]]:
             plain_run += 1
         elif "HMMA" in line:
             runs[name][0] = max(runs[name][0], l2_run)
+            runs[name][1] = max(runs[name][1], plain_run)
             l2_run = 0
         elif "STG" in line or re.search(r"\bBAR\.", line):
-            runs[name][1] = max(runs[name][1], plain_run)
             plain_run = 0
     return {name: (l2, plain) for name, (l2, plain) in runs.items()}
 
@@ -119,7 +121,7 @@ def main() -> int:
         # Each register takes one to three loads (the kernels carry an
         # aligned and an unaligned variant, predicated).
         checks = [(l2, 2 * depth, f"L2 loads in a row before an mma ({depth} K-tiles' B fragments)"),
-                  (plain, FINISH_LOADS[name.split()[0]], "loads in a row before a store (a lane's cells)")]
+                  (plain, FINISH_LOADS[name.split()[0]], "loads of a lane's cells before an mma, after the last store")]
         for got, want, what in checks:
             ok = got >= want
             status |= not ok

@@ -88,8 +88,16 @@ void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   const tc::ForwardPlan p = tc::make_forward_plan(a.batch, a.hidden, unit_tiles);
   const auto slab = stage_slabs(p, tc::slab_slots(p), a.w_hh, &tc::fwd_slab_source);
   std::vector<float> partial(std::max<int64_t>(tc::partial_floats(p), 1), NAN);
+  std::vector<tc::FwdCells> cells(p.blocks * p.pairs * 32);
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
+    // Every lane loads its cells' inputs before any block finishes a cell
+    // of this step (the earliest the kernel may).
+    for (int64_t g = 0; g < p.blocks; ++g)
+      for (int64_t pair = 0; pair < p.pairs; ++pair)
+        for (int lane = 0; lane < 32; ++lane)
+          cells[(g * p.pairs + pair) * 32 + lane] =
+              tc::fwd_cells(a, p, g, tc::item_at(p, pair), lane, t, pos, Identity());
     for (int64_t g = 0; g < p.blocks; ++g) {
       std::fill(partial.begin(), partial.end(), NAN);  // a slot not written shows up
       for (int64_t it = 0; it < tc::item_count(p); ++it) {
@@ -113,7 +121,7 @@ void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
           float lane_acc[8];
           for (int e = 0; e < 8; ++e) lane_acc[e] = acc[e / 4][lane][e % 4];
           if (p.slices == 1) {
-            tc::fwd_finish(a, p, g, w, lane, t, pos, lane_acc, Identity(), Identity());
+            tc::fwd_finish(a, cells[(g * p.pairs + w.pair) * 32 + lane], lane, t, lane_acc, Identity());
           } else {
             for (int e = 0; e < 8; ++e)
               partial[tc::partial_index(p, w.slice, w.pair, e, lane)] = lane_acc[e];
@@ -121,14 +129,14 @@ void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
         }
       }
       if (p.slices == 1) continue;
-      // __syncthreads(), then one warp per pair sums the slices.
-      for (int64_t pair = 0; pair < p.pairs; ++pair) {
-        const tc::Item w = tc::item_at(p, pair);
+      // __syncthreads(), then warp w sums the slices of pair w and finishes
+      // it (a pair past the last warp would stay unwritten).
+      for (int64_t pair = 0; pair < std::min<int64_t>(p.pairs, tc::kWarps); ++pair) {
         for (int lane = 0; lane < 32; ++lane) {
           float lane_acc[8] = {};
           for (int64_t s = 0; s < p.slices; ++s)
             for (int e = 0; e < 8; ++e) lane_acc[e] += partial[tc::partial_index(p, s, pair, e, lane)];
-          tc::fwd_finish(a, p, g, w, lane, t, pos, lane_acc, Identity(), Identity());
+          tc::fwd_finish(a, cells[(g * p.pairs + pair) * 32 + lane], lane, t, lane_acc, Identity());
         }
       }
     }
@@ -168,8 +176,15 @@ void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles)
   const tc::BackwardPlan p = tc::make_backward_plan(a.batch, a.hidden, unit_tiles);
   const auto slab = stage_slabs(p, tc::bwd_slab_slots(p), a.w_hh, &tc::bwd_slab_source);
   std::vector<float> partial(std::max<int64_t>(tc::bwd_partial_floats(p), 1));
+  std::vector<tc::BwdCells> cells(p.blocks * p.pairs * 32);
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
+    // As in the forward: every lane's inputs before any block finishes.
+    for (int64_t g = 0; g < p.blocks && pos >= 0; ++g)
+      for (int64_t pair = 0; pair < p.pairs; ++pair)
+        for (int lane = 0; lane < 32; ++lane)
+          cells[(g * p.pairs + pair) * 32 + lane] =
+              tc::bwd_cells(a, p, g, tc::item_at(p, pair), lane, t, pos, Identity());
     for (int64_t g = 0; g < p.blocks; ++g) {
       std::vector<float> sum(p.pairs * 32 * 4, 0.0f);  // per (pair, lane): the summed slices
       if (pos < a.steps - 1) {
@@ -202,12 +217,15 @@ void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles)
                 for (int64_t s = 0; s < p.slices; ++s)
                   sum[(pair * 32 + lane) * 4 + e] += partial[tc::bwd_partial_index(p, s, pair, e, lane)];
       }
-      for (int64_t pair = 0; pair < p.pairs; ++pair) {
+      // With K split, warp w finishes pair w (a pair past the last warp
+      // would stay unwritten).
+      const int64_t finished = p.slices > 1 ? std::min<int64_t>(p.pairs, tc::kWarps) : p.pairs;
+      for (int64_t pair = 0; pair < finished; ++pair) {
         const tc::Item w = tc::item_at(p, pair);
         for (int lane = 0; lane < 32; ++lane) {
           float acc[4];
           for (int e = 0; e < 4; ++e) acc[e] = sum[(pair * 32 + lane) * 4 + e];
-          if (pos >= 0) tc::bwd_finish(a, p, g, w, lane, t, pos, acc, Identity(), Identity());
+          if (pos >= 0) tc::bwd_finish(a, cells[(g * p.pairs + pair) * 32 + lane], t, pos, acc, Identity());
           else tc::bwd_write_h0(a, p, g, w, lane, acc, Identity());
         }
       }

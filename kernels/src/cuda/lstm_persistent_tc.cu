@@ -68,36 +68,47 @@ __device__ __forceinline__ void stage_slab(uint4* slab, const T* w_hh, int64_t s
 // One step's product of a block, either direction: warp `warp` runs items
 // warp, warp + kWarps, ... (a pair's K slice each); product(item, acc) adds
 // the slice's mma tiles into the N accumulators of this lane. With one slice
-// a pair's sums go to finish(item, acc) at once; with several they meet in
-// shared memory (`partial`, at partial_index(slice, pair, e)) and one warp
-// per pair sums them, slice by slice, and finishes.
-template <int N, typename PartialIndex, typename Product, typename Finish>
+// a pair's sums go to finish(item, cells, acc) at once; with several they
+// meet in shared memory (`partial`, at partial_index(slice, pair, e)) and
+// one warp per pair sums them and finishes. cells(item) loads what the
+// finish reads besides the product; it is called before the product, so
+// that its loads travel with the product's.
+template <int N, typename PartialIndex, typename Cells, typename Product, typename Finish>
 __device__ __forceinline__ void step_product(const tc::TilePlan& p, int warp, float* partial,
-                                             PartialIndex partial_index, Product product,
-                                             Finish finish) {
+                                             PartialIndex partial_index, Cells cells,
+                                             Product product, Finish finish) {
   const int64_t items = tc::item_count(p);
+  if (p.slices == 1) {
+    for (int64_t it = warp; it < items; it += tc::kWarps) {
+      const tc::Item w = tc::item_at(p, it);
+      const auto in = cells(w);
+      float acc[N] = {};
+      product(w, acc);
+      finish(w, in, acc);
+    }
+    return;
+  }
+  // K is split only where a block has at most kWarps / 2 pairs
+  // (tc::make_tile_plan), so warp `warp` finishes pair `warp`, if any.
+  const bool finishes = warp < p.pairs;
+  const tc::Item mine = tc::item_at(p, finishes ? warp : 0);
+  decltype(cells(mine)) in{};
+  if (finishes) in = cells(mine);
   for (int64_t it = warp; it < items; it += tc::kWarps) {
     const tc::Item w = tc::item_at(p, it);
     float acc[N] = {};
     product(w, acc);
-    if (p.slices == 1) {
-      finish(w, acc);
-    } else {
 #pragma unroll
-      for (int e = 0; e < N; ++e) partial[partial_index(w.slice, w.pair, e)] = acc[e];
-    }
+    for (int e = 0; e < N; ++e) partial[partial_index(w.slice, w.pair, e)] = acc[e];
   }
-  if (p.slices > 1) {
-    __syncthreads();  // every slice's partial sums are in shared memory
-    for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
-      float acc[N] = {};
-      for (int64_t s = 0; s < p.slices; ++s) {
+  __syncthreads();  // every slice's partial sums are in shared memory
+  if (!finishes) return;
+  float acc[N] = {};
+  for (int64_t s = 0; s < p.slices; ++s) {
 #pragma unroll
-        for (int e = 0; e < N; ++e) acc[e] += partial[partial_index(s, pair, e)];
-      }
-      finish(tc::item_at(p, pair), acc);
-    }
+    for (int e = 0; e < N; ++e) acc[e] += partial[partial_index(s, mine.pair, e)];
   }
+  finish(mine, in, acc);
 }
 
 // The mma tiles of an item's K-tiles in order: load_b(kt, r) gives register
@@ -169,6 +180,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
         [&](int64_t slice, int64_t pair, int e) {
           return tc::partial_index(p, slice, pair, e, lane);
         },
+        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
         [&](const tc::Item& w, float (&acc)[8]) {
           product_in_chunks(
               w, [&](int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
@@ -177,8 +189,8 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
                 mma<T>(acc + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
               });
         },
-        [&](const tc::Item& w, const float (&acc)[8]) {
-          tc::fwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+        [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
+          tc::fwd_finish(a, in, lane, t, acc, store);
         });
     // h_t and c_t of every unit are visible to every block before step
     // pos + 1; the barrier also orders this step's reads of `partial` before
@@ -227,7 +239,8 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
       for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
         const float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        tc::bwd_finish(a, p, block, tc::item_at(p, pair), lane, t, pos, acc, load, store);
+        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
+        tc::bwd_finish(a, in, t, pos, acc, store);
       }
       grid.sync();
       continue;
@@ -237,6 +250,9 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
         [&](int64_t slice, int64_t pair, int e) {
           return tc::bwd_partial_index(p, slice, pair, e, lane);
         },
+        [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
+          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
+        },
         [&](const tc::Item& w, float (&acc)[4]) {
           product_in_chunks(
               w, [&](int64_t kt, int r) { return load_bwd_b(a, p, pos, w, kt, lane, r, paired); },
@@ -244,8 +260,8 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
                 mma<T>(acc, slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
               });
         },
-        [&](const tc::Item& w, const float (&acc)[4]) {
-          if (pos >= 0) tc::bwd_finish(a, p, block, w, lane, t, pos, acc, load, store);
+        [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
+          if (pos >= 0) tc::bwd_finish(a, in, t, pos, acc, store);
           else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
         });
     if (pos >= 0) grid.sync();  // this step's grad_gates before the next product

@@ -108,7 +108,8 @@ PIPELSTM_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // `unit_tiles` tiles of `units_per_tile` units per block, K over `k` rows;
 // the K dimension split so that every warp has a work item where the pairs
-// are fewer than the warps.
+// are fewer than the warps (so K is split only where the pairs are at most
+// kWarps / 2, and each warp then finishes at most one pair).
 PIPELSTM_HD TilePlan make_tile_plan(int64_t batch, int64_t hidden, int64_t k,
                                     int64_t units_per_tile, int64_t unit_tiles) {
   TilePlan p;
@@ -216,46 +217,62 @@ PIPELSTM_HD int64_t partial_index(const ForwardPlan& p, int64_t slice, int64_t p
   return ((slice * p.pairs + pair) * 8 + e) * kLanes + lane;
 }
 
+// The two cells a lane finishes for an item (columns c_elem(lane, 0) and
+// c_elem(lane, 1): one hidden unit, two batch rows) and what their gate
+// math reads besides the product. The kernel loads them before the item's
+// product, so that these loads travel with the product's own instead of
+// waiting one more round trip after it; nothing they read is written
+// during the step.
+struct FwdCells {
+  int64_t unit[2], row[2];
+  bool valid[2];
+  persistent::UnitInputs in[2];
+};
+
+template <typename T, typename Load>
+PIPELSTM_HD FwdCells fwd_cells(const PersistentForwardArgs<T>& a, const ForwardPlan& p,
+                               int64_t block, const Item& w, int lane, int64_t t,
+                               int64_t step_pos, Load load) {
+  FwdCells f;
+  PIPELSTM_UNROLL
+  for (int cell = 0; cell < 2; ++cell) {
+    const Coord home = c_elem(lane, cell);
+    f.unit[cell] = (block * p.unit_tiles + w.tau) * kUnitsPerTile + fwd_row(0, home.row).unit;
+    f.row[cell] = w.n_tile * kTileN + home.col;
+    f.valid[cell] = f.unit[cell] < p.hidden && f.row[cell] < p.batch;
+    if (f.valid[cell]) {
+      f.in[cell] = persistent::unit_inputs(a, t, step_pos, f.row[cell], f.unit[cell], load);
+    }
+  }
+  return f;
+}
+
 // The gate math of a lane's accumulators: acc[m * 4 + i] is C element i of
 // M-tile m, that is gate fwd_row(m, row).gate of unit fwd_row(m, row).unit
 // for batch column col (row, col = c_elem(lane, i)). A lane holds two
 // columns, each with all four gates of one unit; persistent::finish_unit
 // writes h, c and the activated gates of each (unit, batch row) in range.
-// Both cells' inputs are loaded before either is written, so that their
-// loads go out together (stores to other arrays would otherwise keep the
-// second cell's loads behind the first cell's stores).
-template <typename T, typename Load, typename Store>
-PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const ForwardPlan& p,
-                            int64_t block, const Item& w, int lane, int64_t t, int64_t step_pos,
-                            const float (&acc)[8], Load load, Store store) {
+template <typename T, typename Store>
+PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const FwdCells& f, int lane,
+                            int64_t t, const float (&acc)[8], Store store) {
   // Cell k is the column of C element k; every array index below is a
   // constant once unrolled (the matching is by value), so the device keeps
   // everything in registers.
-  float dot[2][4];
-  int64_t unit[2], row[2];
-  bool valid[2];
-  persistent::UnitInputs in[2];
   PIPELSTM_UNROLL
   for (int cell = 0; cell < 2; ++cell) {
     const Coord home = c_elem(lane, cell);
+    float dot[4];
     PIPELSTM_UNROLL
     for (int gate = 0; gate < 4; ++gate) {
-      dot[cell][gate] = 0.0f;
+      dot[gate] = 0.0f;
       PIPELSTM_UNROLL
       for (int e = 0; e < 8; ++e) {
         const Coord c = c_elem(lane, e & 3);
         const GateRow r = fwd_row(e >> 2, c.row);
-        if (c.col == home.col && r.gate == gate) dot[cell][gate] = acc[e];
+        if (c.col == home.col && r.gate == gate) dot[gate] = acc[e];
       }
     }
-    unit[cell] = (block * p.unit_tiles + w.tau) * kUnitsPerTile + fwd_row(0, home.row).unit;
-    row[cell] = w.n_tile * kTileN + home.col;
-    valid[cell] = unit[cell] < p.hidden && row[cell] < p.batch;
-    if (valid[cell]) in[cell] = persistent::unit_inputs(a, t, step_pos, row[cell], unit[cell], load);
-  }
-  PIPELSTM_UNROLL
-  for (int cell = 0; cell < 2; ++cell) {
-    if (valid[cell]) persistent::finish_unit(a, t, row[cell], unit[cell], in[cell], dot[cell], store);
+    if (f.valid[cell]) persistent::finish_unit(a, t, f.row[cell], f.unit[cell], f.in[cell], dot, store);
   }
 }
 
@@ -359,47 +376,65 @@ struct PersistentBackwardArgs {
 
 namespace tc {
 
-// The cell backward of a lane's four cells at step position `pos` (step t):
-// acc[i] is the recurrent gradient of cell i (ignored at the first position
-// processed, pos == steps - 1, where grad_h_n stands in for it). Each cell's
-// running grad_c is read and written by this lane only. All four cells'
-// inputs are loaded before any result is written, so that their loads go
-// out together rather than one cell's behind the previous cell's stores.
-template <typename T, typename Load, typename Store>
-PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BackwardPlan& p,
-                            int64_t block, const Item& w, int lane, int64_t t, int64_t pos,
-                            const float (&acc)[4], Load load, Store store) {
+// The four cells a lane finishes for an item at step position `pos` (step
+// t) and what their cell backward reads besides the product: the given
+// gradients (grad_h_n only at the first position processed, pos == steps -
+// 1, where it stands in for the product), the running grad_c (kept in
+// grad_c0, read and written by this lane only), the forward's activated
+// gates and cells. Loaded before the item's product, as FwdCells; nothing
+// they read is written by another lane during the step.
+struct BwdCells {
+  Cell cell[4];
+  float grad_h_n[4], grad_out[4], grad_c[4], c_prev[4], c[4], gate[4][4];
+};
+
+template <typename T, typename Load>
+PIPELSTM_HD BwdCells bwd_cells(const PersistentBackwardArgs<T>& a, const BackwardPlan& p,
+                               int64_t block, const Item& w, int lane, int64_t t, int64_t pos,
+                               Load load) {
   const int64_t H = a.hidden, B = a.batch;
   const bool first = pos == a.steps - 1;
   const int64_t prev = pos == 0 ? -1 : persistent::step_at(pos - 1, a.steps, a.reverse);
-  Cell cell[4];
-  float grad_h[4], grad_c[4], c_prev[4], c[4], gate[4][4];
+  BwdCells f;
   PIPELSTM_UNROLL
   for (int i = 0; i < 4; ++i) {
-    cell[i] = bwd_cell(p, block, w, lane, i);
-    if (!cell[i].valid) continue;
-    const int64_t s = cell[i].b * H + cell[i].j, ts = (t * B + cell[i].b) * H + cell[i].j;
-    const int64_t g0 = (t * B + cell[i].b) * 4 * H + cell[i].j;
-    grad_h[i] = first ? (a.grad_h_n ? load(a.grad_h_n[s]) : 0.0f) : acc[i];
-    if (a.grad_output) grad_h[i] += load(a.grad_output[ts]);
-    grad_c[i] = first ? (a.grad_c_n ? load(a.grad_c_n[s]) : 0.0f) : load(a.grad_c0[s]);
-    c_prev[i] = prev < 0 ? load(a.c0[s]) : load(a.cells[(prev * B + cell[i].b) * H + cell[i].j]);
-    c[i] = load(a.cells[ts]);
+    const Cell c = f.cell[i] = bwd_cell(p, block, w, lane, i);
+    if (!c.valid) continue;
+    const int64_t s = c.b * H + c.j, ts = (t * B + c.b) * H + c.j;
+    const int64_t g0 = (t * B + c.b) * 4 * H + c.j;
+    f.grad_h_n[i] = first && a.grad_h_n ? load(a.grad_h_n[s]) : 0.0f;
+    f.grad_out[i] = a.grad_output ? load(a.grad_output[ts]) : 0.0f;
+    f.grad_c[i] = first ? (a.grad_c_n ? load(a.grad_c_n[s]) : 0.0f) : load(a.grad_c0[s]);
+    f.c_prev[i] = prev < 0 ? load(a.c0[s]) : load(a.cells[(prev * B + c.b) * H + c.j]);
+    f.c[i] = load(a.cells[ts]);
     PIPELSTM_UNROLL
-    for (int k = 0; k < 4; ++k) gate[i][k] = load(a.act_gates[g0 + k * H]);
+    for (int k = 0; k < 4; ++k) f.gate[i][k] = load(a.act_gates[g0 + k * H]);
   }
+  return f;
+}
+
+// The cell backward of those cells at step position `pos` (step t): acc[i]
+// is the recurrent gradient of cell i (ignored at the first position
+// processed, where grad_h_n stands in for it).
+template <typename T, typename Store>
+PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BwdCells& f, int64_t t,
+                            int64_t pos, const float (&acc)[4], Store store) {
+  const int64_t H = a.hidden, B = a.batch;
+  const bool first = pos == a.steps - 1;
   PIPELSTM_UNROLL
   for (int i = 0; i < 4; ++i) {
-    if (!cell[i].valid) continue;
-    const int64_t s = cell[i].b * H + cell[i].j;
-    const int64_t g0 = (t * B + cell[i].b) * 4 * H + cell[i].j;
-    const auto r = math::cell_backward(grad_h[i], grad_c[i], gate[i][0], gate[i][1], gate[i][2],
-                                       gate[i][3], c_prev[i], c[i]);
+    const Cell c = f.cell[i];
+    if (!c.valid) continue;
+    float grad_h = first ? f.grad_h_n[i] : acc[i];
+    if (a.grad_output) grad_h += f.grad_out[i];
+    const auto r = math::cell_backward(grad_h, f.grad_c[i], f.gate[i][0], f.gate[i][1],
+                                       f.gate[i][2], f.gate[i][3], f.c_prev[i], f.c[i]);
+    const int64_t g0 = (t * B + c.b) * 4 * H + c.j;
     a.grad_gates[g0] = store(r.d_i);
     a.grad_gates[g0 + H] = store(r.d_f);
     a.grad_gates[g0 + 2 * H] = store(r.d_g);
     a.grad_gates[g0 + 3 * H] = store(r.d_o);
-    a.grad_c0[s] = store(r.d_c_prev);
+    a.grad_c0[c.b * H + c.j] = store(r.d_c_prev);
   }
 }
 
