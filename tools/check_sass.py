@@ -12,7 +12,9 @@ fails unless every kernel
     one run of L2 loads before an mma, and
   - loads all of a lane's cells' inputs (2 cells x 5 values in the
     forward, 4 cells x 8 values in the backward) before the product's mma,
-    with no store or barrier between them and it.
+    with no store or barrier between them and it, and
+  - accumulates into kChains independent register sets per M-tile (the
+    mma into one set wait for each other's results one by one).
 
 Usage: python tools/check_sass.py  (from the repository root; nvcc from
 $NVCC or PATH, nvdisasm from PATH, $CUDA_HOME/bin or the nvidia-cuda-nvdisasm
@@ -34,10 +36,10 @@ HEADER = Path("kernels/include/pipelstm/kernels/lstm_persistent_tc.h")
 KERNELS = ("tc_forward_kernel", "tc_backward_kernel")
 
 
-def load_depth() -> int:
-    match = re.search(r"constexpr int kLoadDepth = (\d+);", HEADER.read_text())
+def constant(path: Path, name: str) -> int:
+    match = re.search(rf"constexpr int {name} = (\d+);", path.read_text())
     if not match:
-        sys.exit(f"FAIL {HEADER}: no 'constexpr int kLoadDepth = N;'")
+        sys.exit(f"FAIL {path}: no 'constexpr int {name} = N;'")
     return int(match.group(1))
 
 
@@ -74,14 +76,17 @@ def disassemble(workdir: Path) -> str:
 # gates + c_prev) forward; 4 cells x (4 gates, c, c_prev, grad_c,
 # grad_output) backward.
 FINISH_LOADS = {"tc_forward_kernel": 2 * 5, "tc_backward_kernel": 4 * 8}
+# M-tiles an item's product adds into: a forward unit tile is two.
+M_TILES = {"tc_forward_kernel": 2, "tc_backward_kernel": 1}
 
 
-def load_runs(sass: str) -> dict[str, tuple[int, int]]:
+def load_runs(sass: str) -> dict[str, tuple[int, int, int]]:
     """Per kernel (name and element type): the most L2 loads (LDG ...
-    STRONG.GPU, bypassing L1) issued in a row before an mma, and the most
-    other global loads issued before an mma since the last store or
-    barrier."""
+    STRONG.GPU, bypassing L1) issued in a row before an mma, the most other
+    global loads issued before an mma since the last store or barrier, and
+    how many registers the mma accumulate into."""
     runs: dict[str, list[int]] = {}
+    accumulators: dict[str, set[str]] = {}
     name = None
     l2_run = plain_run = 0
     for line in sass.splitlines():
@@ -93,6 +98,7 @@ def load_runs(sass: str) -> dict[str, tuple[int, int]]:
             l2_run = plain_run = 0
             if name:
                 runs[name] = [0, 0]
+                accumulators[name] = set()
             continue
         if name is None:
             continue
@@ -101,27 +107,31 @@ def load_runs(sass: str) -> dict[str, tuple[int, int]]:
         elif "LDG" in line:
             plain_run += 1
         elif "HMMA" in line:
+            accumulators[name].add(re.search(r"HMMA\S* (R\d+),", line).group(1))
             runs[name][0] = max(runs[name][0], l2_run)
             runs[name][1] = max(runs[name][1], plain_run)
             l2_run = 0
         elif "STG" in line or re.search(r"\bBAR\.", line):
             plain_run = 0
-    return {name: (l2, plain) for name, (l2, plain) in runs.items()}
+    return {name: (l2, plain, len(accumulators[name])) for name, (l2, plain) in runs.items()}
 
 
 def main() -> int:
-    depth = load_depth()
+    depth = constant(HEADER, "kLoadDepth")
+    chains = constant(SOURCE, "kChains")
     with tempfile.TemporaryDirectory() as tmp:
         runs = load_runs(disassemble(Path(tmp)))
     if len(runs) != 2 * len(KERNELS):
         print(f"FAIL {SOURCE}: expected {2 * len(KERNELS)} kernels in the cubin, found {sorted(runs)}")
         return 1
     status = 0
-    for name, (l2, plain) in sorted(runs.items()):
+    for name, (l2, plain, sets) in sorted(runs.items()):
+        kernel = name.split()[0]
         # Each register takes one to three loads (the kernels carry an
         # aligned and an unaligned variant, predicated).
         checks = [(l2, 2 * depth, f"L2 loads in a row before an mma ({depth} K-tiles' B fragments)"),
-                  (plain, FINISH_LOADS[name.split()[0]], "loads of a lane's cells before an mma, after the last store")]
+                  (plain, FINISH_LOADS[kernel], "loads of a lane's cells before an mma, after the last store"),
+                  (sets, chains * M_TILES[kernel], f"accumulator registers of the mma ({chains} chains)")]
         for got, want, what in checks:
             ok = got >= want
             status |= not ok

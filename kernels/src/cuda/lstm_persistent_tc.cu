@@ -111,15 +111,22 @@ __device__ __forceinline__ void step_product(const tc::TilePlan& p, int warp, fl
   finish(mine, in, acc);
 }
 
-// The mma tiles of an item's K-tiles in order: load_b(kt, r) gives register
-// r of the lane's B fragment of K-tile kt, mma_at(kt, b0, b1) adds that
-// tile's product. The B fragments of up to kLoadDepth K-tiles are loaded
-// before the first of their mma, so that their round trips to L2 overlap:
-// ptxas does not move these loads above an earlier tile's mma, and one
-// load per tile issued after it would cost a round trip each.
+// Independent accumulator sets per item: consecutive K-tiles add into
+// alternate sets, summed at the end, so a warp's mma do not wait for one
+// another's results one by one.
+constexpr int kChains = 2;
+
+// The mma tiles of an item's K-tiles: load_b(kt, r) gives register r of the
+// lane's B fragment of K-tile kt, mma_at(kt, chain, b0, b1) adds that tile's
+// product into accumulator set `chain` (kt's position modulo kChains). The B
+// fragments of up to kLoadDepth K-tiles are loaded before the first of
+// their mma, so that their round trips to L2 overlap: ptxas does not move
+// these loads above an earlier tile's mma, and one load per tile issued
+// after it would cost a round trip each.
 template <typename LoadB, typename MmaAt>
 __device__ __forceinline__ void product_in_chunks(const tc::Item& w, LoadB load_b,
                                                   MmaAt mma_at) {
+  static_assert(tc::kLoadDepth % kChains == 0, "a chunk starts on chain 0");
   for (int64_t k0 = w.kt_begin; k0 < w.kt_end; k0 += tc::kLoadDepth) {
     uint32_t b[tc::kLoadDepth][2];
 #pragma unroll
@@ -130,8 +137,19 @@ __device__ __forceinline__ void product_in_chunks(const tc::Item& w, LoadB load_
     }
 #pragma unroll
     for (int c = 0; c < tc::kLoadDepth; ++c) {
-      if (k0 + c < w.kt_end) mma_at(k0 + c, b[c][0], b[c][1]);
+      if (k0 + c < w.kt_end) mma_at(k0 + c, c % kChains, b[c][0], b[c][1]);
     }
+  }
+}
+
+// acc = the sum of the kChains accumulator sets.
+template <int N>
+__device__ __forceinline__ void sum_chains(const float (&part)[kChains][N], float (&acc)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    acc[e] = part[0][e];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) acc[e] += part[c][e];
   }
 }
 
@@ -182,12 +200,14 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
         },
         [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
         [&](const tc::Item& w, float (&acc)[8]) {
+          float part[kChains][8] = {};
           product_in_chunks(
               w, [&](int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
-              [&](int64_t kt, uint32_t b0, uint32_t b1) {
-                mma<T>(acc, slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
-                mma<T>(acc + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
+              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
+                mma<T>(part[chain], slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
+                mma<T>(part[chain] + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
               });
+          sum_chains(part, acc);
         },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
           tc::fwd_finish(a, in, lane, t, acc, store);
@@ -254,11 +274,13 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
           return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
         },
         [&](const tc::Item& w, float (&acc)[4]) {
+          float part[kChains][4] = {};
           product_in_chunks(
               w, [&](int64_t kt, int r) { return load_bwd_b(a, p, pos, w, kt, lane, r, paired); },
-              [&](int64_t kt, uint32_t b0, uint32_t b1) {
-                mma<T>(acc, slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
+              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
+                mma<T>(part[chain], slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
               });
+          sum_chains(part, acc);
         },
         [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
           if (pos >= 0) tc::bwd_finish(a, in, t, pos, acc, store);
