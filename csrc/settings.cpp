@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
 
 namespace pipelstm {
 namespace settings {
@@ -57,20 +58,29 @@ std::optional<std::string> mebibytes(const std::string& raw) {
   return without_leading_zeros(raw);
 }
 
-// A chunk count: 0 (off) or 2..4096.
-std::optional<std::string> chunk_count(const std::string& raw) {
+// A whole number of time chunks up to 4096: its digits without leading
+// zeros, and its value.
+std::optional<std::pair<std::string, int>> time_chunks(const std::string& raw) {
   if (!digits(raw, 4)) return std::nullopt;
   const std::string v = without_leading_zeros(raw);
   const int n = std::stoi(v);
-  return n == 0 || (n >= 2 && n <= 4096) ? std::optional<std::string>(v) : std::nullopt;
+  if (n > 4096) return std::nullopt;
+  return std::pair{v, n};
+}
+
+// A chunk count: 0 (off) or 2..4096.
+std::optional<std::string> chunk_count(const std::string& raw) {
+  const auto c = time_chunks(raw);
+  if (!c || c->second == 1) return std::nullopt;
+  return c->first;
 }
 
 // The stack graph's time chunks: 0 (off), 1 (the layers one after
 // another) or 2..4096 (a wavefront of that many).
 std::optional<std::string> stack_chunks(const std::string& raw) {
-  if (!digits(raw, 4)) return std::nullopt;
-  const std::string v = without_leading_zeros(raw);
-  return std::stoi(v) <= 4096 ? std::optional<std::string>(v) : std::nullopt;
+  const auto c = time_chunks(raw);
+  if (!c) return std::nullopt;
+  return c->first;
 }
 
 std::optional<std::string> microseconds_or_off(const std::string& raw) {
