@@ -258,17 +258,20 @@ class LSTM(nn.RNNBase):
         w_hr = get("weight_hr") if self.proj_size > 0 else None
         return [get("weight_ih"), get("weight_hh"), *biases, w_hr]
 
+    def _stack_weights(self) -> List[Tensor]:
+        """Every layer's and direction's weights in order, those present."""
+        return [w for layer in range(self.num_layers) for reverse in (False, True)[: 2 if self.bidirectional else 1]
+                for w in self._layer_weights(layer, reverse) if w is not None]
+
     def _check_parameters(self, data: Tensor) -> None:
         # All layers up front, so a bad parameter deep in the stack fails
         # before the first layer has run.
-        for layer in range(self.num_layers):
-            for reverse in (False, True)[: 2 if self.bidirectional else 1]:
-                for w in self._layer_weights(layer, reverse):
-                    if w is not None and w.device != data.device:
-                        raise RuntimeError(
-                            f"Input and parameter tensors are not at the same device, found input tensor at "
-                            f"{data.device} and parameter tensor at {w.device}"
-                        )
+        for w in self._stack_weights():
+            if w.device != data.device:
+                raise RuntimeError(
+                    f"Input and parameter tensors are not at the same device, found input tensor at "
+                    f"{data.device} and parameter tensor at {w.device}"
+                )
 
     def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
         h0, c0 = hx
@@ -276,8 +279,7 @@ class LSTM(nn.RNNBase):
             return self._layers(data, batch_sizes, h0, c0, 0)
         stack = stack_graph_chunks(data, self.num_layers, self.bidirectional)
         if stack:  # the whole stack as one CUDA graph each way (stack_graph.py)
-            params = [w for layer in range(self.num_layers) for d in range(2 if self.bidirectional else 1)
-                      for w in self._layer_weights(layer, d == 1) if w is not None]
+            params = self._stack_weights()
             chunks = stack if stack > 1 else 0
             dropout = self.dropout if self.training else 0.0
             key = call_key([data, h0, c0], params, chunks, dropout, self.num_layers, self.bidirectional)
