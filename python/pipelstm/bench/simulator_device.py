@@ -34,6 +34,7 @@ from .memory import device_peak_bytes
 from .pipeline import CONFIG_COLUMNS, PipelineStep, build
 from .pipelining_peer import SIZES, make_data
 from .table import Column, markdown
+from .timing import interleaved_times
 
 __all__ = ["CONFIGS", "COLUMNS", "run"]
 
@@ -61,16 +62,22 @@ def _pipelines(device: torch.device, s: dict, x, target) -> List[dict]:
                         micro_batches=M, loss_fn=nn.CrossEntropyLoss())
         where = "one stage" if S == 1 else f"{S} stages on one device"
         rows.append(dict(config=f"Pipeline, {where} ({device})", kind="pipeline", pp=S, dp=1, K=K, M=M,
-                         pipe=pipe, step=PipelineStep(pipe, x, target), samples=[]))
+                         pipe=pipe, step=PipelineStep(pipe, x, target)))
     return rows
 
 
-def _timed(step, device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    step()
-    _sync(device)
-    return time.perf_counter() - start
+def _second_of_two(step, device: torch.device):
+    """A function that runs ``step`` twice and returns the seconds of the
+    second, from a synchronised start to a synchronised end (a training
+    loop runs one layout step after step)."""
+    def run() -> float:
+        step()
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        return time.perf_counter() - start
+    return run
 
 
 def _rise(row: dict, device: torch.device) -> int:
@@ -97,17 +104,15 @@ def run(device: str, reps: int, item_sizes) -> dict:
     x, target = make_data(s["vocab"], s["T"], s["B"], seed=0)
     x, target = x.to(dev), target.to(dev)
     rows = _pipelines(dev, s, x, target)
-    for _ in range(reps + 1):  # the first turn warms up (and captures where the library graphs)
-        calibrator.round()
-        for r in rows:
-            r["step"]()
-            r["samples"].append(_timed(r["step"], dev))
+    # The first turn warms up (and captures where the library graphs).
+    fns = {"calibration": calibrator.round, **{i: _second_of_two(r["step"], dev) for i, r in enumerate(rows)}}
+    times = interleaved_times(fns, reps, warmup=1, device=str(dev))
     costs = calibrator.costs()
     memory = float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda" else 64e9
     cluster = sim.Cluster(1, 2, str(dev), memory, SAME_GPU, SAME_GPU, SAME_GPU)
     n_units = len(costs.units())
-    for r in rows:
-        samples = r.pop("samples")[1:]
+    for i, r in enumerate(rows):
+        samples = times[i]
         r.update(seconds=statistics.median(samples), spread=f"{min(samples):.4f}-{max(samples):.4f}",
                  samples=samples)
         balance = list(r["pipe"].balance) if r["pp"] > 1 else [n_units - 1]
