@@ -162,6 +162,18 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
   const Tensor c_init = c0.contiguous();
   // Strided (for example expanded) gradients are read in place, not copied.
   const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
+  // Without a projection the pointwise step adds grad_output's rows itself
+  // (one kernel fewer a step): rows with adjacent columns, any row stride (0
+  // for an expanded gradient, as of a sum). Columns that are not adjacent
+  // become one shared row if every row is the same, else a dense copy.
+  Tensor grad_out_rows;
+  if (grad_out.defined() && !s.projected && N > 0) {
+    grad_out_rows = grad_out;
+    if (grad_out.size(1) > 1 && grad_out.stride(1) != 1) {
+      grad_out_rows = grad_out.stride(0) == 0 ? grad_out.narrow(0, 0, 1).contiguous().expand_as(grad_out)
+                                              : grad_out.contiguous();
+    }
+  }
 
   Tensor grad_gates = at::empty({N, 4 * H}, opts);
   // Per-sequence gradient state. Row i holds the gradient of the h (and c)
@@ -172,7 +184,6 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
   // Total gradient of each step's h: kept for all rows when projecting
   // (w_hr's gradient is one GEMM over them), else one buffer reused.
   Tensor grad_h_all = s.projected ? at::empty({N, P}, opts) : Tensor();
-  Tensor grad_h_buf = s.projected ? Tensor() : at::empty({B, P}, opts);
   Tensor grad_raw_h = s.projected ? at::empty({B, H}, opts) : Tensor();
 
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
@@ -190,20 +201,31 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
       const int64_t cont = steps.continuing(p, reverse);
       const int64_t prev = p > 0 ? LayerSteps::step_at(p - 1, T, reverse) : -1;
       Tensor grad_h_rec = grad_h_state.narrow(0, 0, rows);
-      Tensor grad_h = s.projected ? grad_h_all.narrow(0, row0, rows) : grad_h_buf.narrow(0, 0, rows);
-      if (grad_out.defined()) {
-        at::add_out(grad_h, grad_out.narrow(0, row0, rows), grad_h_rec);
-      } else {
-        grad_h.copy_(grad_h_rec);
+      // The gradient of the raw h the cell gave: without a projection the
+      // recurrent one, to which the pointwise step adds grad_output's row;
+      // with one, the total through w_hr (kept for w_hr's gradient).
+      Tensor grad_raw = grad_h_rec;
+      if (s.projected) {
+        Tensor grad_h = grad_h_all.narrow(0, row0, rows);
+        if (grad_out.defined()) {
+          at::add_out(grad_h, grad_out.narrow(0, row0, rows), grad_h_rec);
+        } else {
+          grad_h.copy_(grad_h_rec);
+        }
+        grad_raw = grad_raw_h.narrow(0, 0, rows);
+        backend::layer_mm_out(grad_raw, grad_h, *w_hr);
       }
-      Tensor grad_raw = s.projected ? grad_raw_h.narrow(0, 0, rows) : grad_h;
-      if (s.projected) backend::layer_mm_out(grad_raw, grad_h, *w_hr);
       for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
         if (end <= begin) continue;
         kernels::PointwiseBackwardArgs<scalar_t> step;
         step.batch = end - begin;
         step.hidden = H;
         step.grad_h = row_of<scalar_t>(grad_raw, begin, H);
+        if (grad_out_rows.defined()) {
+          step.grad_out = grad_out_rows.const_data_ptr<scalar_t>() +
+                          (row0 + begin) * grad_out_rows.stride(0);
+          step.grad_out_stride = grad_out_rows.stride(0);
+        }
         step.grad_c = row_of<scalar_t>(grad_c_state, begin, H);
         step.act_gates = row_of<scalar_t>(ws.gates, row0 + begin, 4 * H);
         step.c_prev = begin < cont ? row_of<scalar_t>(ws.cells, steps.offset[prev] + begin, H)

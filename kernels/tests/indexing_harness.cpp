@@ -125,11 +125,15 @@ void forward_grid(const PointwiseForwardArgs<T>& a, int64_t max_blocks) {
 
 template <typename T, int VEC>
 void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
-  const bool gh = a.grad_h, gc = a.grad_c;
+  const bool gh = a.grad_h, go = a.grad_out, gc = a.grad_c;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
-#define PIPELSTM_BWD(X, Y) \
-  if (gh == X && gc == Y) return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y>(a, i); });
-  PIPELSTM_BWD(false, false) PIPELSTM_BWD(false, true) PIPELSTM_BWD(true, false) PIPELSTM_BWD(true, true)
+#define PIPELSTM_BWD(X, Y, Z) \
+  if (gh == X && go == Y && gc == Z) \
+    return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z>(a, i); });
+  PIPELSTM_BWD(false, false, false) PIPELSTM_BWD(false, false, true)
+  PIPELSTM_BWD(false, true, false) PIPELSTM_BWD(false, true, true)
+  PIPELSTM_BWD(true, false, false) PIPELSTM_BWD(true, false, true)
+  PIPELSTM_BWD(true, true, false) PIPELSTM_BWD(true, true, true)
 #undef PIPELSTM_BWD
 }
 
@@ -210,12 +214,15 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
                       });
 }
 
+// mask: 1 grad_h, 2 grad_c, 4 grad_out (8: one row for every batch row,
+// else rows H apart).
 template <typename T, int VEC>
 void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias,
                     int64_t max_blocks) {
   Buf<T> grad_h(B * H, misalign), grad_c(B * H, misalign), act(B * 4 * H, misalign),
-      c_prev(B * H, misalign), c(B * H, misalign);
+      c_prev(B * H, misalign), c(B * H, misalign), grad_out(B * H, misalign);
   grad_h.random(-1, 1), grad_c.random(-1, 1), c_prev.random(-2, 2), c.random(-2, 2);
+  grad_out.random(-1, 1);
   act.random(0.01, 0.99);
   Buf<T> dg(B * 4 * H, misalign), dcp(B * H, misalign);
   Buf<T> ref_dg(B * 4 * H, 0), ref_dcp(B * H, 0);
@@ -224,10 +231,21 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
   PointwiseBackwardArgs<T> a;
   a.grad_h = (mask & 1) ? grad_h.p : nullptr;
   a.grad_c = (mask & 2) ? grad_c.p : nullptr;
+  a.grad_out = (mask & 4) ? grad_out.p : nullptr;
+  a.grad_out_stride = (mask & 8) ? 0 : H;
   a.act_gates = act.p, a.c_prev = c_prev.p, a.c = c.p;
   a.batch = B, a.hidden = H;
 
+  // The reference gets grad_out already added into grad_h (as one tensor
+  // op did before the step took it), not the CPU loop's own grad_out.
   PointwiseBackwardArgs<T> ref = a;
+  Buf<T> summed(B * H, 0);
+  if (a.grad_out) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < H; ++j)
+        summed.p[b * H + j] = (a.grad_h ? a.grad_h[b * H + j] : T(0)) + a.grad_out[b * a.grad_out_stride + j];
+    ref.grad_h = summed.p, ref.grad_out = nullptr;
+  }
   ref.grad_gates = ref_dg.p, ref.grad_c_prev = ref_dcp.p;
   pointwise_backward_cpu(ref, 0, B);
 
@@ -254,8 +272,8 @@ void check_all() {
           for (int64_t max_blocks : {indexing::kMaxBlocks, int64_t(1)}) {
             for (unsigned mask = 0; mask < 8; ++mask)
               check_forward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
-            for (unsigned mask = 0; mask < 4; ++mask)
-              check_backward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
+            for (unsigned mask = 0; mask < 16; ++mask)
+              if ((mask & 12) != 8) check_backward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
           }
 }
 

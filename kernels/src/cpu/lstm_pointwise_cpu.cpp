@@ -51,12 +51,13 @@ PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begi
   }
 }
 
-template <typename T, bool kGradH, bool kGradC>
+template <typename T, bool kGradH, bool kGradOut, bool kGradC>
 PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_begin,
                                int64_t row_end) {
   const int64_t H = a.hidden;
   for (int64_t b = row_begin; b < row_end; ++b) {
     const T* __restrict__ gh = kGradH ? a.grad_h + b * H : nullptr;
+    const T* __restrict__ go = kGradOut ? a.grad_out + b * a.grad_out_stride : nullptr;
     const T* gc = kGradC ? a.grad_c + b * H : nullptr;  // may alias grad_c_prev
     const T* __restrict__ act = a.act_gates + b * 4 * H;
     const T* __restrict__ c_prev = a.c_prev + b * H;
@@ -65,7 +66,7 @@ PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_be
     T* dc_prev = a.grad_c_prev + b * H;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
-      const T grad_h = kGradH ? gh[j] : T(0);
+      const T grad_h = kGradH ? (kGradOut ? gh[j] + go[j] : gh[j]) : (kGradOut ? go[j] : T(0));
       const T grad_c = kGradC ? gc[j] : T(0);
       const auto r = math::cell_backward(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
                                          act[3 * H + j], c_prev[j], c[j]);
@@ -95,14 +96,20 @@ PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, 
   return forward_rows<T, false, false, true>(a, b0, b1);
 }
 
-template <typename T>
+template <typename T, bool kGradOut>
 PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
   const bool gh = a.grad_h != nullptr;
   const bool gc = a.grad_c != nullptr;
-  if (gh && gc) return backward_rows<T, true, true>(a, b0, b1);
-  if (gh) return backward_rows<T, true, false>(a, b0, b1);
-  if (gc) return backward_rows<T, false, true>(a, b0, b1);
-  return backward_rows<T, false, false>(a, b0, b1);
+  if (gh && gc) return backward_rows<T, true, kGradOut, true>(a, b0, b1);
+  if (gh) return backward_rows<T, true, kGradOut, false>(a, b0, b1);
+  if (gc) return backward_rows<T, false, kGradOut, true>(a, b0, b1);
+  return backward_rows<T, false, kGradOut, false>(a, b0, b1);
+}
+
+template <typename T>
+PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
+  if (a.grad_out != nullptr) return backward_dispatch<T, true>(a, b0, b1);
+  backward_dispatch<T, false>(a, b0, b1);
 }
 
 PIPELSTM_CPU_CLONES void forward_f32(const PointwiseForwardArgs<float>& a, int64_t b0,

@@ -62,9 +62,12 @@ void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
 template <typename T, int VEC>
 void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
   with_flag(a.grad_h != nullptr, [&](auto gh) {
-    with_flag(a.grad_c != nullptr, [&](auto gc) {
-      launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(gc)::value>,
-                   VEC>(a, stream);
+    with_flag(a.grad_out != nullptr, [&](auto go) {
+      with_flag(a.grad_c != nullptr, [&](auto gc) {
+        launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(go)::value,
+                                              decltype(gc)::value>,
+                     VEC>(a, stream);
+      });
     });
   });
 }

@@ -28,6 +28,9 @@ struct PointwiseForwardArgs {
 template <typename T>
 struct PointwiseBackwardArgs {
   const T* grad_h = nullptr;     // optional [B, H]: gradient of this step's h
+  const T* grad_out = nullptr;   // optional: a second gradient of this step's h, added to
+                                 // grad_h; row b at grad_out + b * grad_out_stride
+  int64_t grad_out_stride = 0;   // 0: one row for every b (an expanded gradient)
   const T* grad_c = nullptr;     // optional [B, H]: gradient of this step's c
   const T* act_gates = nullptr;  // [B, 4H] activated gates from the forward
   const T* c_prev = nullptr;     // [B, H]

@@ -135,6 +135,7 @@ inline bool can_vectorize(const PointwiseForwardArgs<T>& a) {
 template <typename T, int VEC>
 inline bool can_vectorize(const PointwiseBackwardArgs<T>& a) {
   return a.hidden % VEC == 0 && aligned_for<T, VEC>(a.grad_h) &&
+         aligned_for<T, VEC>(a.grad_out) && a.grad_out_stride % VEC == 0 &&
          aligned_for<T, VEC>(a.grad_c) && aligned_for<T, VEC>(a.act_gates) &&
          aligned_for<T, VEC>(a.c_prev) && aligned_for<T, VEC>(a.c) &&
          aligned_for<T, VEC>(a.grad_gates) && aligned_for<T, VEC>(a.grad_c_prev);
@@ -191,7 +192,7 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
 }
 
 // grad_c_prev may alias grad_c, for the same reason as above.
-template <typename T, int VEC, bool kGradH, bool kGradC>
+template <typename T, int VEC, bool kGradH, bool kGradOut, bool kGradC>
 PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   using S = Storage<T>;
   using C = typename S::compute_t;
@@ -201,8 +202,9 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   const int64_t g0 = it.row * 4 * H + it.col;
   const int64_t s0 = it.row * H + it.col;
 
-  P gh{}, gc{};
+  P gh{}, go{}, gc{};
   if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
+  if constexpr (kGradOut) go = load_pack<T, VEC>(a.grad_out + it.row * a.grad_out_stride + it.col);
   if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + s0);
   P act[4];
   PIPELSTM_UNROLL
@@ -213,7 +215,8 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   P dg[4], dcp;
   PIPELSTM_UNROLL
   for (int e = 0; e < VEC; ++e) {
-    const C grad_h = kGradH ? S::load(gh.v[e]) : C(0);
+    const C grad_h = kGradH ? (kGradOut ? S::load(gh.v[e]) + S::load(go.v[e]) : S::load(gh.v[e]))
+                            : (kGradOut ? S::load(go.v[e]) : C(0));
     const C grad_c = kGradC ? S::load(gc.v[e]) : C(0);
     const auto r = math::cell_backward(grad_h, grad_c, S::load(act[0].v[e]),
                                        S::load(act[1].v[e]), S::load(act[2].v[e]),
