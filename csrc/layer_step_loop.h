@@ -1,8 +1,9 @@
 // The step loop of one layer direction, for every backend and dtype
 // without a fused whole-sequence loop: per step one recurrent GEMM
-// (backend::layer_mm_out, in place into the step's gates), one fused
-// pointwise call for each run of rows that start from the same state, and
-// (with a projection) one GEMM for h = h_raw @ w_hr^T. Backward mirrors it
+// (backend::layer_mm_out, added in place onto the step's input projection
+// in the workspace), one fused pointwise call for each run of rows that
+// start from the same state, and (with a projection) one GEMM for
+// h = h_raw @ w_hr^T. Backward mirrors it
 // per step; the input gradient is one GEMM over all steps.
 //
 // Both layouts share one loop over rows: a dense [T, B, *] tensor is the
@@ -37,7 +38,8 @@
 namespace pipelstm {
 
 // What a whole-sequence forward kernel gets: a dense sequence's input
-// projections (both biases in) and the results to fill.
+// projections (both biases in; they are ws.gates, which the kernel
+// overwrites with the activated gates) and the results to fill.
 template <typename scalar_t>
 struct SequenceForward {
   const LayerSteps& steps;
@@ -63,15 +65,14 @@ struct SequenceBackward {
   at::Tensor &grad_gates, &grad_h0, &grad_c0;
 };
 
-// Every step's input projection x @ w_ih^T [N, 4H] with both biases added.
-inline at::Tensor input_gates_of(const at::Tensor& x, const at::Tensor& w_ih,
-                                 const std::optional<at::Tensor>& b_ih,
-                                 const std::optional<at::Tensor>& b_hh) {
+// gates [N, 4H] = every step's input projection x @ w_ih^T with both
+// biases added.
+inline void input_gates_into(const at::Tensor& gates, const at::Tensor& x, const at::Tensor& w_ih,
+                             const std::optional<at::Tensor>& b_ih,
+                             const std::optional<at::Tensor>& b_hh) {
   const at::Tensor bias = summed_bias(b_ih, b_hh);
-  if (!bias.defined()) return backend::layer_mm(x, w_ih.t());
-  at::Tensor gates = bias.expand({x.size(0), bias.size(0)}).contiguous();
-  backend::layer_mm_out(gates, x, w_ih.t(), /*accumulate=*/true);
-  return gates;
+  if (bias.defined()) gates.copy_(bias.expand_as(gates));
+  backend::layer_mm_out(gates, x, w_ih.t(), /*accumulate=*/bias.defined());
 }
 
 // The forward of all steps: x [rows, I] dense; h0 [B, P], c0 [B, H].
@@ -86,7 +87,11 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
   ForwardResult r = new_forward_result(steps, s, x.options());
   if (steps.rows == 0) return r;
   const Workspace ws(r.workspace, steps.rows, s);
-  const Tensor input_gates = input_gates_of(x, w_ih, b_ih, b_hh);
+  // The input projections go straight into the workspace's gates: each step
+  // adds its recurrent product there, and its pointwise step turns the sum
+  // into the activated gates in place.
+  const Tensor& input_gates = ws.gates;
+  input_gates_into(input_gates, x, w_ih, b_ih, b_hh);
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
@@ -110,7 +115,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
       } else {
         h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
       }
-      const Tensor hidden_gates = backend::layer_mm(h_prev, w_hh.t());
+      backend::layer_mm_out(input_gates.narrow(0, row0, rows), h_prev, w_hh.t(), /*accumulate=*/true);
       const Tensor& h_out = s.projected ? ws.raw_h : r.output;
       const int64_t h_width = s.projected ? H : P;
       for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
@@ -119,8 +124,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
         step.batch = end - begin;
         step.hidden = H;
         step.gates = row_of<scalar_t>(input_gates, row0 + begin, 4 * H);
-        step.hidden_gates = row_of<scalar_t>(hidden_gates, begin, 4 * H);
-        step.act_gates = mutable_row_of<scalar_t>(ws.gates, row0 + begin, 4 * H);
+        step.act_gates = mutable_row_of<scalar_t>(ws.gates, row0 + begin, 4 * H);  // the same rows
         step.c_prev = begin < cont ? row_of<scalar_t>(ws.cells, steps.offset[prev] + begin, H)
                                    : row_of<scalar_t>(c_init, begin, H);
         step.c = mutable_row_of<scalar_t>(ws.cells, row0 + begin, H);

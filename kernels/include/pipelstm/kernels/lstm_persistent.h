@@ -26,7 +26,9 @@ struct PersistentForwardArgs {
   const T* h0 = nullptr;           // [B, H]
   const T* c0 = nullptr;           // [B, H]
   T* output = nullptr;             // [T, B, H]: h of every step
-  T* act_gates = nullptr;          // [T, B, 4H]: activated gates (workspace)
+  T* act_gates = nullptr;          // [T, B, 4H]: activated gates (workspace); may alias
+                                   // input_gates (each element is read, then written, by
+                                   // one thread)
   T* cells = nullptr;              // [T, B, H]: c of every step (workspace)
   int64_t steps = 0, batch = 0, hidden = 0;
   bool reverse = false;
