@@ -63,6 +63,16 @@ else
 fi
 done
 
+# Launchers query the device per launch: through cudaDeviceGetAttribute
+# (kernels/src/cuda/device_limits.h), never cudaGetDeviceProperties, which
+# fills in every property, some slowly, each call.
+if grep -nE "cudaGetDeviceProperties *\(" kernels/src/cuda/*.cu kernels/src/cuda/*.h; then
+  echo "FAIL kernels/src/cuda calls cudaGetDeviceProperties (use device_limits)"
+  status=1
+else
+  echo "OK   no cudaGetDeviceProperties in kernels/src/cuda"
+fi
+
 # The persistent tensor-core kernels' loads, in their sm_90 machine code.
 if "${PYTHON:-python3}" tools/check_sass.py; then :; else status=1; fi
 exit $status

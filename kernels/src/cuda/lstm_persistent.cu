@@ -3,6 +3,7 @@
 // a grid-wide barrier between steps.
 #include <cooperative_groups.h>
 
+#include "device_limits.h"
 #include "pipelstm/kernels/lstm_persistent_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_indexing.h"
 
@@ -69,15 +70,15 @@ struct LaunchShape {
 
 template <typename T>
 cudaError_t launch_shape(int64_t hidden, int device, LaunchShape* shape, bool* fits) {
-  cudaDeviceProp prop;
-  cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  DeviceLimits limits;
+  cudaError_t err = device_limits(device, &limits);
   if (err != cudaSuccess) return err;
   *fits = false;
-  if (!prop.cooperativeLaunch || hidden <= 0) return cudaSuccess;
-  shape->units = persistent::units_per_block(hidden, prop.multiProcessorCount);
+  if (!limits.cooperative || hidden <= 0) return cudaSuccess;
+  shape->units = persistent::units_per_block(hidden, limits.multiprocessors);
   shape->blocks = static_cast<int>((hidden + shape->units - 1) / shape->units);
   shape->smem = static_cast<size_t>(persistent::slice_bytes(shape->units, hidden));
-  if (shape->smem > prop.sharedMemPerBlockOptin) return cudaSuccess;
+  if (static_cast<int64_t>(shape->smem) > limits.smem_per_block) return cudaSuccess;
   err = cudaFuncSetAttribute(persistent_forward_kernel<T>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shape->smem));
@@ -86,7 +87,7 @@ cudaError_t launch_shape(int64_t hidden, int device, LaunchShape* shape, bool* f
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_forward_kernel<T>,
                                                       kThreads, shape->smem);
   if (err != cudaSuccess) return err;
-  *fits = per_sm * prop.multiProcessorCount >= shape->blocks;
+  *fits = per_sm * limits.multiprocessors >= shape->blocks;
   return cudaSuccess;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device_limits.h"
 #include "pipelstm/kernels/lstm_persistent_tc_cuda.h"
 #include "pipelstm/kernels/lstm_pointwise_indexing.h"
 
@@ -295,8 +296,8 @@ bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 
 // Whether `blocks` blocks of `kernel` with `smem` bytes each fit on the
 // device at once; sets the kernel's shared-memory limit on the way.
 cudaError_t check_fit(const void* kernel, int64_t smem, int64_t blocks,
-                      const cudaDeviceProp& prop, TcFit* fit) {
-  if (smem > static_cast<int64_t>(prop.sharedMemPerBlockOptin)) {
+                      const DeviceLimits& limits, TcFit* fit) {
+  if (smem > limits.smem_per_block) {
     *fit = TcFit::kSharedMemory;
     return cudaSuccess;
   }
@@ -307,28 +308,27 @@ cudaError_t check_fit(const void* kernel, int64_t smem, int64_t blocks,
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tc::kThreads,
                                                       static_cast<size_t>(smem));
   if (err != cudaSuccess) return err;
-  *fit = static_cast<int64_t>(per_sm) * prop.multiProcessorCount >= blocks ? TcFit::kFits
-                                                                            : TcFit::kCoResidency;
+  *fit = per_sm * limits.multiprocessors >= blocks ? TcFit::kFits : TcFit::kCoResidency;
   return cudaSuccess;
 }
 
-// The checks both directions share before the geometry; *prop is set where
-// *fit is still kFits.
+// The checks both directions share before the geometry; *limits is set
+// where *fit is still kFits.
 cudaError_t check_shape(int64_t batch, int64_t hidden, int64_t unit_tiles, int device,
-                        cudaDeviceProp* prop, TcFit* fit) {
+                        DeviceLimits* limits, TcFit* fit) {
   *fit = TcFit::kBadShape;
   if (batch <= 0 || hidden <= 0 || unit_tiles < 0) return cudaSuccess;
   if (batch > tc::kMaxBatch) {
     *fit = TcFit::kBatchTooLarge;
     return cudaSuccess;
   }
-  const cudaError_t err = cudaGetDeviceProperties(prop, device);
+  const cudaError_t err = device_limits(device, limits);
   if (err != cudaSuccess) return err;
-  if (prop->major < 8) {
+  if (limits->major < 8) {
     *fit = TcFit::kArchitecture;
     return cudaSuccess;
   }
-  *fit = prop->cooperativeLaunch ? TcFit::kFits : TcFit::kNoCooperativeLaunch;
+  *fit = limits->cooperative ? TcFit::kFits : TcFit::kNoCooperativeLaunch;
   return cudaSuccess;
 }
 
@@ -341,12 +341,12 @@ cudaError_t plan_for(const void* kernel, int64_t batch, int64_t hidden, int64_t 
                      int device, int64_t (*default_tiles)(int64_t, int64_t),
                      Plan (*make)(int64_t, int64_t, int64_t), int64_t (*smem_bytes)(const Plan&),
                      Plan* plan, TcFit* fit) {
-  cudaDeviceProp prop;
-  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &prop, fit);
+  DeviceLimits limits;
+  const cudaError_t err = check_shape(batch, hidden, unit_tiles, device, &limits, fit);
   if (err != cudaSuccess || *fit != TcFit::kFits) return err;
-  if (unit_tiles == 0) unit_tiles = default_tiles(hidden, prop.multiProcessorCount);
+  if (unit_tiles == 0) unit_tiles = default_tiles(hidden, limits.multiprocessors);
   *plan = make(batch, hidden, unit_tiles);
-  return check_fit(kernel, smem_bytes(*plan), plan->blocks, prop, fit);
+  return check_fit(kernel, smem_bytes(*plan), plan->blocks, limits, fit);
 }
 
 // One cooperative launch of `kernel` (args, plan, paired) over its plan
