@@ -3,8 +3,8 @@
 // (backend::layer_mm_out, added in place onto the step's input projection
 // in the workspace), one fused pointwise call for each run of rows that
 // start from the same state, and (with a projection) one GEMM for
-// h = h_raw @ w_hr^T. Backward mirrors it
-// per step; the input gradient is one GEMM over all steps.
+// h = h_raw @ w_hr^T. Backward mirrors it per step; the input gradient is
+// one GEMM over all steps.
 //
 // Both layouts share one loop over rows: a dense [T, B, *] tensor is the
 // packed layout with B rows at every step. A packed step only touches the
@@ -165,11 +165,11 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
   const Workspace ws(workspace.contiguous(), N, s);
   const Tensor c_init = c0.contiguous();
   // Strided (for example expanded) gradients are read in place, not copied.
-  const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
   // Without a projection the pointwise step adds grad_output's rows itself
   // (one kernel fewer a step): rows with adjacent columns, any row stride (0
   // for an expanded gradient, as of a sum). Columns that are not adjacent
   // become one shared row if every row is the same, else a dense copy.
+  const Tensor grad_out = grad_output.has_value() ? *grad_output : Tensor();
   Tensor grad_out_rows;
   if (grad_out.defined() && !s.projected && N > 0) {
     grad_out_rows = grad_out;

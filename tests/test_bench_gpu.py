@@ -134,7 +134,7 @@ def test_memory_adds_the_graphs_a_row_captured_to_their_side(monkeypatch):
     layer ops' to pipelstm, the stacks' to the variant, none to cuDNN."""
     peaks = {"ours": 100, "peer": 400, "variant": 90}
     sides = {name: (lambda n=name: n) for name in peaks}
-    monkeypatch.setattr(gpu, "_peak", lambda run: peaks[run()])
+    monkeypatch.setattr(gpu, "device_peak_bytes", lambda run: peaks[run()])
     monkeypatch.setattr(gpu, "_graph_memory", lambda: dict(ours=70, variant=1030))
     got = gpu._memory(sides, dict(ours=50, variant=1000))
     assert got == dict(ours_memory=120, peer_memory=400, variant_memory=120, memory_ratio=0.3)

@@ -74,5 +74,5 @@ else
 fi
 
 # The persistent tensor-core kernels' loads, in their sm_90 machine code.
-if "${PYTHON:-python3}" tools/check_sass.py; then :; else status=1; fi
+"${PYTHON:-python3}" tools/check_sass.py || status=1
 exit $status

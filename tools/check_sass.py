@@ -80,7 +80,7 @@ FINISH_LOADS = {"tc_forward_kernel": 2 * 5, "tc_backward_kernel": 4 * 8}
 M_TILES = {"tc_forward_kernel": 2, "tc_backward_kernel": 1}
 
 
-def load_runs(sass: str) -> dict[str, tuple[int, int, int]]:
+def measures(sass: str) -> dict[str, tuple[int, int, int]]:
     """Per kernel (name and element type): the most L2 loads (LDG ...
     STRONG.GPU, bypassing L1) issued in a row before an mma, the most other
     global loads issued before an mma since the last store or barrier, and
@@ -120,7 +120,7 @@ def main() -> int:
     depth = constant(HEADER, "kLoadDepth")
     chains = constant(SOURCE, "kChains")
     with tempfile.TemporaryDirectory() as tmp:
-        runs = load_runs(disassemble(Path(tmp)))
+        runs = measures(disassemble(Path(tmp)))
     if len(runs) != 2 * len(KERNELS):
         print(f"FAIL {SOURCE}: expected {2 * len(KERNELS)} kernels in the cubin, found {sorted(runs)}")
         return 1

@@ -199,17 +199,12 @@ def _graph_memory() -> Dict[str, int]:
     return dict(ours=int(_C._graph_memory()), variant=stack_graph.graph_memory())
 
 
-def _peak(run) -> int:
-    """The allocator's peak over one call of ``run`` less what was allocated before it."""
-    return device_peak_bytes(run)
-
-
 def _memory(sides: Dict[str, object], graphs_before: Dict[str, int]) -> dict:
     """Each side's peak (``ours_memory``, ``peer_memory``,
     ``variant_memory``) with the graphs' memory the row added, and the
     ratio pipelstm / cuDNN."""
     graphs = {k: max(v - graphs_before[k], 0) for k, v in _graph_memory().items()}
-    out = {f"{name}_memory": _peak(run) + graphs.get(name, 0) for name, run in sides.items()}
+    out = {f"{name}_memory": device_peak_bytes(run) + graphs.get(name, 0) for name, run in sides.items()}
     if "peer_memory" in out:
         out["memory_ratio"] = out["ours_memory"] / max(out["peer_memory"], 1)
     return out
