@@ -97,11 +97,18 @@ class GraphCache {
   std::list<std::pair<std::vector<int64_t>, std::shared_ptr<Entry>>> entries_;
 };
 
-// The device memory torch's caching allocator holds on `device` (the
-// aggregate over its pools, a capture's private pool among them).
-int64_t reserved_bytes(c10::DeviceIndex device) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+// The device memory a graph's private pool holds: the segments torch's
+// caching allocator made for it. (The rise of the allocator's reserved
+// total over the capture undercounts it: to make room the allocator may
+// free cached blocks meanwhile, and the graph cache then grew past its
+// bound until the device ran out of memory.)
+int64_t pool_bytes(const c10::MempoolId_t& pool) {
+  int64_t bytes = 0;
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot(pool, /*include_traces=*/false);
+  for (const auto& segment : snapshot.segments) {
+    if (segment.owner_private_pool_id == pool) bytes += static_cast<int64_t>(segment.total_size);
+  }
+  return bytes;
 }
 
 GraphCache& cache() {
@@ -109,36 +116,39 @@ GraphCache& cache() {
   return *c;
 }
 
-// Streams only captures use, one per capture in flight on a device. Not
-// torch's pool: it hands its streams out in turn, so a pool stream may be
-// another thread's current stream (a pipeline stage's), whose launches
-// would then meet this capture (on an H200 they were refused:
-// cudaErrorStreamCaptureUnsupported; docs/cuda.md).
+// Streams only captures use: one for each stream graphs are replayed on
+// (the caller's current stream, which is part of the cache's key), made on
+// first use and kept. Not torch's pool: it hands its streams out in turn, so
+// a pool stream may be another thread's current stream (a pipeline
+// stage's), whose launches would then meet this capture (on an H200 they
+// were refused: cudaErrorStreamCaptureUnsupported; docs/cuda.md). And not
+// one stream for every capture: cuBLAS gives each stream a workspace of its
+// own and a captured GEMM keeps the capture stream's, so two graphs
+// replayed at once on two streams (a layer wavefront's) must not have been
+// captured on one stream; graphs replayed on one stream run one after
+// another and may share it.
 class CaptureStreams {
  public:
-  at::cuda::CUDAStream acquire(c10::DeviceIndex device) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = free_[device];
-      if (!free.empty()) {
-        cudaStream_t s = free.back();
-        free.pop_back();
-        return at::cuda::getStreamFromExternal(s, device);
-      }
-    }
-    cudaStream_t s = nullptr;  // the caller's CUDAGuard has made `device` current
-    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    return at::cuda::getStreamFromExternal(s, device);
-  }
+  struct Slot {
+    std::mutex capturing;  // one capture at a time on a stream
+    cudaStream_t stream = nullptr;
+  };
 
-  void release(const at::cuda::CUDAStream& s) {
+  Slot& slot_for(const at::cuda::CUDAStream& replay) {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_[s.device_index()].push_back(s.stream());
+    auto& slot = slots_[{replay.device_index(), replay.stream()}];
+    if (!slot) {
+      slot = std::make_unique<Slot>();
+      // The caller's CUDAGuard has made the device current.
+      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&slot->stream, cudaStreamNonBlocking));
+    }
+    return *slot;
   }
 
  private:
   std::mutex mutex_;
-  std::map<c10::DeviceIndex, std::vector<cudaStream_t>> free_;  // never destroyed: kept for the next capture
+  // Never destroyed, nor their streams: kept for the next capture.
+  std::map<std::pair<c10::DeviceIndex, cudaStream_t>, std::unique_ptr<Slot>> slots_;
 };
 
 CaptureStreams& capture_streams() {
@@ -146,16 +156,21 @@ CaptureStreams& capture_streams() {
   return *s;
 }
 
-// One capture stream, given back when the capture is over (or fails).
+// The capture stream of graphs replayed on `replay`, held until the
+// capture is over (or fails).
 class CaptureStreamLease {
  public:
-  explicit CaptureStreamLease(c10::DeviceIndex device) : stream_(capture_streams().acquire(device)) {}
-  ~CaptureStreamLease() { capture_streams().release(stream_); }
+  explicit CaptureStreamLease(const at::cuda::CUDAStream& replay)
+      : slot_(capture_streams().slot_for(replay)),
+        lock_(slot_.capturing),
+        stream_(at::cuda::getStreamFromExternal(slot_.stream, replay.device_index())) {}
   CaptureStreamLease(const CaptureStreamLease&) = delete;
   CaptureStreamLease& operator=(const CaptureStreamLease&) = delete;
   const at::cuda::CUDAStream& stream() const { return stream_; }
 
  private:
+  CaptureStreams::Slot& slot_;
+  std::unique_lock<std::mutex> lock_;
   at::cuda::CUDAStream stream_;
 };
 
@@ -163,7 +178,7 @@ class CaptureStreamLease {
 // (capture needs a stream other than the default one), ordered after and
 // before the current stream's work.
 void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& current) {
-  const CaptureStreamLease lease(current.device_index());
+  const CaptureStreamLease lease(current);
   const at::cuda::CUDAStream& side = lease.stream();
   at::cuda::CUDAEvent ready;
   ready.record(current);
@@ -232,7 +247,6 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
   }
   bool captured = false;
   if (!entry->graph) {
-    const int64_t reserved_before = reserved_bytes(device.index());
     entry->device = device.index();
     entry->inputs.clear();
     for (const auto& t : inputs) entry->inputs.push_back(t.clone());
@@ -253,7 +267,7 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
       log_message(LogLevel::kWarning, message);
       return std::nullopt;
     }
-    entry->bytes = std::max<int64_t>(reserved_bytes(device.index()) - reserved_before, 0);
+    entry->bytes = pool_bytes(entry->graph->pool());
     note_graph_memory(entry->bytes.load());
     cache().trim(static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem) /
                  kGraphMemoryShare);
