@@ -35,7 +35,7 @@ whose capture fails warns and runs eagerly from then on.
 import warnings
 import weakref
 from collections import OrderedDict
-from typing import Callable, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -128,21 +128,43 @@ def capture_cuda(entry: Captured, body: Body, inputs: Sequence[Tensor], params: 
     targets = entry.prepare(inputs, params)
     device = inputs[0].device
     torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()  # what the pool takes shows as the reserved memory's rise
-    before = torch.cuda.memory_reserved(device)
     pool = torch.cuda.graph_pool_handle()
     forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    # Thread-local: another thread's CUDA calls (a data loader's, a pipeline
-    # stage's) do not break the capture; autograd's device thread launches
-    # the backward into it all the same.
-    with torch.cuda.graph(forward, pool=pool, capture_error_mode="thread_local"):
+    stream = _capture_stream(torch.cuda.current_stream(device))
+    # Relaxed: another thread's CUDA calls (a data loader's, a pipeline
+    # stage's) do not break the capture. "thread_local" should have done as
+    # much, but it broke the backward's capture of a stack run layer after
+    # layer (docs/cuda.md); "relaxed" and "global" captured it.
+    with torch.cuda.graph(forward, pool=pool, stream=stream, capture_error_mode="relaxed"):
         outputs = body(*entry.inputs, *params)
     entry.grad_outputs = [torch.empty_like(o) for o in outputs]
-    with torch.cuda.graph(backward, pool=pool, capture_error_mode="thread_local"):
+    with torch.cuda.graph(backward, pool=pool, stream=stream, capture_error_mode="relaxed"):
         entry.grads = list(torch.autograd.grad(outputs, targets, entry.grad_outputs, allow_unused=True))
     entry.outputs = [o.detach() for o in outputs]
     entry.forward, entry.backward = forward, backward
-    entry.bytes = max(torch.cuda.memory_reserved(device) - before, 0)
+    entry.bytes = _pool_bytes(device, pool)
+
+
+def _pool_bytes(device: torch.device, pool) -> int:
+    """The device memory a graph pool holds: the segments torch's allocator
+    made for it (the rise of its reserved total undercounts them where it
+    freed cached blocks to make room during the capture)."""
+    segments = torch.cuda.memory._snapshot(device)["segments"]
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))
+
+
+_capture_streams: Dict[Tuple[torch.device, int], "torch.cuda.Stream"] = {}
+
+
+def _capture_stream(replay: "torch.cuda.Stream") -> "torch.cuda.Stream":
+    """The stream to capture graphs replayed on ``replay`` on, one for each
+    such stream: a captured GEMM keeps its capture stream's cuBLAS
+    workspace, so graphs replayed at once on two streams must not share
+    one (torch.cuda.graph's own default stream is shared by every capture)."""
+    key = (replay.device, replay.cuda_stream)
+    if key not in _capture_streams:
+        _capture_streams[key] = torch.cuda.Stream(replay.device)
+    return _capture_streams[key]
 
 
 class StackGraphs:
