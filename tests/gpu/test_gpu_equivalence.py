@@ -23,15 +23,15 @@ from reference import rel_error
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 
-# (forward, backward) tolerance per dtype. Measured on an H100 (torch 2.11,
-# cuDNN 9): fp32 within 1e-6 (fp32 cuDNN itself is about 1e-5 from its fp64
-# result, hence the fp64 reference); fp16 within 2e-3; bf16 within 7e-3
-# forward and 1.5e-2 in the gradients, as far off as cuDNN's own bf16 LSTM
-# on the same cases (bf16 keeps 8 significant bits).
+# (forward, backward) tolerance per dtype (docs/testing.md has the
+# measurements): fp32 within 1e-6 (fp32 cuDNN itself is about 1e-5 from its
+# fp64 result, hence the fp64 reference); fp16 within 2e-3; bf16 (8
+# significant bits) up to about 1e-2 forward, where a float64 emulation of
+# the op's roundings reaches as well, and 1.5e-2 in the gradients.
 TOL = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (1e-2, 2e-2),
+    torch.bfloat16: (1.5e-2, 2e-2),
 }
 DTYPES = pytest.mark.parametrize("dtype", list(TOL), ids=["fp32", "fp16", "bf16"])
 

@@ -49,10 +49,15 @@ def test_the_wavefront_matches_cudnn(chunks, graphs):
         want = _run(ref, x, h0, c0)
         with cuda_switches.flags(layer_wavefront=chunks, graphs=graphs):
             got = _run(ours, x, h0, c0)
-            got_again = _run(ours, x, h0, c0)  # the second call reuses the streams (and graphs)
-        for a, b, c in zip(got, got_again, want):
-            assert rel_error(a.double(), c.double()) < 2e-5
-            assert rel_error(b.double(), c.double()) < 2e-5
+            # Later calls reuse the streams (and replay the graphs, on the
+            # layers' streams at once): a race between them showed in about
+            # one call in three, so several calls.
+            again = [_run(ours, x, h0, c0) for _ in range(6)]
+        names = ["output", "h_n", "c_n", "grad input", "grad h0", "grad c0"] + [n for n, _ in ours.named_parameters()]
+        for call, results in enumerate([got, *again]):
+            for name, a, c in zip(names, results, want):
+                err = rel_error(a.double(), c.double())
+                assert err < 2e-5, f"call {call}: {name} off by {err:.3g}"
     finally:
         torch.backends.cudnn.allow_tf32 = True
 
