@@ -6,10 +6,12 @@ pipelines, its ``"dp"`` groups the replicas of each stage.
 """
 
 import contextlib
+import ctypes
 import datetime
 import inspect
 import os
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -93,6 +95,7 @@ class Mesh:
         try:
             yield
         except RuntimeError as e:
+            _outlive_the_backend(e.__traceback__)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             peers_named = ", ".join(self.peer_name(r) for r in peers)
             head = f"pipelstm.distributed: {self.peer_name(self.rank)} "
@@ -129,6 +132,28 @@ class Mesh:
     def __str__(self) -> str:
         return (f"rank {self.rank}/{self.world_size}: stage {self.pp_rank} of {self.pp}, replica {self.dp_rank} "
                 f"of {self.dp} ({self.backend}, {self.device})")
+
+
+def _outlive_the_backend(tb: Optional[TracebackType]) -> None:
+    """Keeps the tensors of a failed collective's frames alive for the rest
+    of the process.
+
+    The backend's own thread may still hold them after the error reached
+    Python (gloo finishes a timed-out collective on its worker thread). A
+    tensor Python has let go of is then owned by that thread, which must
+    take the interpreter's lock to free it; once Python has begun to shut
+    down it cannot, and the process aborts (``terminate called without an
+    active exception``) after printing the error. With a reference of
+    Python's own that is never dropped, the thread's is never the last.
+    """
+    seen = set()
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and id(t) not in seen:
+                    seen.add(id(t))
+                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+        tb = tb.tb_next
 
 
 def _env_int(name: str, default: Optional[int] = None) -> int:
