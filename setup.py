@@ -74,7 +74,19 @@ class CMakeBuild(build_ext):
             self.copy_file(str(built / BUILD_INFO), str(Path(package) / BUILD_INFO), level=self.verbose)
 
 
+def torch_requirement() -> str:
+    """The torch a build runs with: the exact release it is compiled
+    against (the extension links that release's libraries; import stops
+    with another), or the tested range where no torch is installed."""
+    try:
+        import torch
+    except ImportError:
+        return "torch>=2.11,<2.15"
+    return "torch==" + torch.__version__.split("+")[0]
+
+
 setup(
+    install_requires=[torch_requirement(), "numpy"],
     package_dir={"": "python"},
     packages=find_packages("python"),
     ext_modules=[CMakeExtension("pipelstm._C")],

@@ -2,9 +2,11 @@
 the built wheel and the torch it was built against (tests/../mk/wheel.mk):
 pipelstm imports from that environment, not from the source tree, and its
 LSTM matches nn.LSTM forward and backward in float64 (same weights, same
-input, a loss weighting every output element differently), and the
-README's lines of use run as they stand."""
+input, a loss weighting every output element differently), the README's
+lines of use run as they stand, and the wheel requires exactly the torch
+release it was built against, and numpy."""
 
+import importlib.metadata
 import re
 import sys
 from pathlib import Path
@@ -41,5 +43,12 @@ readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 use = re.search(r"^## Use\n.*?```python\n(.*?)```", readme, re.MULTILINE | re.DOTALL)
 assert use, "README.md has no ```python block under ## Use"
 exec(compile(use.group(1), "README.md (Use)", "exec"), {})
+
+# The wheel requires the torch release it was built against, exactly, and
+# numpy (torch.distributed's object collectives need it).
+requires = importlib.metadata.requires("pipelstm") or []
+release = torch.__version__.split("+")[0]
+assert f"torch=={release}" in requires, f"the wheel requires {requires}, not torch=={release}"
+assert "numpy" in requires, f"the wheel requires {requires}, not numpy"
 
 print(f"wheel OK: pipelstm {pipelstm.__version__} from {where.parent}, torch {torch.__version__}")
