@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MAX_JOBS ?= 2
 export MAX_JOBS
 
-.PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan demo demo-word-lm bench clean
+.PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan stress demo demo-word-lm bench clean
 
 # Optional fragments (for example mk/cuda.mk: the CUDA-build variant,
 # mk/wheel.mk: the wheel installed into a fresh environment).
@@ -51,6 +51,14 @@ test: pytest pytest-host-streams check-cuda indexing-harness test-cuda-build tes
 # (not part of `make test`: see docs/testing.md for its last result).
 test-asan: build
 	bash tools/run_sanitizers.sh
+
+# The tests that start processes (torch.distributed, torchrun, remote
+# stages), STRESS_RUNS times in a row, each run a fresh pytest (not part of
+# `make test`; about 3.5 minutes a run on 2 cores): any failed run, or an
+# abort in its output, fails it (tools/stress.py, build/stress.json).
+STRESS_RUNS ?= 50
+stress: build
+	$(PY) tools/stress.py --runs $(STRESS_RUNS) $(STRESS_TESTS)
 
 # The main job: a character-level LSTM language model on a corpus every
 # Python ships (pydoc's topics), trained by 2 processes as a 2-stage
