@@ -242,6 +242,27 @@ def test_pipelined_lstm_exports(tmp_path, exporter):
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
+def test_exports_with_the_class_swapped_globally(tmp_path, exporter, monkeypatch):
+    # torch.nn.LSTM = pipelstm.LSTM: the way to swap the class inside code
+    # one does not own. Export must still find torch's own LSTM.
+    ref_lstm, ref_cell = nn.LSTM(I, H, num_layers=2).eval(), nn.LSTMCell(I, H)
+    monkeypatch.setattr(torch.nn, "LSTM", pipelstm.LSTM)
+    monkeypatch.setattr(torch.nn, "LSTMCell", pipelstm.LSTMCell)
+    ours = torch.nn.LSTM(I, H, num_layers=2).eval()
+    cell = torch.nn.LSTMCell(I, H)
+    assert isinstance(ours, pipelstm.LSTM) and isinstance(cell, pipelstm.LSTMCell)
+    ref_lstm.load_state_dict(ours.state_dict())
+    ref_cell.load_state_dict(cell.state_dict())
+    path = export(Flat(ours), inputs(dict(num_layers=2), True), tmp_path / "m.onnx", exporter, ["x", "h0", "c0"])
+    assert ("LSTM", "") in op_types(path)
+    assert_matches(path, inputs(dict(num_layers=2), True), Flat(ours), Flat(ref_lstm))
+    x = (torch.randn(B, I), torch.randn(B, H), torch.randn(B, H))
+    path = export(Cell(cell), x, tmp_path / "c.onnx", exporter, ["x", "h", "c"])
+    assert not any(domain.startswith("pipelstm") for _, domain in op_types(path))
+    assert_matches(path, (torch.randn(B, I), torch.randn(B, H), torch.randn(B, H)), Cell(cell), Cell(ref_cell))
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("batched, with_hx", [(True, True), (True, False), (False, True)],
                          ids=["batched-hx", "batched-no_hx", "unbatched-hx"])
 def test_lstm_cell_exports(tmp_path, exporter, with_hx, batched):

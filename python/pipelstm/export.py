@@ -34,6 +34,12 @@ __all__ = ["in_onnx_export", "lstm_forward", "lstm_cell_forward"]
 
 _State = Tuple[Tensor, Tensor]
 
+# torch's own classes, from the module that defines them: a script may set
+# torch.nn.LSTM = pipelstm.LSTM (to swap the class inside code it does not
+# own), and then torch.nn.LSTM.forward would be pipelstm's again.
+TorchLSTM = torch.nn.modules.rnn.LSTM
+TorchLSTMCell = torch.nn.modules.rnn.LSTMCell
+
 
 def in_onnx_export() -> bool:
     """Whether this call is being traced by ``torch.onnx.export`` (either exporter).
@@ -67,8 +73,8 @@ def lstm_forward(
     """
     if lstm.proj_size > 0 and torch.compiler.is_exporting():
         with _DecomposedLSTM():
-            return nn.LSTM.forward(lstm, input, hx)
-    return nn.LSTM.forward(lstm, input, hx)
+            return TorchLSTM.forward(lstm, input, hx)
+    return TorchLSTM.forward(lstm, input, hx)
 
 
 class _DecomposedLSTM(TorchFunctionMode):
@@ -94,4 +100,4 @@ def lstm_cell_forward(cell: nn.RNNCellBase, input: Tensor, hx: Optional[_State] 
     Raises:
         What ``torch.nn.LSTMCell.forward`` raises, as it raises it.
     """
-    return nn.LSTMCell.forward(cell, input, hx)
+    return TorchLSTMCell.forward(cell, input, hx)

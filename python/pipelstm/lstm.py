@@ -103,9 +103,9 @@ class LSTM(nn.RNNBase):
         self._pipeline = LSTMPipeline(self, devices, chunks, micro_batches, balance, threads, checkpoint)
 
     # nn.LSTM's own checks, so that bad input fails with its exact errors.
-    get_expected_cell_size = nn.LSTM.get_expected_cell_size
-    check_forward_args = nn.LSTM.check_forward_args
-    permute_hidden = nn.LSTM.permute_hidden
+    get_expected_cell_size = export.TorchLSTM.get_expected_cell_size
+    check_forward_args = export.TorchLSTM.check_forward_args
+    permute_hidden = export.TorchLSTM.permute_hidden
 
     def check_input(self, input: Tensor, batch_sizes: Optional[Tensor]) -> None:
         # nn.LSTM checks a PackedSequence's dtype only in its C++ kernel
