@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Type
 import pytest
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
 
 KW = dict(input_size=3, hidden_size=4, num_layers=2)
 T, B = 5, 2
@@ -97,6 +97,8 @@ STRICTER: Dict[str, str] = {
     "packed data with rows past batch_sizes": "the data has more rows than the batch sizes add up to; torch "
                                               "ignores the rest",
     "packed batch_sizes 2-D, hx": "batch_sizes must be 1-D; with proj_size torch's kernel reads it flattened",
+    "packed one sequence, input_size": "a feature size other than input_size: torch checks it only for a batch of "
+                                       "two or more sequences",
     "cell c float64": "h and c of different dtypes: torch promotes the state to float64 silently",
     "cell hx on meta": "h and c on another device than the input (meta): torch without bias returns meta "
                        "tensors",
@@ -184,6 +186,7 @@ def _lstm_calls(kw: dict) -> Dict[str, Callable[[], tuple]]:
         "packed data 3-D": lambda: (packed(data=lambda d: d.unsqueeze(1)),),
         "packed data 1-D": lambda: (packed(data=lambda d: d[:, 0]),),
         "packed input_size": lambda: (packed(data=lambda d: zeros(d.shape[0], 5)),),
+        "packed one sequence, input_size": lambda: (pack_sequence([zeros(T, 5)]),),
         "packed batch_sizes float": lambda: (packed(batch_sizes=lambda b: b.float()),),
         "packed batch_sizes float, hx": lambda: (packed(batch_sizes=lambda b: b.float()), hx()),
         "packed batch_sizes int32": lambda: (packed(batch_sizes=lambda b: b.int()),),
@@ -239,8 +242,7 @@ def _cell_calls() -> Dict[str, Callable[[], tuple]]:
         "cell c size": lambda: (x(), (h(), zeros(B, 5))),
         "cell hx float64": lambda: (x(), (h().double(), h().double())),
         "cell h float64": lambda: (x(), (h().double(), h())),
-        "packed batch_sizes 2-D, hx": "batch_sizes must be 1-D; with proj_size torch's kernel reads it flattened",
-    "cell c float64": lambda: (x(), (h(), h().double())),
+        "cell c float64": lambda: (x(), (h(), h().double())),
         "cell hx int64": lambda: (x(), (h().long(), h().long())),
         "cell hx on meta": lambda: (x(), (h().to("meta"), h().to("meta"))),
         "cell c on meta": lambda: (x(), (h(), h().to("meta"))),

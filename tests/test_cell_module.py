@@ -55,3 +55,32 @@ def test_cell_compiles_fullgraph(with_hx):
     assert_all_close(run(compiled), run(cell), 1e-6)
     ref_out = ref(x, hx)
     assert_all_close(run(compiled)[:2], list(ref_out), 1e-5)
+
+
+# (input shape, h shape, c shape): unbatched input with batched states and
+# the reverse, mixed state dimensions, wrong sizes: each is refused as
+# nn.LSTMCell refuses it, with its exception type and message.
+BAD_SHAPES = [
+    ((3,), (2, 4), (2, 4)),
+    ((3,), (1, 4), (1, 4)),
+    ((3,), (4,), (1, 4)),
+    ((3,), (1, 4), (4,)),
+    ((3,), (1, 1, 4), (1, 1, 4)),
+    ((2, 3), (4,), (4,)),
+    ((2, 3), (2, 1, 4), (2, 1, 4)),
+    ((1, 3), (1, 4), (4,)),
+    ((1, 3), (4,), (1, 4)),
+    ((2, 5), (2, 4), (2, 4)),
+    ((2, 3), (2, 5), (2, 4)),
+    ((2, 1, 3), (2, 4), (2, 4)),
+]
+
+
+@pytest.mark.parametrize("x_shape, h_shape, c_shape", BAD_SHAPES)
+def test_bad_shapes_fail_as_in_nn_lstm_cell(x_shape, h_shape, c_shape):
+    args = (torch.randn(*x_shape), (torch.randn(*h_shape), torch.randn(*c_shape)))
+    with pytest.raises(Exception) as want:
+        nn.LSTMCell(3, 4)(*args)
+    with pytest.raises(type(want.value)) as got:
+        pipelstm.LSTMCell(3, 4)(*args)
+    assert str(got.value) == str(want.value)

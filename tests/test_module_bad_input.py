@@ -101,3 +101,13 @@ def test_the_lists_of_differences_are_exact():
             accidental.add(c.case)
     assert stricter == set(STRICTER)
     assert accidental == set(ACCIDENTAL)
+
+
+def test_a_state_of_another_dtype_than_a_float64_module_is_refused():
+    # nn.LSTM (float64) computes with a float32 c_0; pipelstm refuses it
+    # rather than mix precisions (README, "What differs").
+    kw = dict(input_size=3, hidden_size=4)
+    x, h0, c0 = torch.randn(5, 2, 3, dtype=torch.float64), torch.randn(1, 2, 4, dtype=torch.float64), torch.randn(1, 2, 4)
+    nn.LSTM(**kw).double()(x, (h0, c0))
+    with pytest.raises(RuntimeError, match=r"expected `c0` to have the dtype of `input` \(Double\), got Float"):
+        pipelstm.LSTM(**kw).double()(x, (h0, c0))
