@@ -66,3 +66,16 @@ def test_place_moves_the_same_parameters(second):
     assert all(p is q for p, q in zip(model.parameters(), params))  # moved in place: an optimizer keeps them
     assert model[0].weight.device.type == "cpu" and model[1].weight_ih_l0.device.type == "cpu"
     assert model[1].weight_ih_l1.device.type == second and model[1].bias_hh_l1.device.type == second
+
+
+@pytest.mark.parametrize("devices, message", [
+    (["cpu", "nosuchdevice"], "unknown device"),
+    (["cpu", "cuda:7"], "cuda:7"),
+    (["cpu", "meta"], "unsupported device"),
+])
+def test_device_errors_name_the_class_the_user_called(devices, message):
+    # LSTM(devices=) builds a pipeline inside: its errors still begin "LSTM:".
+    with pytest.raises(ValueError, match=rf"^LSTM: .*{message}"):
+        pipelstm.LSTM(3, 4, num_layers=2, devices=devices)
+    with pytest.raises(ValueError, match=rf"^Pipeline: .*{message}"):
+        pipelstm.Pipeline(lm_model(), devices=devices)

@@ -22,24 +22,24 @@ def stage_devices(who: str, devices) -> List[torch.device]:
     """
     if isinstance(devices, (str, torch.device)) or len(devices) == 0:
         raise ValueError(f"{who}: devices must be a non-empty list of devices, got {devices!r}")
-    return [_check_device(d) for d in devices]
+    return [_check_device(who, d) for d in devices]
 
 
-def _check_device(d) -> torch.device:
+def _check_device(who: str, d) -> torch.device:
     try:
         dev = torch.device(d)
     except (RuntimeError, TypeError, ValueError) as e:
-        raise ValueError(f"Pipeline: unknown device {d!r} ({e})") from None
+        raise ValueError(f"{who}: unknown device {d!r} ({e})") from None
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"Pipeline: device {d!r} is not available (no CUDA device on this machine)")
+            raise ValueError(f"{who}: device {d!r} is not available (no CUDA device on this machine)")
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise ValueError(f"Pipeline: unknown device {d!r} ({torch.cuda.device_count()} CUDA devices)")
+            raise ValueError(f"{who}: unknown device {d!r} ({torch.cuda.device_count()} CUDA devices)")
         return torch.device("cuda", index)
-    raise ValueError(f"Pipeline: unsupported device {d!r}; use 'cpu' or 'cuda:N'")
+    raise ValueError(f"{who}: unsupported device {d!r}; use 'cpu' or 'cuda:N'")
 
 
 def check_stage_count(who: str, stages: int, units: Sequence[Unit]) -> None:
