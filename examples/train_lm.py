@@ -162,7 +162,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
     ap.add_argument("--timeline", default=None, metavar="PATH", help="write the pipeline timeline of a training step "
-                                                                     "(PATH.json and PATH.png)")
+                                                                     "(PATH.json, and PATH.png with matplotlib)")
     ap.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                     help="how long any collective or point-to-point operation may wait")
     ap.add_argument("--emb", type=int, default=64)

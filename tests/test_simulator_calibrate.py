@@ -3,6 +3,8 @@ their bytes from the real tensors, the fit, and the JSON round trip."""
 
 import importlib
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -151,3 +153,14 @@ def test_a_unit_takes_its_kernels_time_where_it_is_longer_than_its_launches():
         event("pipelstm forward stage 0", 1000, 1000),  # a pass, not a unit
     ])
     assert got == {(1, "forward"): pytest.approx(550e-6), (2, "backward"): pytest.approx(40e-6)}
+
+
+def test_a_calibration_writes_nothing_to_stderr():
+    # torch's profiler writes a line at each start and stop; a job's
+    # `--pp auto` printed over a hundred of them before its first step.
+    code = ("import torch; from torch import nn; import pipelstm; from pipelstm.simulator import calibrate; "
+            "calibrate(nn.Sequential(nn.Embedding(30, 8), pipelstm.LSTM(8, 16), nn.Linear(16, 30)), "
+            "loss_fn=nn.CrossEntropyLoss(), sizes=[(2, 1), (4, 2), (8, 2)], repeats=1); print('calibrated')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "calibrated" in run.stdout, run.stderr[-2000:]
+    assert "profiler_start" not in run.stderr and "profiler_stop" not in run.stderr, run.stderr[-2000:]

@@ -130,7 +130,8 @@ def test_write_timeline_png_with_and_without_matplotlib(tmp_path, monkeypatch):
     assert summary["png"] == str(tmp_path / "with.png")
     assert (tmp_path / "with.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    summary = write_timeline(GPIPE, ["a", "b"], str(tmp_path / "without.json"))
+    with pytest.warns(UserWarning, match=r"no Gantt chart .*without\.png.*matplotlib is not installed"):
+        summary = write_timeline(GPIPE, ["a", "b"], str(tmp_path / "without.json"))
     assert "png" not in summary
     assert (tmp_path / "without.json").exists() and not (tmp_path / "without.png").exists()
 

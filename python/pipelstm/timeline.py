@@ -10,6 +10,7 @@ micro-batch and chunk -1), "transfer"), ``micro_batch``, ``chunk``,
 
 import json
 import os
+import warnings
 from typing import Dict, List, Sequence
 
 __all__ = ["write_timeline", "bubbles"]
@@ -61,7 +62,8 @@ def bubbles(events: List[dict], num_stages: int):
 def write_timeline(events: List[dict], stage_names: Sequence[str], path: str) -> Dict[str, object]:
     """Writes ``path`` (Chrome trace JSON; open it in chrome://tracing or
     ui.perfetto.dev) and, if matplotlib is installed, a Gantt chart next to
-    it (same name, ``.png``). Returns the paths and the bubbles."""
+    it (same name, ``.png``; without matplotlib a warning says so). Returns
+    the paths and the bubbles."""
     if not events:
         raise RuntimeError("timeline: nothing has run yet")
     S = len(stage_names)
@@ -82,6 +84,9 @@ def write_timeline(events: List[dict], stage_names: Sequence[str], path: str) ->
     png = os.path.splitext(path)[0] + ".png"
     if _gantt(spans, t0, stage_names, png):
         summary["png"] = png
+    else:
+        warnings.warn(f"timeline: no Gantt chart ({png}): matplotlib is not installed (pip install matplotlib); "
+                      f"the trace is in {path}", stacklevel=2)
     return summary
 
 

@@ -24,9 +24,12 @@ size: the gap between the forward pass and the backward (autograd), and
 the rest of the step beyond the two passes.
 """
 
+import contextlib
 import copy
+import os
 import re
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -204,8 +207,14 @@ class Calibrator:
             _zero_grads(self.whole)
             _run(self.whole, x, target)
             _zero_grads(self.whole)
-            with profile(activities=self._activities) as prof:
+            prof = profile(activities=self._activities)
+            with _kineto_quiet():
+                prof.__enter__()
+            try:
                 _run(self.whole, x, target)
+            finally:
+                with _kineto_quiet():
+                    prof.__exit__(None, None, None)
             got = _unit_seconds(prof.events())
             for i in range(len(self.whole.units) + (self.loss is not None)):
                 self.spans.setdefault((i, t, b), []).append({ph: got.get((i, ph), 0.0) for ph in PHASES})
@@ -318,3 +327,21 @@ def _overheads(core: PipelineCore, x: Tensor, target: Optional[Tensor]) -> Tuple
     lo, hi = min(e["start_ns"] for e in ev), max(e["end_ns"] for e in ev)
     gap = max(b_start - f_end, 0) / 1e9
     return gap, max(wall - (hi - lo), 0) / 1e9 - gap
+
+
+@contextlib.contextmanager
+def _kineto_quiet():
+    """The process's standard error goes nowhere meanwhile: torch's
+    profiler (Kineto) writes a line there at each start and each stop
+    ("USDT: ... profiler_start"), which no setting turns off, and a
+    calibration starts it once per size and round (over a hundred lines
+    before a job's first step)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
