@@ -129,3 +129,51 @@ def test_state_the_safe_loader_cannot_read_is_refused_before_writing(mesh, tmp_p
         pdist.save_checkpoint(str(tmp_path / "ckpt"), 2, pipe, opt, sched, extra=dict(schedule=[1, lambda: 0]))
     assert pdist.latest_checkpoint(str(tmp_path / "ckpt")).endswith("step-00000001")
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["latest", "step-00000001"]
+
+
+def _two_checkpoints(mesh, tmp_path):
+    """(pipe, opt, sched, directory, the first checkpoint's parameters): steps 1 and 2 saved."""
+    pipe, opt, sched, step = _training(mesh)
+    directory = str(tmp_path / "ckpt")
+    step()
+    pdist.save_checkpoint(directory, 1, pipe, opt, sched)
+    first = {k: v.clone() for k, v in pipe.state_dict().items()}
+    step()
+    pdist.save_checkpoint(directory, 2, pipe, opt, sched)
+    return pipe, opt, sched, directory, first
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "not a checkpoint"])
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(mesh, tmp_path, damage):
+    pipe, opt, sched, directory, first = _two_checkpoints(mesh, tmp_path)
+    path = os.path.join(directory, "step-00000002", "rank-00000.pt")
+    if damage == "truncated":
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+    elif damage == "missing":
+        os.unlink(path)
+    else:
+        torch.save({"step": 2}, path)
+    pipe2, opt2, sched2, _ = _training(mesh)
+    with pytest.warns(UserWarning, match=r"skipped step-00000002, which cannot be read: .*rank-00000\.pt.*"
+                                         r"resuming from step-00000001"):
+        restored = pdist.load_checkpoint(directory, pipe2, opt2, sched2)
+    assert restored["step"] == 1
+    _assert_same(pipe2.state_dict(), first, "the first checkpoint's parameters")
+
+
+def test_a_damaged_latest_marker_resumes_from_the_newest_folder(mesh, tmp_path):
+    pipe, opt, sched, directory, _ = _two_checkpoints(mesh, tmp_path)
+    open(os.path.join(directory, "latest"), "w").close()  # empty: names nothing
+    pipe2, opt2, sched2, _ = _training(mesh)
+    assert pdist.load_checkpoint(directory, pipe2, opt2, sched2)["step"] == 2
+    _assert_same(pipe2.state_dict(), pipe.state_dict(), "the newest checkpoint's parameters")
+
+
+def test_no_readable_checkpoint_is_an_error_naming_each(mesh, tmp_path):
+    pipe, opt, sched, directory, _ = _two_checkpoints(mesh, tmp_path)
+    for step in (1, 2):
+        open(os.path.join(directory, f"step-{step:08d}", "rank-00000.pt"), "wb").write(b"not a zip")
+    with pytest.raises(RuntimeError, match=r"no checkpoint in .* can be read by every rank: step-00000002: .*"
+                                           r"cannot be read .* \| step-00000001: "):
+        pdist.load_checkpoint(directory, pipe, opt, sched)

@@ -12,7 +12,9 @@ Layout of ``directory``::
 Every file is written to a temporary name, flushed to disk and renamed, and
 ``latest`` moves only after every rank has written its file, so a crash
 while saving leaves the previous checkpoint intact and ``latest`` pointing
-at it.
+at it. A resume takes the newest checkpoint every rank can read: where a
+file of the last one is missing or damaged (a disk that filled, a copy cut
+short), the one before it, with a warning naming what was skipped.
 
 A rank's file holds only what ``torch.load(weights_only=True)`` reads back
 (tensors, numbers, strings, None, lists, tuples, sets and dicts of them,
@@ -23,7 +25,8 @@ file whose pickle would build anything else (run code) is refused.
 import os
 import pickle
 import shutil
-from typing import Any, Dict, Optional
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +36,8 @@ from .parallel import PipelineParallel
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "atomic_save"]
 
 _LATEST = "latest"
+# What every rank's file holds (save_checkpoint).
+_STATE_KEYS = {"step", "world_size", "pp", "dp", "model", "optimizer", "scheduler", "hidden", "rng", "cuda_rng", "extra"}
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -105,7 +110,52 @@ def latest_checkpoint(directory: str) -> Optional[str]:
     except FileNotFoundError:
         return None
     path = os.path.join(directory, name)
-    return path if os.path.isdir(path) else None
+    return path if name and os.path.isdir(path) else None
+
+
+def _candidates(directory: str) -> List[str]:
+    """The checkpoints to resume from, newest first: the last complete one
+    (``latest``) and those before it; every step folder where ``latest`` is
+    missing or names none."""
+    try:
+        steps = sorted((d for d in os.listdir(directory) if d.startswith("step-")), reverse=True)
+    except FileNotFoundError:
+        return []
+    latest = latest_checkpoint(directory)
+    if latest is not None:
+        steps = [d for d in steps if d <= os.path.basename(latest)]
+    return [os.path.join(directory, d) for d in steps if os.path.isdir(os.path.join(directory, d))]
+
+
+def _last_line(e: BaseException) -> str:
+    """The line of torch's weights-only refusal that says what it met."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "documentation" not in ln]
+    return lines[-1] if lines else type(e).__name__
+
+
+def _read_rank_file(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(the rank's state, "") or (None, why it cannot be read): missing,
+    truncated or otherwise damaged.
+
+    Raises:
+        RuntimeError: the file holds objects ``torch.load(weights_only=True)``
+            refuses to build (not damage: it was replaced; nothing in it runs).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None, f"{path} is missing"
+    except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # not a pickle of objects the safe loader refuses: bytes that are none
+            return None, f"{path} cannot be read (not a checkpoint torch.load reads: {_last_line(e)})"
+        raise RuntimeError(f"pipelstm.distributed.load_checkpoint: {path} holds objects that torch.load("
+                           "weights_only=True) refuses to build, so it was not loaded (save_checkpoint writes "
+                           f"none; was the file replaced?): {str(e).splitlines()[0]}") from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        return None, f"{path} cannot be read ({(str(e).strip().splitlines() or [type(e).__name__])[0]})"
+    if not isinstance(state, dict) or not _STATE_KEYS <= state.keys():
+        return None, f"{path} is not a rank's checkpoint"
+    return state, ""
 
 
 def save_checkpoint(directory: str, step: int, pipe: PipelineParallel, optimizer: torch.optim.Optimizer,
@@ -167,25 +217,9 @@ def load_checkpoint(directory: str, pipe: PipelineParallel, optimizer: torch.opt
             it runs), or the checkpoint was written by another layout.
     """
     mesh = pipe.mesh
-    folder = latest_checkpoint(directory)
-    # Every rank must agree (a rank on another machine may not see the folder).
-    found = [folder is not None]
-    everyone = [None] * mesh.world_size
-    with mesh.waiting_for("every rank's checkpoint folder from", mesh.others(range(mesh.world_size))):
-        dist.all_gather_object(everyone, found[0])
-    if not any(everyone):
+    folder, state = _newest_readable(directory, mesh)
+    if folder is None:
         return None
-    if not all(everyone):
-        missing = [r for r, f in enumerate(everyone) if not f]
-        raise RuntimeError(f"pipelstm.distributed.load_checkpoint: ranks {missing} find no checkpoint in "
-                           f"{directory!r}; the others do")
-    path = os.path.join(folder, f"rank-{mesh.rank:05d}.pt")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise RuntimeError(f"pipelstm.distributed.load_checkpoint: {path} holds objects that torch.load("
-                           "weights_only=True) refuses to build, so it was not loaded (save_checkpoint writes "
-                           f"none; was the file replaced?): {str(e).splitlines()[0]}") from e
     if (state["world_size"], state["pp"], state["dp"]) != (mesh.world_size, mesh.pp, mesh.dp):
         raise RuntimeError(f"pipelstm.distributed.load_checkpoint: {folder} was written by world size "
                            f"{state['world_size']} (pp={state['pp']}, dp={state['dp']}), this run has "
@@ -204,3 +238,41 @@ def load_checkpoint(directory: str, pipe: PipelineParallel, optimizer: torch.opt
     if len(set(steps)) != 1:
         raise RuntimeError(f"pipelstm.distributed.load_checkpoint: the ranks resumed different steps {steps}")
     return dict(step=state["step"], extra=state["extra"], folder=folder)
+
+
+def _newest_readable(directory: str, mesh) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """The newest checkpoint every rank can read, with this rank's state
+    from it; (None, None) where no rank finds any. A newer one that some
+    rank cannot read (a file missing, truncated or damaged) is skipped with
+    a warning naming it, as a crash while saving leaves the one before
+    intact. The ranks decide each candidate together (a rank on another
+    machine may see other files).
+
+    Raises:
+        RuntimeError: checkpoints exist but none can be read by every rank,
+            or the ranks find different checkpoints.
+    """
+    candidates = _candidates(directory)
+    everyone: List[Any] = [None] * mesh.world_size
+    names = [os.path.basename(c) for c in candidates]
+    with mesh.waiting_for("every rank's checkpoint folders from", mesh.others(range(mesh.world_size))):
+        dist.all_gather_object(everyone, names)
+    if not any(everyone):
+        return None, None
+    if any(n != names for n in everyone):
+        raise RuntimeError(f"pipelstm.distributed.load_checkpoint: the ranks find different checkpoints in "
+                           f"{directory!r}: " + "; ".join(f"rank {r}: {n or 'none'}" for r, n in enumerate(everyone)))
+    skipped = []
+    for folder in candidates:
+        state, why = _read_rank_file(os.path.join(folder, f"rank-{mesh.rank:05d}.pt"))
+        with mesh.waiting_for("every rank's reading of a checkpoint from", mesh.others(range(mesh.world_size))):
+            dist.all_gather_object(everyone, why)
+        damaged = [w for w in everyone if w]
+        if not damaged:
+            for name, reasons in skipped:
+                warnings.warn(f"pipelstm.distributed.load_checkpoint: skipped {name}, which cannot be read: "
+                              f"{'; '.join(reasons)}; resuming from {os.path.basename(folder)}", stacklevel=3)
+            return folder, state
+        skipped.append((os.path.basename(folder), damaged))
+    raise RuntimeError(f"pipelstm.distributed.load_checkpoint: no checkpoint in {directory!r} can be read by every "
+                       "rank: " + " | ".join(f"{name}: {'; '.join(r)}" for name, r in skipped))
