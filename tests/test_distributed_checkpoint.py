@@ -177,3 +177,4 @@ def test_no_readable_checkpoint_is_an_error_naming_each(mesh, tmp_path):
     with pytest.raises(RuntimeError, match=r"no checkpoint in .* can be read by every rank: step-00000002: .*"
                                            r"cannot be read .* \| step-00000001: "):
         pdist.load_checkpoint(directory, pipe, opt, sched)
+

@@ -1,44 +1,43 @@
-"""pipelstm/distributed/parallel.py: PipelineParallel's stages in processes
-of their own (pipelstm.bench.groups.Group, gloo), one training step."""
-
-import sys
+"""pipelstm/distributed/parallel.py in one process (a gloo group of one):
+what PipelineParallel's steps do with the loss they are given. Two or more
+processes are tests/test_distributed.py's."""
 
 import pytest
+import torch
 import torch.distributed as dist
+from torch import nn
 
-from pipelstm.bench.distributed import setup_pipelstm
-from pipelstm.bench.groups import Group
+import pipelstm
+import pipelstm.distributed as pdist
+from distributed_utils import one_process_mesh
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
 
-
-class _ModulesLoaded:
-    """A stage's training step, and the Python modules its first step loaded."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        self.stage = setup_pipelstm(rank, world, chunks=2, micro_batches=1, quick=True)
-        self.loaded = None
-
-    def step(self) -> None:
-        before = set(sys.modules)
-        self.stage.step()
-        if self.loaded is None:
-            self.loaded = sorted(set(sys.modules) - before)
-
-    def info(self) -> dict:
-        return dict(loaded=self.loaded)
+V = 10
 
 
-def setup_modules_loaded(rank: int, world: int) -> _ModulesLoaded:
-    return _ModulesLoaded(rank, world)
+@pytest.fixture
+def mesh(tmp_path):
+    with one_process_mesh(tmp_path, pp=1, timeout=60) as m:
+        yield m
 
 
-def test_a_stage_step_loads_no_python_modules():
-    # A stage that is not the last started backward from its placeholder
-    # output with an explicit gradient, which torch checks with torch.fx's
-    # symbolic shapes: 484 modules (sympy, mpmath) on the first step, 35 MiB
-    # resident in that process, more than the stage keeps for backward.
-    with Group("pp=2", 2, setup_modules_loaded, timeout=300) as g:
-        g.step()
-        assert [r["loaded"] for r in g.last] == [[], []]
+@pytest.mark.parametrize("where", ["train_step", "eval_step"])
+def test_a_cross_entropy_module_given_to_a_step_is_per_token(mesh, where):
+    # train_step(x, y, nn.CrossEntropyLoss()) on a [T, B, V] output: the
+    # same loss and gradients as the loss given at construction.
+    def pipe_with(**kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(V, 8), pipelstm.LSTM(8, 16), nn.Linear(16, V))
+        return pdist.PipelineParallel(model, mesh, chunks=2, threads=1, carry_state=False, **kw)
+
+    x, y = torch.randint(0, V, (6, 4)), torch.randint(0, V, (6, 4))
+    inside, given = pipe_with(loss_fn=nn.CrossEntropyLoss()), pipe_with()
+    want = getattr(inside, where)(x, y)
+    got = getattr(given, where)(x, y, nn.CrossEntropyLoss())
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    for a, b in zip(given.parameters(), inside.parameters()):
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7)

@@ -206,11 +206,17 @@ class PipelineParallel(nn.Module):
         the last stage (or the ``loss_fn`` given at construction, inside the
         pipeline), the pipelined backward everywhere, gradients averaged
         over the replicas. Returns the loss averaged over the replicas, on
-        every rank (a 0-dim float64 tensor)."""
+        every rank (a 0-dim float64 tensor).
+
+        A ``loss_fn`` that is an ``nn.CrossEntropyLoss`` or ``nn.NLLLoss``
+        module is applied per token, to the output ``[T, B, V]`` as
+        ``[T·B, V]`` against the target as ``[T·B]`` (torch's own call would
+        take B for the classes); any other callable gets the output and
+        target as they are."""
         self._check_loss_fn(loss_fn)
         out = self.forward(input, target)
         if self.mesh.is_last_stage:
-            loss = out if self._loss is not None else loss_fn(out, target.to(self.devices[-1]))
+            loss = out if self._loss is not None else _token_loss(loss_fn, out, target.to(self.devices[-1]))
             loss.backward()
             value = loss.detach()
         else:
@@ -230,7 +236,7 @@ class PipelineParallel(nn.Module):
         out = self.forward(input, target)
         value = None
         if self.mesh.is_last_stage:
-            value = out if self._loss is not None else loss_fn(out, target.to(self.devices[-1]))
+            value = out if self._loss is not None else _token_loss(loss_fn, out, target.to(self.devices[-1]))
         return self._share_loss(value)
 
     def _check_loss_fn(self, loss_fn) -> None:
@@ -346,3 +352,12 @@ def _width_after(units) -> int:
         if u.kind != "dropout":
             width = u.out_size
     return width
+
+
+def _token_loss(loss_fn: Callable[[Tensor, Tensor], Tensor], out: Tensor, target: Tensor) -> Tensor:
+    """``loss_fn(out, target)``; a class-index loss module over every token
+    of a time-major ``[T, B, V]`` output against ``[T, B]`` targets."""
+    if isinstance(loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and isinstance(out, Tensor) and out.dim() == 3 \
+            and target.dim() == 2:
+        return loss_fn(out.reshape(-1, out.size(-1)), target.reshape(-1))
+    return loss_fn(out, target)
