@@ -20,7 +20,17 @@ projections"): its graphs take any sequence length, an unrolled one would not.
 
 ``torch.export.export`` (and so AOTInductor) is not an ONNX export: there the
 modules keep their fused ops, which trace through their fake kernels.
+
+``torch.jit.script`` cannot compile the modules' Python: it gets torch's
+``nn.LSTM`` / ``nn.LSTMCell`` in their place (``as_torch_module``), holding
+the same parameter tensors, so that a model holding them scripts as a model
+of torch's modules does. torch puts what that hook returns into the
+scripted model's own tree too, so from then on the model holds torch's
+modules (same parameters, same results, torch's speed); a warning says so.
+``torch.jit.trace`` records the fused ops and leaves the model as it is.
 """
+
+import warnings
 
 from typing import Optional, Tuple, Union
 
@@ -30,7 +40,7 @@ from torch._decomp.decompositions import lstm_impl
 from torch.nn.utils.rnn import PackedSequence
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["in_onnx_export", "lstm_forward", "lstm_cell_forward"]
+__all__ = ["in_onnx_export", "lstm_forward", "lstm_cell_forward", "as_torch_module"]
 
 _State = Tuple[Tensor, Tensor]
 
@@ -101,3 +111,30 @@ def lstm_cell_forward(cell: nn.RNNCellBase, input: Tensor, hx: Optional[_State] 
         What ``torch.nn.LSTMCell.forward`` raises, as it raises it.
     """
     return TorchLSTMCell.forward(cell, input, hx)
+
+
+def as_torch_module(module: nn.Module) -> nn.Module:
+    """torch's ``nn.LSTM`` (or ``nn.LSTMCell``) for a ``pipelstm.LSTM`` (or
+    ``LSTMCell``): the same arguments, holding the same parameter tensors
+    (shared, not copied), in the same training mode. What
+    ``torch.jit.script`` compiles in place of a pipelstm module.
+
+    Raises:
+        RuntimeError: an LSTM pipelined over devices (``devices=[...]``),
+            whose layers live on several devices.
+    """
+    if getattr(module, "devices", None) is not None:
+        raise RuntimeError("LSTM: torch.jit.script of an LSTM pipelined over devices=[...] is not supported; "
+                           "script it without devices=, or use torch.compile / torch.export")
+    param = next(module.parameters())
+    if isinstance(module, nn.RNNBase):
+        twin = TorchLSTM(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
+                         module.dropout, module.bidirectional, module.proj_size, device="meta", dtype=param.dtype)
+    else:
+        twin = TorchLSTMCell(module.input_size, module.hidden_size, module.bias, device="meta", dtype=param.dtype)
+    for name, p in module.named_parameters():
+        setattr(twin, name, p)  # nn.RNNBase's __setattr__ keeps its _flat_weights in step
+    warnings.warn(f"pipelstm: torch.jit.script compiles torch's {type(twin).__name__} in place of pipelstm's, and "
+                  f"torch swaps it into the model it scripts: the model now holds torch's module (the same "
+                  f"parameters). torch.jit.trace, torch.compile and torch.export keep pipelstm's", stacklevel=4)
+    return twin.train(module.training)

@@ -14,6 +14,7 @@ devices, time chunks and micro-batches: it holds a
 engine of :class:`pipelstm.Pipeline` (see docs/pipeline.md).
 """
 
+import inspect
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -38,6 +39,19 @@ def _pipeline_core(lstm: "LSTM") -> PipelineCore:
     if lstm._pipeline is None:
         raise AttributeError("only an LSTM constructed with devices=[...] has a pipeline and its settings")
     return lstm._pipeline.core
+
+
+def _with_nn_lstm_arguments(init):
+    """Gives ``init`` (``def __init__(self, *args, <keyword-only>, **kwargs)``)
+    the signature it accepts: ``nn.LSTM``'s arguments (``RNNBase``'s, less
+    ``mode``), then its own keyword-only ones. ``init`` itself is unchanged:
+    ``*args, **kwargs`` go to ``RNNBase`` as ``nn.LSTM`` passes them, so a
+    call fails exactly where and as ``nn.LSTM``'s would."""
+    own = inspect.signature(init)
+    torch_args = [p for p in inspect.signature(nn.RNNBase.__init__).parameters.values() if p.name != "mode"]
+    keywords = [p for p in own.parameters.values() if p.kind is p.KEYWORD_ONLY]
+    init.__signature__ = own.replace(parameters=torch_args + keywords)
+    return init
 
 
 @core_settings(_pipeline_core)
@@ -83,6 +97,7 @@ class LSTM(nn.RNNBase):
 
     _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
 
+    @_with_nn_lstm_arguments
     def __init__(
         self,
         *args,
@@ -146,6 +161,11 @@ class LSTM(nn.RNNBase):
             )
         return self._as_given(output, h_n, c_n, is_batched, batch_dim)
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script compiles torch's nn.LSTM on these parameters
+        # (export.as_torch_module).
+        return export.as_torch_module(self)
+
     # --- devices=: the layers as a pipeline ------------------------------------
     # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
     # the pipeline core's (@core_settings).
@@ -161,9 +181,10 @@ class LSTM(nn.RNNBase):
         return None if self._pipeline is None else list(self._pipeline.core.devices)
 
     @property
-    def plan(self) -> Plan:
-        """The stages: device, threads, units, estimated cost, parameters, activation memory."""
-        return self._require_pipeline("plan").core.plan
+    def plan(self) -> Optional[Plan]:
+        """The stages: device, threads, units, estimated cost, parameters,
+        activation memory (``None`` for an ordinary LSTM)."""
+        return None if self._pipeline is None else self._pipeline.core.plan
 
     def trace(self) -> List[dict]:
         """What ran in the last forward (and backward): one dict per span."""
@@ -354,6 +375,10 @@ class LSTMCell(nn.RNNCellBase):
         if not is_batched:
             h, c = h.squeeze(0), c.squeeze(0)
         return h, c
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script compiles torch's nn.LSTMCell on these parameters.
+        return export.as_torch_module(self)
 
     def _check_sizes(self, input: Tensor, hx: _State) -> None:
         if input.size(1) != self.input_size:
