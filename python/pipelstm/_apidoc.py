@@ -1,16 +1,34 @@
 """``python -m pipelstm._apidoc``: docs/api.md, the API reference, generated from the docstrings.
 
-The public API is what ``__all__`` lists: ``pipelstm.__all__`` (a module
-named there, such as ``pipelstm.ops``, gets a section of its own), and the
-``__all__`` of ``pipelstm.ops``, ``pipelstm.pipeline``,
-``pipelstm.distributed`` and, where it exists, ``pipelstm.backends``. A
-class is documented with its own public methods and properties; a member
-that overrides one of torch's base classes (``nn.Module.forward`` is
-documented, ``RNNBase.check_input`` is not required to be) may go without
-a docstring.
+It documents what a user of the library calls, and nothing else:
+
+- The public modules are ``pipelstm``, :data:`MODULES`
+  (``pipelstm.distributed``, ``pipelstm.simulator``) and every pipelstm
+  module the ``__all__`` of a public module names (``pipelstm.ops``,
+  ``pipelstm.backends`` and its ``cpu`` and ``cuda``).
+  ``pipelstm.pipeline`` is not one: its one public name, ``Pipeline``, is
+  documented as ``pipelstm.Pipeline``.
+- A public module's public names are its ``__all__``. A name that only
+  pipelstm's own modules or its tests use stays out of ``__all__``
+  (``pipelstm.pipeline.PipelineCore``, ``Unit``, ``partition``): it is
+  importable, and internal.
+- A public class is documented with its own methods and properties whose
+  names do not start with ``_``, less those :data:`INTERNAL_MEMBERS` lists:
+  members other pipelstm modules call (so not ``_``-private to the class),
+  which a user has no use for (``Mesh.waiting_for``). Those are checked to
+  exist, so the list cannot go stale.
+- A member that overrides one of torch's base classes (``nn.Module.forward``
+  is documented, ``RNNBase.check_input`` is not required to be) may go
+  without a docstring.
+- A signature is ``inspect.signature``'s, as called (without ``self`` or a
+  classmethod's ``cls``): a function whose real arguments
+  are not in its ``def`` (``pipelstm.LSTM.__init__`` passes ``*args,
+  **kwargs`` on to ``nn.RNNBase``) sets ``__signature__``. A
+  ``typing.Protocol``, which is implemented rather than called, has none.
 
 ``--check`` writes nothing and exits with 1 when docs/api.md is not what
-would be generated, or when a public name has no docstring.
+would be generated, when a public name has no docstring, or when
+:data:`INTERNAL_MEMBERS` names a member that does not exist.
 """
 
 import argparse
@@ -22,12 +40,22 @@ import sys
 from types import ModuleType
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["MODULES", "public_modules", "members", "missing_docstrings", "render", "main"]
+__all__ = ["MODULES", "INTERNAL_MEMBERS", "public_modules", "members", "missing_docstrings",
+           "unknown_internal_members", "render", "main"]
 
 # Submodules documented beside what pipelstm.__all__ names (optional ones
 # are skipped when absent).
-MODULES = ["pipelstm.ops", "pipelstm.pipeline", "pipelstm.distributed", "pipelstm.simulator"]
+MODULES = ["pipelstm.ops", "pipelstm.distributed", "pipelstm.simulator"]
 OPTIONAL_MODULES = ["pipelstm.backends"]
+# Members of public classes, by the class's defining module and name, that
+# other pipelstm modules call and users do not: left out of the reference.
+INTERNAL_MEMBERS: Dict[str, Tuple[str, ...]] = {
+    # The pipeline's links, error names and collectives, for PipelineParallel
+    # and the checkpoints.
+    "pipelstm.distributed.mesh.Mesh": ("neighbours", "peer_name", "waiting_for", "others"),
+    # The stage's PipelineCore, an internal class.
+    "pipelstm.distributed.parallel.PipelineParallel": ("core",),
+}
 SECTIONS = ("Args", "Arguments", "Returns", "Raises", "Yields", "Attributes", "Example", "Examples", "Note",
             "Notes", "Keyword Args", "Keyword Arguments")
 ITEM_SECTIONS = ("Args", "Arguments", "Raises", "Attributes", "Keyword Args", "Keyword Arguments")
@@ -77,15 +105,21 @@ def _overrides_torch(cls: type, name: str) -> bool:
     return any(hasattr(b, name) for b in bases)
 
 
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def members(cls: type) -> Iterator[Tuple[str, object, bool]]:
-    """The public methods and properties ``cls`` defines itself.
+    """The public methods and properties ``cls`` defines itself, less its
+    :data:`INTERNAL_MEMBERS`.
 
     Returns:
         An iterator of (name, the function or property, whether it needs a
         docstring of its own), in definition order.
     """
+    internal = INTERNAL_MEMBERS.get(_class_name(cls), ())
     for name, value in vars(cls).items():
-        if name.startswith("_"):
+        if name.startswith("_") or name in internal:
             continue
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__func__
@@ -142,13 +176,30 @@ def missing_docstrings(mods: Optional[Sequence[ModuleType]] = None) -> List[str]
     return missing
 
 
+def unknown_internal_members() -> List[str]:
+    """The entries of :data:`INTERNAL_MEMBERS` that name no class or no
+    member of it (renamed or removed since)."""
+    unknown = []
+    for qualname, names in INTERNAL_MEMBERS.items():
+        module, _, name = qualname.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            unknown.append(qualname)
+            continue
+        unknown += [f"{qualname}.{n}" for n in names if n not in vars(cls)]
+    return unknown
+
+
 def _signature(obj) -> str:
+    if inspect.isclass(obj) and getattr(obj, "_is_protocol", False):
+        return ""  # implemented, not called: its signature would be Protocol's (*args, **kwargs)
     try:
         sig = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
     if inspect.isclass(obj) or (inspect.isfunction(obj) and "." in obj.__qualname__):
-        sig = re.sub(r"^\(self(, )?", "(", sig)
+        sig = re.sub(r"^\((self|cls)(, )?", "(", sig)  # as called: a method's self, a classmethod's cls
     return re.sub(r" at 0x[0-9a-fA-F]+", "", sig)
 
 
@@ -251,8 +302,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Write (or, with ``--check``, verify) the API reference.
 
     Returns:
-        0 when the file is (now) up to date and every public name has a
-        docstring, else 1.
+        0 when the file is (now) up to date, every public name has a
+        docstring and :data:`INTERNAL_MEMBERS` names only members that
+        exist, else 1.
     """
     p = argparse.ArgumentParser(prog="python -m pipelstm._apidoc", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -263,16 +315,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     missing = missing_docstrings()
     for name in missing:
         print(f"{name} has no docstring", file=sys.stderr)
+    unknown = unknown_internal_members()
+    for name in unknown:
+        print(f"INTERNAL_MEMBERS names {name}, which does not exist", file=sys.stderr)
     old = open(args.out).read() if os.path.exists(args.out) else None
     if args.check:
         if old != text:
             print(f"{args.out} is not what the docstrings give; run `python -m pipelstm._apidoc`", file=sys.stderr)
-        return 1 if old != text or missing else 0
+        return 1 if old != text or missing or unknown else 0
     if old != text:
         with open(args.out, "w") as f:
             f.write(text)
     print(f"{args.out}: {'written' if old != text else 'up to date'}")
-    return 1 if missing else 0
+    return 1 if missing or unknown else 0
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ the engine and one differentiable run, which ``Pipeline``,
 ``autograd``, that run as one autograd node), ``plan`` (the stages as a table),
 ``module`` (``Pipeline``) and ``lstm_stack`` (the pipelined mode of
 ``pipelstm.LSTM``). See docs/pipeline.md.
+
+Its public name is ``Pipeline`` (``pipelstm.Pipeline``); the rest is
+imported here for pipelstm's other modules and its tests, and is internal.
 """
 
-from .balance import partition
-from .core import PipelineCore
-from .lstm_stack import LSTMPipeline
+from .balance import partition  # noqa: F401
+from .core import PipelineCore  # noqa: F401
+from .lstm_stack import LSTMPipeline  # noqa: F401
 from .module import Pipeline
-from .plan import Plan
-from .units import Unit
+from .plan import Plan  # noqa: F401
+from .units import Unit  # noqa: F401
 
-__all__ = ["Pipeline", "PipelineCore", "LSTMPipeline", "Plan", "Unit", "partition"]
+__all__ = ["Pipeline"]
