@@ -73,3 +73,26 @@ def test_user_doc_has_no_issue_numbers_hashes_or_local_paths(path):
     with open(path) as f:
         found = problems(f.read())
     assert not found, "\n".join(f"{os.path.relpath(path, ROOT)}:{n}: {what}: {m!r}" for n, what, m in found)
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def broken_links(path):
+    """The relative links of a doc whose file or folder does not exist."""
+    text = open(path).read()
+    here = os.path.dirname(path)
+    return [t for t in LINK.findall(text) if "://" not in t and not t.startswith("mailto:")
+            and not os.path.exists(os.path.normpath(os.path.join(here, t)))]
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path):
+    doc = tmp_path / "a.md"
+    (tmp_path / "b.md").write_text("b")
+    doc.write_text("[ok](b.md) [section](b.md#x) [web](https://pytorch.org) [gone](design/c.md)")
+    assert broken_links(str(doc)) == ["design/c.md"]
+
+
+@pytest.mark.parametrize("path", user_docs(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_relative_link_resolves(path):
+    assert not broken_links(path)
