@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import export, ops
 from .input_checks import check_state_pair, packed_batch
+from .regularisation import Regularisation
 from .layer_wavefront import run_wavefront, wavefront_chunks
 from .stack_graph import call_key, graphed_stack, stack_graph_chunks
 from .pipeline import LSTMPipeline, PipelineCore, Plan
@@ -67,6 +68,14 @@ class LSTM(nn.RNNBase):
     (only the real steps of each sequence are computed), with an optional
     ``(h_0, c_0)``; returns ``output, (h_n, c_n)``.
 
+    Regularisation beyond ``nn.LSTM`` (keyword-only; training only; see
+    ``pipelstm.regularisation``):
+        weight_dropout: DropConnect on each layer's ``weight_hh``, one mask
+            per forward call (AWD-LSTM). Default 0.
+        dropout_mode: ``"element"`` (``nn.LSTM``'s ``dropout`` between
+            layers, the default) or ``"variational"`` (one mask per
+            sequence, the same at every step).
+
     Pipelined over devices (keyword-only, after nn.LSTM's arguments):
         devices: one device per pipeline stage, e.g. ``["cpu", "cpu"]`` or
             ``["cuda:0", "cuda:1"]``. Default ``None``: an ordinary LSTM, and
@@ -96,6 +105,7 @@ class LSTM(nn.RNNBase):
     """
 
     _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
+    _regularisation = Regularisation()  # set by the constructor (a model pickled before it has none)
 
     @_with_nn_lstm_arguments
     def __init__(
@@ -107,9 +117,15 @@ class LSTM(nn.RNNBase):
         balance: Union[str, Sequence[int]] = "auto",
         threads: Union[None, int, Sequence[int]] = None,
         checkpoint: str = "never",
+        weight_dropout: float = 0.0,
+        dropout_mode: str = "element",
         **kwargs,
     ) -> None:
         super().__init__("LSTM", *args, **kwargs)
+        self._regularisation = Regularisation(weight_dropout, dropout_mode)
+        if devices is not None and not self._regularisation.is_plain:
+            raise ValueError("LSTM: weight_dropout and dropout_mode='variational' are not supported with "
+                             "devices=[...] yet; use an LSTM without devices=")
         if devices is None:
             if (chunks, micro_batches, balance, threads, checkpoint) != (1, 1, "auto", None, "never"):
                 raise ValueError("LSTM: chunks, micro_batches, balance, threads and checkpoint only apply with "
@@ -201,6 +217,8 @@ class LSTM(nn.RNNBase):
 
     def extra_repr(self) -> str:
         s = super().extra_repr()
+        if not self._regularisation.is_plain:
+            s += ", " + self._regularisation.extra_repr()
         if self._pipeline is not None:
             s += ", " + self._pipeline.core.extra_repr()
         return s
@@ -296,7 +314,8 @@ class LSTM(nn.RNNBase):
 
     def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
         h0, c0 = hx
-        if batch_sizes is not None or ops._under_functorch_transform():
+        if (batch_sizes is not None or ops._under_functorch_transform()
+                or self._regularisation.layer_by_layer(self.training, self.dropout)):
             return self._layers(data, batch_sizes, h0, c0, 0)
         stack = stack_graph_chunks(data, self.num_layers, self.bidirectional)
         if stack:  # the whole stack as one CUDA graph each way (stack_graph.py)
@@ -325,7 +344,7 @@ class LSTM(nn.RNNBase):
             outputs = []
             for d in range(directions):
                 k = layer * directions + d
-                w = self._layer_weights(layer, d == 1)
+                w = self._regularisation.layer_weights(self._layer_weights(layer, d == 1), self.training)
                 if batch_sizes is None:
                     out, h, c = ops.lstm_layer(x, h0[k], c0[k], *w, reverse=d == 1)
                 else:
@@ -334,8 +353,8 @@ class LSTM(nn.RNNBase):
                 h_n.append(h)
                 c_n.append(c)
             x = outputs[0] if directions == 1 else torch.cat(outputs, dim=-1)
-            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
-                x = F.dropout(x, p=self.dropout, training=True)
+            if layer < self.num_layers - 1:
+                x = self._regularisation.between_layers(x, self.dropout, self.training, batch_sizes)
         return x, torch.stack(h_n), torch.stack(c_n)
 
 

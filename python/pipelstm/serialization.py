@@ -16,7 +16,8 @@ import torch
 
 from .lstm import LSTM, LSTMCell
 from .pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
+from .regularisation import Regularisation
 
-SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit]
+SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation]
 
 torch.serialization.add_safe_globals(SAFE_GLOBALS)

@@ -1,0 +1,97 @@
+"""The regularisation of ``pipelstm.LSTM`` beyond ``nn.LSTM``'s dropout.
+
+* ``weight_dropout=p``: DropConnect on each layer's recurrent weights
+  ``weight_hh`` (AWD-LSTM, Merity et al. 2017): while training, each
+  forward call draws one mask per layer and direction, keeps each weight
+  with probability ``1 - p`` and scales the kept ones by ``1 / (1 - p)``;
+  the steps of the call all use that one dropped matrix. The parameter is
+  untouched (its name and ``state_dict`` are ``nn.LSTM``'s); its gradient
+  is the dropped matrix's, masked and scaled.
+* ``dropout_mode="variational"``: the ``dropout`` between two layers draws
+  one mask per sequence (``[B, features]``) and applies it at every step
+  (Gal & Ghahramani 2016), where ``"element"`` (``nn.LSTM``'s, the
+  default) draws one per element.
+
+Masks come from torch's generator (``torch.manual_seed`` reproduces a run)
+and are part of the autograd graph: the backward reads the ones the forward
+drew. In evaluation mode both are off: the expectation of the dropped
+weights is the weights, and of the masks one.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask"]
+
+DROPOUT_MODES = ("element", "variational")
+
+
+def weight_mask(weight: Tensor, p: float) -> Tensor:
+    """A DropConnect mask for ``weight``: 0 with probability ``p``, else ``1 / (1 - p)``."""
+    return torch.empty_like(weight).bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+def sequence_mask(batch: int, features: int, p: float, like: Tensor) -> Tensor:
+    """A variational dropout mask ``[batch, features]`` (one per sequence),
+    in ``like``'s dtype and device: 0 with probability ``p``, else ``1 / (1 - p)``."""
+    return torch.empty(batch, features, dtype=like.dtype, device=like.device).bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+@dataclass(frozen=True)
+class Regularisation:
+    """What an LSTM does beyond ``nn.LSTM`` while training (checked on construction)."""
+
+    weight_dropout: float = 0.0
+    dropout_mode: str = "element"
+
+    def __post_init__(self) -> None:
+        p = self.weight_dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"LSTM: weight_dropout must be a probability in [0, 1), got {p!r}")
+        if self.dropout_mode not in DROPOUT_MODES:
+            raise ValueError(f"LSTM: dropout_mode must be one of {', '.join(map(repr, DROPOUT_MODES))}, "
+                             f"got {self.dropout_mode!r}")
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether it is ``nn.LSTM``'s own (nothing beyond)."""
+        return self.weight_dropout == 0.0 and self.dropout_mode == "element"
+
+    def layer_by_layer(self, training: bool, dropout: float) -> bool:
+        """Whether a call must run the layers one after another (the CUDA
+        stack graph and wavefront draw no such masks)."""
+        return training and (self.weight_dropout > 0.0 or (self.dropout_mode == "variational" and dropout > 0.0))
+
+    def layer_weights(self, weights: List[Optional[Tensor]], training: bool) -> List[Optional[Tensor]]:
+        """``[w_ih, w_hh, b_ih, b_hh, w_hr]`` of one layer and direction for
+        this call: ``w_hh`` dropped while training with ``weight_dropout``."""
+        if not training or self.weight_dropout == 0.0:
+            return weights
+        w_ih, w_hh, *rest = weights
+        return [w_ih, w_hh * weight_mask(w_hh, self.weight_dropout), *rest]
+
+    def between_layers(self, x: Tensor, p: float, training: bool, batch_sizes: Optional[Tensor] = None) -> Tensor:
+        """The dropout between two layers on ``x``, time-major ``[T, B, F]``
+        or the rows of a ``PackedSequence`` (``batch_sizes`` given)."""
+        if p == 0.0 or not training:
+            return x
+        if self.dropout_mode == "element":
+            return F.dropout(x, p=p, training=True)
+        if batch_sizes is None:
+            return x * sequence_mask(x.size(1), x.size(2), p, x)
+        mask = sequence_mask(int(batch_sizes[0]), x.size(1), p, x)
+        # Row r of packed data is sequence r - (rows before its step) of its step.
+        sequence = torch.cat([torch.arange(int(b)) for b in batch_sizes]).to(x.device)
+        return x * mask[sequence]
+
+    def extra_repr(self) -> str:
+        parts = []
+        if self.weight_dropout:
+            parts.append(f"weight_dropout={self.weight_dropout}")
+        if self.dropout_mode != "element":
+            parts.append(f"dropout_mode={self.dropout_mode!r}")
+        return ", ".join(parts)
