@@ -69,21 +69,6 @@ def test_chunks_out_of_range_are_refused():
             layer_wavefront.run_wavefront(x, zeros, zeros, _layer(lstm), chunks)
 
 
-def test_the_switch_chooses_the_wavefront_only_where_it_applies(monkeypatch):
-    x = torch.randn(10, 2, 5)
-    with cuda.flags(layer_wavefront=4):
-        assert layer_wavefront.wavefront_chunks(x, 3, False) == 0  # a CPU tensor: no streams
-    # What it would choose on a CUDA tensor, seen through a stand-in device.
-    monkeypatch.setattr(layer_wavefront, "_is_cuda", lambda t: True)
-    assert layer_wavefront.wavefront_chunks(x, 3, False) == 0  # off by default
-    with cuda.flags(layer_wavefront=4):
-        assert layer_wavefront.wavefront_chunks(x, 3, False) == 4
-        assert layer_wavefront.wavefront_chunks(x, 1, False) == 0  # one layer
-        assert layer_wavefront.wavefront_chunks(x, 3, True) == 0  # bidirectional
-    with cuda.flags(layer_wavefront=64):
-        assert layer_wavefront.wavefront_chunks(x, 3, False) == 10  # at most T
-
-
 def test_a_bad_chunk_count_is_refused_naming_the_switch():
     for bad in (1, 5000):
         with pytest.raises(ValueError, match="PIPELSTM_LAYER_WAVEFRONT to '.*': it takes a whole number of time"):

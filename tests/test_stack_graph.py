@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pipelstm
-from pipelstm import stack_graph
+from pipelstm import stack_graph, stack_route
 from pipelstm.backends import cuda
 from stack_graph_cases import two_calls_before_one_backward
 
@@ -56,7 +56,7 @@ def graphs(monkeypatch):
     taken for CUDA ones."""
     g = stack_graph.StackGraphs(stand_in_capture)
     monkeypatch.setattr(stack_graph, "_graphs", g)
-    monkeypatch.setattr(stack_graph, "_is_cuda", lambda t: True)
+    monkeypatch.setattr(stack_route, "_is_cuda", lambda t: True)
     return g
 
 
@@ -187,26 +187,6 @@ def test_shapes_kept_are_bounded(graphs):
         for t in (3, 4, 5, 6):
             graphed(torch.randn(t, B, I, dtype=torch.float64))
     assert len(graphs.entries) == 2
-
-
-def test_the_switch_chooses_the_graph_only_where_it_applies(monkeypatch):
-    x = torch.randn(10, 2, 5)
-    with cuda.flags(stack_graph=4):
-        assert stack_graph.stack_graph_chunks(x, 3, False) == 0  # a CPU tensor
-    monkeypatch.setattr(stack_graph, "_is_cuda", lambda t: True)  # what it would choose on a CUDA tensor
-    assert stack_graph.stack_graph_chunks(x, 3, False) == 0  # off by default
-    with cuda.flags(stack_graph=4):
-        assert stack_graph.stack_graph_chunks(x, 3, False) == 4
-        assert stack_graph.stack_graph_chunks(x, 1, False) == 1  # one layer: no wavefront
-        assert stack_graph.stack_graph_chunks(x, 3, True) == 1  # bidirectional: no wavefront
-        with torch.no_grad():
-            assert stack_graph.stack_graph_chunks(x, 3, False) == 0
-        with torch.autocast("cpu"):
-            assert stack_graph.stack_graph_chunks(x, 3, False) == 0
-    with cuda.flags(stack_graph=64):
-        assert stack_graph.stack_graph_chunks(x, 3, False) == 10  # at most T
-    with cuda.flags(stack_graph=1):
-        assert stack_graph.stack_graph_chunks(x, 3, False) == 1
 
 
 def test_the_key_follows_what_a_capture_depends_on():

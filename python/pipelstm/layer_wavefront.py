@@ -25,31 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _C
 
-__all__ = ["wavefront_chunks", "run_wavefront"]
+__all__ = ["run_wavefront"]
 
-_SWITCH = "PIPELSTM_LAYER_WAVEFRONT"
 _streams: Dict[Tuple[int, int], "torch.cuda.Stream"] = {}
 
 LayerFn = Callable[[Tensor, Tensor, Tensor, int], Tuple[Tensor, Tensor, Tensor]]
-
-
-def wavefront_chunks(x: Tensor, num_layers: int, bidirectional: bool) -> int:
-    """The time chunks to run the layers over as a wavefront, or 0 for one
-    after another: the switch's K (at most the sequence's length) for a
-    dense, unidirectional CUDA stack of two or more layers, outside
-    tracing, scripting and export."""
-    if not _is_cuda(x) or num_layers < 2 or bidirectional:
-        return 0
-    chunks = int(_C._get_switch(_SWITCH)[0])
-    if chunks == 0 or torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling():
-        return 0
-    return min(chunks, x.size(0))
-
-
-def _is_cuda(x: Tensor) -> bool:
-    return x.device.type == "cuda"
 
 
 def _layer_streams(device: torch.device, count: int) -> List["torch.cuda.Stream"]:

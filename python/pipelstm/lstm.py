@@ -25,8 +25,9 @@ from torch.nn.utils.rnn import PackedSequence
 from . import export, ops
 from .input_checks import check_state_pair, packed_batch
 from .regularisation import Regularisation
-from .layer_wavefront import run_wavefront, wavefront_chunks
-from .stack_graph import call_key, graphed_stack, stack_graph_chunks
+from .layer_wavefront import run_wavefront
+from .stack_graph import call_key, graphed_stack
+from .stack_route import stack_route
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
 
@@ -314,17 +315,15 @@ class LSTM(nn.RNNBase):
 
     def _run_layers(self, data: Tensor, batch_sizes: Optional[Tensor], hx: _State) -> Tuple[Tensor, Tensor, Tensor]:
         h0, c0 = hx
-        if (batch_sizes is not None or ops._under_functorch_transform()
-                or self._regularisation.layer_by_layer(self.training, self.dropout)):
-            return self._layers(data, batch_sizes, h0, c0, 0)
-        stack = stack_graph_chunks(data, self.num_layers, self.bidirectional)
-        if stack:  # the whole stack as one CUDA graph each way (stack_graph.py)
+        route = stack_route(data, self.num_layers, self.bidirectional, batch_sizes is not None,
+                            self._regularisation.layer_by_layer(self.training, self.dropout))
+        if route.kind == "stack_graph":  # the whole stack as one CUDA graph each way (stack_graph.py)
             params = self._stack_weights()
-            chunks = stack if stack > 1 else 0
             dropout = self.dropout if self.training else 0.0
-            key = call_key([data, h0, c0], params, chunks, dropout, self.num_layers, self.bidirectional)
-            return graphed_stack(key, lambda x, h, c, *_: self._layers(x, None, h, c, chunks), [data, h0, c0], params)
-        return self._layers(data, None, h0, c0, wavefront_chunks(data, self.num_layers, self.bidirectional))
+            key = call_key([data, h0, c0], params, route.chunks, dropout, self.num_layers, self.bidirectional)
+            return graphed_stack(key, lambda x, h, c, *_: self._layers(x, None, h, c, route.chunks),
+                                 [data, h0, c0], params)
+        return self._layers(data, batch_sizes, h0, c0, route.chunks)
 
     def _layers(self, data: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor,
                 chunks: int) -> Tuple[Tensor, Tensor, Tensor]:

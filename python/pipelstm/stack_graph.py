@@ -43,36 +43,13 @@ from torch.autograd.function import once_differentiable
 
 from . import _C
 
-__all__ = ["stack_graph_chunks", "call_key", "StackGraphs", "graphed_stack", "graph_memory", "MAX_GRAPHS"]
+__all__ = ["call_key", "StackGraphs", "graphed_stack", "graph_memory", "MAX_GRAPHS"]
 
-_SWITCH = "PIPELSTM_STACK_GRAPH"
 MAX_GRAPHS = 8
 
 # body(*inputs, *params) -> outputs: the stack's forward, reading the
 # parameters in place.
 Body = Callable[..., Tuple[Tensor, ...]]
-
-
-def stack_graph_chunks(x: Tensor, num_layers: int, bidirectional: bool) -> int:
-    """K for this call's stack graph (1: the layers one after another), or 0
-    where the call is not graphed: the switch is off, or not a call of a
-    CUDA input with grad enabled outside tracing, scripting, export and
-    autocast. A wavefront needs a unidirectional stack of two or more
-    layers, and at most T chunks."""
-    if not _is_cuda(x) or not torch.is_grad_enabled():
-        return 0
-    chunks = int(_C._get_switch(_SWITCH)[0])
-    if chunks == 0 or torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling():
-        return 0
-    if torch.is_autocast_enabled(x.device.type):
-        return 0
-    if num_layers < 2 or bidirectional:
-        return 1
-    return min(chunks, x.size(0))
-
-
-def _is_cuda(x: Tensor) -> bool:
-    return x.device.type == "cuda"
 
 
 def call_key(inputs: Sequence[Tensor], params: Sequence[Tensor], *extra: Hashable) -> tuple:
