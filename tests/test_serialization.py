@@ -117,3 +117,19 @@ def test_without_the_registration_loading_fails():
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(saved)
+
+
+def test_a_cell_pickled_under_its_former_module_loads(monkeypatch):
+    # LSTMCell lived in pipelstm/lstm.py; whole models saved then name it
+    # pipelstm.lstm.LSTMCell.
+    cell = pipelstm.LSTMCell(3, 4)
+    monkeypatch.setattr(type(cell), "__module__", "pipelstm.lstm")
+    buf = io.BytesIO()
+    torch.save(cell, buf)
+    monkeypatch.undo()
+    assert b"pipelstm.lstm\nLSTMCell" in buf.getvalue() or b"pipelstm.lstm" in buf.getvalue()
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert type(loaded) is pipelstm.LSTMCell
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(loaded(x)[0], cell(x)[0])

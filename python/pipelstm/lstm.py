@@ -1,8 +1,9 @@
-"""``pipelstm.LSTM`` and ``pipelstm.LSTMCell``: drop-in ``torch.nn`` modules.
+"""``pipelstm.LSTM``: a drop-in ``torch.nn.LSTM`` (``pipelstm.LSTMCell`` is
+lstm_cell.py's).
 
-They take the same arguments, create the same parameters (names, shapes,
-order, initialisation) and accept the same inputs as ``torch.nn.LSTM`` and
-``torch.nn.LSTMCell``, and compute with the fused pipelstm ops.
+It takes the same arguments, creates the same parameters (names, shapes,
+order, initialisation) and accepts the same inputs as ``torch.nn.LSTM``,
+and computes with the fused pipelstm ops.
 
 ``LSTM`` derives from ``torch.nn.RNNBase`` rather than ``torch.nn.LSTM`` on
 purpose: TorchDynamo graph-breaks on every instance of ``nn.LSTM``
@@ -18,18 +19,19 @@ import inspect
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import export, ops
-from .input_checks import check_state_pair, packed_batch
+from .input_checks import packed_batch
+from .lstm_layout import as_given, batched, initial_state
 from .regularisation import Regularisation
 from .layer_wavefront import run_wavefront
 from .stack_graph import call_key, graphed_stack
 from .stack_route import stack_route
 from .pipeline import LSTMPipeline, PipelineCore, Plan
 from .pipeline.core import core_settings
+from .lstm_cell import LSTMCell  # noqa: F401  (its home before lstm_cell.py: pickles name pipelstm.lstm.LSTMCell)
 
 __all__ = ["LSTM", "LSTMCell"]
 
@@ -161,10 +163,10 @@ class LSTM(nn.RNNBase):
             batch, is_batched = packed_batch(batch_sizes), True
         else:
             batch_sizes, sorted_indices, unsorted_indices = None, None, None
-            data, is_batched, batch_dim = self._batched(input)
+            data, is_batched, batch_dim = batched(self, input)
             batch = data.size(batch_dim)
 
-        hx = self._initial_state(data, batch, hx, is_batched)
+        hx = initial_state(self, data, batch, hx, is_batched)
         self.check_forward_args(data, hx, batch_sizes)
         self._check_parameters(data)
         hx = self.permute_hidden(hx, sorted_indices)
@@ -176,7 +178,7 @@ class LSTM(nn.RNNBase):
             return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self.permute_hidden(
                 (h_n, c_n), unsorted_indices
             )
-        return self._as_given(output, h_n, c_n, is_batched, batch_dim)
+        return as_given(self, output, h_n, c_n, is_batched, batch_dim)
 
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script compiles torch's nn.LSTM on these parameters
@@ -231,63 +233,26 @@ class LSTM(nn.RNNBase):
             if hx is None:
                 self.check_input(data, batch_sizes)
             else:
-                hx = self._initial_state(data, packed_batch(batch_sizes), hx, True)
+                hx = initial_state(self, data, packed_batch(batch_sizes), hx, True)
                 self.check_forward_args(data, hx, batch_sizes)
                 h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))
             output, h_n, c_n = self._pipeline.run(data, h0, c0, self.training, packed=input)
             return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), (h_n, c_n)
-        data, is_batched, batch_dim = self._batched(input)
+        data, is_batched, batch_dim = batched(self, input)
         L = self.num_layers
         if hx is None:
             self.check_input(data, None)
             h0: List[Optional[Tensor]] = [None] * L
             c0: List[Optional[Tensor]] = [None] * L
         else:
-            hx = self._initial_state(data, data.size(batch_dim), hx, is_batched)
+            hx = initial_state(self, data, data.size(batch_dim), hx, is_batched)
             self.check_forward_args(data, hx, None)
             h0, c0 = list(hx[0].unbind(0)), list(hx[1].unbind(0))  # the engine moves each to its layer's device
         x = data.transpose(0, 1) if self.batch_first else data
         output, h_n, c_n = self._pipeline.run(x, h0, c0, self.training)
-        return self._as_given(output, h_n, c_n, is_batched, batch_dim)
+        return as_given(self, output, h_n, c_n, is_batched, batch_dim)
 
     # --- pieces of forward ---------------------------------------------------
-
-    def _as_given(self, output: Tensor, h_n: Tensor, c_n: Tensor, is_batched: bool,
-                  batch_dim: int) -> Tuple[Tensor, _State]:
-        """Time-major results back in the layout of the input (batch_first, unbatched)."""
-        if self.batch_first:
-            output = output.transpose(0, 1)
-        if not is_batched:
-            output = output.squeeze(batch_dim)
-            h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
-        return output, (h_n, c_n)
-
-    def _batched(self, data: Tensor) -> Tuple[Tensor, bool, int]:
-        """(the input with a batch dimension, whether it had one, the batch dimension)."""
-        if data.dim() not in (2, 3):
-            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {data.dim()}D instead")
-        is_batched = data.dim() == 3
-        batch_dim = 0 if self.batch_first else 1
-        return (data if is_batched else data.unsqueeze(batch_dim)), is_batched, batch_dim
-
-    def _initial_state(self, data: Tensor, batch: int, hx, is_batched: bool) -> _State:
-        directions = 2 if self.bidirectional else 1
-        if hx is None:
-            out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
-            zeros = dict(dtype=data.dtype, device=data.device)
-            return (
-                torch.zeros(self.num_layers * directions, batch, out_size, **zeros),
-                torch.zeros(self.num_layers * directions, batch, self.hidden_size, **zeros),
-            )
-        check_state_pair("LSTM", hx, "(h_0, c_0)")
-        want = 3 if is_batched else 2
-        if hx[0].dim() != want or hx[1].dim() != want:
-            kind = "batched 3-D" if is_batched else "unbatched 2-D"
-            raise RuntimeError(
-                f"For {kind} input, hx and cx should also be {want}-D but got "
-                f"({hx[0].dim()}-D, {hx[1].dim()}-D) tensors"
-            )
-        return (hx[0], hx[1]) if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
 
     def _layer_weights(self, layer: int, reverse: bool) -> List[Optional[Tensor]]:
         """[w_ih, w_hh, b_ih, b_hh, w_hr] of one layer and direction, looked up
@@ -355,56 +320,3 @@ class LSTM(nn.RNNBase):
             if layer < self.num_layers - 1:
                 x = self._regularisation.between_layers(x, self.dropout, self.training, batch_sizes)
         return x, torch.stack(h_n), torch.stack(c_n)
-
-
-class LSTMCell(nn.RNNCellBase):
-    """One LSTM step with the interface of :class:`torch.nn.LSTMCell`.
-
-    Args: ``input_size, hidden_size, bias=True, device=None, dtype=None``.
-    Input ``(B, I)`` or unbatched ``(I)``, optional ``(h, c)``; returns
-    ``(h', c')``.
-    """
-
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
-        super().__init__(input_size, hidden_size, bias, num_chunks=4, device=device, dtype=dtype)
-
-    def forward(self, input: Tensor, hx: Optional[_State] = None) -> _State:
-        if export.in_onnx_export():  # ONNX has no form for the fused op: nn.LSTMCell's own path
-            return export.lstm_cell_forward(self, input, hx)
-        if input.dim() not in (1, 2):
-            raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
-        if hx is not None:
-            check_state_pair("LSTMCell", hx, "(h, c)")
-            for idx, value in enumerate(hx):
-                if value.dim() not in (1, 2):
-                    raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D instead")
-        is_batched = input.dim() == 2
-        if not is_batched:
-            input = input.unsqueeze(0)
-        if hx is None:
-            zeros = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
-            hx = (zeros, zeros)
-        elif not is_batched:
-            hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
-        self._check_sizes(input, hx)
-        gates_i = F.linear(input, self.weight_ih)
-        gates_h = F.linear(hx[0], self.weight_hh)
-        h, c = ops.lstm_cell(gates_i, gates_h, hx[1], self.bias_ih, self.bias_hh)
-        if not is_batched:
-            h, c = h.squeeze(0), c.squeeze(0)
-        return h, c
-
-    def __prepare_scriptable__(self) -> nn.Module:
-        # torch.jit.script compiles torch's nn.LSTMCell on these parameters.
-        return export.as_torch_module(self)
-
-    def _check_sizes(self, input: Tensor, hx: _State) -> None:
-        if input.size(1) != self.input_size:
-            raise RuntimeError(f"input has inconsistent input_size: got {input.size(1)} expected {self.input_size}")
-        for idx, value in enumerate(hx):
-            if value.size(0) != input.size(0):
-                raise RuntimeError(
-                    f"Input batch size {input.size(0)} doesn't match hidden{idx} batch size {value.size(0)}"
-                )
-            if value.size(1) != self.hidden_size:
-                raise RuntimeError(f"hidden{idx} has inconsistent hidden_size: got {value.size(1)}, expected {self.hidden_size}")

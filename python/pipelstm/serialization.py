@@ -18,6 +18,7 @@ from .lstm import LSTM, LSTMCell
 from .pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
 from .regularisation import Regularisation
 
-SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation]
+SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation,
+                (LSTMCell, "pipelstm.lstm.LSTMCell")]  # its name in pickles made before lstm_cell.py
 
 torch.serialization.add_safe_globals(SAFE_GLOBALS)
