@@ -3,7 +3,7 @@
 // not its recurrent GEMM (B x H x 4H), set the time. Tensor cores finish
 // the GEMM sooner, so their bound is higher: float16 and bfloat16, and
 // float32 whose GEMMs use TF32 (layer_gemm.h). Above the bounds a graph
-// only holds its memory pool (docs/cuda.md, "The time loop as a CUDA
+// only holds its memory pool (docs/design/cuda.md, "The time loop as a CUDA
 // graph"). Device-neutral so that a CPU build can test it.
 #pragma once
 

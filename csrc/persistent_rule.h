@@ -2,7 +2,7 @@
 // backend's sequence_forward / sequence_backward): PIPELSTM_PERSISTENT
 // where set (1: wherever they fit; 0: never), else the sizes at which they
 // were measured faster than the step loop (both graphed as the library
-// chooses; docs/cuda.md, "Where they run: the measured rule"). The rule
+// chooses; docs/design/cuda.md, "Where they run: the measured rule"). The rule
 // is device-neutral so that a CPU build can test it.
 #pragma once
 

@@ -2,7 +2,7 @@
 
 A pipeline does not draw an unsplit run's masks: each pass takes one seed
 from the default CPU generator and every (dropout unit, micro-batch, chunk)
-seeds its own generator from it (docs/pipeline.md, "Exactness"). So a mask
+seeds its own generator from it (docs/design/pipeline.md, "Exactness"). So a mask
 depends on the pass's seed, the unit's place in the model and the pieces
 (K time chunks, M micro-batches), not on the stages or the units before it.
 

@@ -3,7 +3,7 @@ equal torch.nn.LSTM with the same parameters.
 
 The pipeline runs pipelstm's layer ops in pieces (K time chunks, M
 micro-batches) and nn.LSTM runs torch's own kernels, so results are compared
-within 1e-5 relative (max-abs) error, not bitwise (docs/pipeline.md,
+within 1e-5 relative (max-abs) error, not bitwise (docs/design/pipeline.md,
 "Exactness"). Both sides run with one intra-op thread.
 """
 

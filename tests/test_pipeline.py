@@ -1,6 +1,6 @@
 """pipelstm.Pipeline: the pipelined model equals the same model on one device.
 
-Exactness (docs/pipeline.md), with one thread on both sides:
+Exactness (docs/design/pipeline.md), with one thread on both sides:
 
 * bitwise: outputs and final states equal those of the same model's modules
   run on the same pieces as the pipeline (``run_reference_pieces``: the batch

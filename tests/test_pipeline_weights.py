@@ -127,7 +127,7 @@ def test_a_lighter_stage_takes_over_parameter_gradients():
 
 def test_stages_with_different_thread_budgets_keep_their_tasks():
     # Only stages on the same CPU with the same thread budget share tasks
-    # (docs/pipeline.md): with budgets 1 and 2 the idle stage never helps.
+    # (docs/design/pipeline.md): with budgets 1 and 2 the idle stage never helps.
     base = deep_lstm_model()
     pipe = pipelstm.Pipeline(copy.deepcopy(base), devices=["cpu", "cpu"], balance=[4, 1], chunks=4, threads=[1, 2])
     x = torch.randn(128, 16, 32)

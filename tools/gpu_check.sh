@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine is for, in one call (docs/cuda.md, "On a lent
-# GPU"): the extension built against that machine's torch, tests/gpu, the
+# Everything a lent GPU machine is for, in one call (docs/design/cuda.md, "On a
+# GPU machine"): the extension built against that machine's torch, tests/gpu, the
 # persistent tensor-core kernels' own check (kernels/tests/
 # run_persistent_tc_gpu_check.sh: results, refusals, timings,
 # compute-sanitizer), and `bench gpu` with CUDA graphs as the library

@@ -30,23 +30,10 @@ const k::RecurrentKernels& kernels() { return step_kernels(); }
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 
 // Row blocks (row_blocks): at least this many rows each, and weights of at
-// most this many floats (4H x P: H = P = 512). On a 2-core AVX2 EPYC
-// (PIPELSTM_ROW_SPLIT=0/1, whole forward, T=128, B = 16..64) rows and
-// panels were within about 5 % of each other either way at H = 128..512,
-// run-to-run noise included, and rows were 16-23 % slower in the loop at
-// H = 1024; the cap keeps the cores of a many-core machine from each
-// streaming large weights every step. The backward's loop on the
-// same machine (T=128, 2 threads, B = 16..64): rows took 0.88-1.02x the
-// time of panels at H = 128..512 but 1.03-1.25x at H = 1024, so the same
-// bounds serve it.
-//
-// The forward's own, lower cap (4H x P: H = P = 128): on a 2-core Zen 5
-// with AVX-512 (whole forward, 2 threads, panels' time over rows', medians
-// of 5 alternated processes, 2026-11-25) panels were faster at
-// H = 256..1024, B = 32..64 (0.95-0.98x the time of rows), within 2 % of
-// rows at H = 64..128 and at B = 16; its backward kept rows ahead at
-// H <= 256 (rows 0.96-0.97x the time of panels) and panels at H >= 512
-// (0.96-0.98x), close enough to keep the one bound.
+// most this many floats (4H x P: H = P = 512): above it each of a
+// many-core machine's cores would stream large weights every step. The
+// forward's own cap is lower (H = P = 128), where panels measured faster.
+// The measurements: docs/design/cpu.md, "Measurements behind the constants".
 constexpr int64_t kMinRowsPerBlock = 8;
 constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
 constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;

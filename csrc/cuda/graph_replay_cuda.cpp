@@ -28,7 +28,7 @@ namespace {
 // body's outputs and intermediates in a private memory pool, so the cache
 // is bounded by count and by the device memory its graphs reserved, at most
 // 1/kGraphMemoryShare of the device's (unbounded, the pools of many sizes
-// fill the device: docs/cuda.md). The count fits a layer wavefront's graphs
+// fill the device: docs/design/cuda.md). The count fits a layer wavefront's graphs
 // (each layer's chunk shapes, forward and backward, on its own stream):
 // fewer, and every call would capture anew and drop a graph (a device
 // synchronisation).
@@ -121,7 +121,7 @@ GraphCache& cache() {
 // first use and kept. Not torch's pool: it hands its streams out in turn, so
 // a pool stream may be another thread's current stream (a pipeline
 // stage's), whose launches would then meet this capture (on an H200 they
-// were refused: cudaErrorStreamCaptureUnsupported; docs/cuda.md). And not
+// were refused: cudaErrorStreamCaptureUnsupported; docs/design/cuda.md). And not
 // one stream for every capture: cuBLAS gives each stream a workspace of its
 // own and a captured GEMM keeps the capture stream's, so two graphs
 // replayed at once on two streams (a layer wavefront's) must not have been

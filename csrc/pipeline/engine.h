@@ -6,7 +6,7 @@
 // it holds the stages (stages.h), the links to other processes and the last
 // trace, checks a run's arguments, and hands each pass to forward_pass /
 // backward_pass (run_state.h), each one pass::run (pass.h) with its plan.
-// See docs/pipeline.md for the design and the schedule. Everything here is
+// See docs/design/pipeline.md for the design and the schedule. Everything here is
 // plain ATen: the worker threads never touch Python or the GIL.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The schedule: the order in which each stage runs its work items in a pass.
-// The one file to read to see it (docs/pipeline.md explains why).
+// The one file to read to see it (docs/design/pipeline.md explains why).
 //
 // A work item (m, k) is micro-batch m of time chunk k. Every stage has one
 // thread and runs the same order:

@@ -4,7 +4,7 @@
 // step, as the kernels store), checks the "does not fit" answers, and times
 // forward and backward at T = 100. Exit status 0 only if every check passes.
 //
-// Build and run commands: docs/cuda.md ("The persistent tensor-core
+// Build and run commands: docs/design/cuda.md ("The persistent tensor-core
 // kernels"). `--quick` runs only the small checks (for compute-sanitizer).
 #include <cuda_runtime.h>
 

@@ -111,7 +111,7 @@ def capture_cuda(entry: Captured, body: Body, inputs: Sequence[Tensor], params: 
     # Relaxed: another thread's CUDA calls (a data loader's, a pipeline
     # stage's) do not break the capture. "thread_local" should have done as
     # much, but it broke the backward's capture of a stack run layer after
-    # layer (docs/cuda.md); "relaxed" and "global" captured it.
+    # layer (docs/design/cuda.md); "relaxed" and "global" captured it.
     with torch.cuda.graph(forward, pool=pool, stream=stream, capture_error_mode="relaxed"):
         outputs = body(*entry.inputs, *params)
     entry.grad_outputs = [torch.empty_like(o) for o in outputs]

@@ -4,7 +4,7 @@ distributed path with CUDA tensors (two processes sharing the GPU over gloo,
 transfers through host copies: NCCL refuses two ranks on one device), each
 against the unsplit / single-process run; compute-sanitizer on the ops.
 
-Run on an H200 (docs/cuda.md, "Testing on a GPU"); the pass-ordering test is newer
+Run on an H200 (docs/design/cuda.md, "Testing on a GPU"); the pass-ordering test is newer
 than that run in the form it has here.
 """
 

@@ -246,7 +246,7 @@ inline void tile_any(int rows, const float* const (&a)[MR], const float* panel, 
 // backward's 4H at large H) streams from L3 once per row block. A panel of
 // at most UNSLICED bytes is not sliced where a's rows are contiguous: it
 // stays in L2, and a tile reading it from there runs faster than tiles that
-// keep partial sums in a buffer between slices (docs/cpu.md, "Blocking").
+// keep partial sums in a buffer between slices (docs/design/cpu.md, "Blocking").
 // A strided a (grad_gates.t() of a weight gradient) is always sliced: a
 // slice's lines of a, each shared by the rows of a chunk, then stay in L1
 // (unsliced, the weight gradients made a layer's fwd+bwd 6-10 % slower).

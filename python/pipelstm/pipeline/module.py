@@ -12,7 +12,7 @@ runs the reverse wavefront. See docs/pipeline.md.
 
 All units run natively in C++ (LSTM layers on the fused layer ops,
 ``Embedding`` as ``at::embedding``, ``Linear`` on the LSTM layers' GEMM
-dispatch, ``Dropout`` as a Bernoulli mask; docs/pipeline.md has the table),
+dispatch, ``Dropout`` as a Bernoulli mask; docs/design/pipeline.md has the table),
 so the workers never take the GIL.
 """
 

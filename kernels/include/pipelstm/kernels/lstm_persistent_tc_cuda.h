@@ -1,7 +1,7 @@
 // CUDA entry points of the persistent tensor-core LSTM kernels (see
 // lstm_persistent_tc.h). Plain C++, like lstm_persistent_cuda.h.
 // Instantiated for __half and __nv_bfloat16 (mma.sync m16n8k16, fp32
-// accumulate and gate math); fp32 input is not taken (see docs/cuda.md).
+// accumulate and gate math); fp32 input is not taken (see docs/design/cuda.md).
 #pragma once
 
 #include <cuda_bf16.h>
