@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, packed, peak,
-               pipeline, pipelining_peer, simulator, wavefront)
+               pipeline, pipelining_peer, regularisation, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -24,6 +24,7 @@ COMMANDS = {
     "simulator": (simulator.main, "the pipeline simulator's predictions against measured steps"),
     "layout": (layout.main, "the automatic layout against every layout this machine runs"),
     "lm": (lm.main, "a language model's training step at equal cores"),
+    "regularisation": (regularisation.main, "weight and variational dropout against plain, and nn.LSTM + weight drop"),
     "allocators": (allocators.main, "the CPU buffer cache against jemalloc and tcmalloc, on a training step"),
     "gpu": (gpu.main, "pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid"),
     "floors": (floors.main, "lower bounds for a GPU run, on paper"),

@@ -1,0 +1,116 @@
+"""``python -m pipelstm.bench regularisation``: what weight dropout and variational dropout cost.
+
+A 3-layer stack (AWD-LSTM's depth), forward + backward, in training mode,
+on the CPU, each side with the same weights and input, run alternately:
+
+* ``plain``: ``pipelstm.LSTM`` with ``nn.LSTM``'s dropout between layers;
+* ``weight``: with ``weight_dropout`` (DropConnect on ``weight_hh``);
+* ``variational``: with ``dropout_mode="variational"``;
+* ``both``: the two together, as AWD-LSTM trains;
+* ``peer``: what a user writes today: ``nn.LSTM`` with a weight-drop
+  wrapper (the raw weight kept as a parameter of its own, the dropped copy
+  set on the module before each forward, as fastai's ``WeightDropout``).
+
+A row gives each side's median time, the overheads (weight, variational,
+both over plain: the cost of the options) and ``peer / both`` (> 1: the
+fused options faster than the wrapper).
+"""
+
+import statistics
+import sys
+from typing import List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..lstm import LSTM
+from . import report
+from .table import Column, header, row_line
+from .timing import interleaved_times
+
+__all__ = ["WeightDropLSTM", "main"]
+
+COLUMNS = [
+    Column("threads", "threads"), Column("T", "T"), Column("B", "B"), Column("H", "I=H"),
+    Column("plain", "plain ms", "{:.1f}", 1e3), Column("weight", "weight_dropout ms", "{:.1f}", 1e3),
+    Column("variational", "variational ms", "{:.1f}", 1e3), Column("both", "both ms", "{:.1f}", 1e3),
+    Column("peer", "nn.LSTM + weight drop ms", "{:.1f}", 1e3),
+    Column("weight_cost", "weight / plain", "{:.3f}x"), Column("variational_cost", "variational / plain", "{:.3f}x"),
+    Column("both_cost", "both / plain", "{:.3f}x"), Column("speedup", "peer / both", "{:.2f}x"),
+]
+LAYERS, P_WEIGHT, P_BETWEEN = 3, 0.5, 0.3
+
+
+class WeightDropLSTM(nn.Module):
+    """``nn.LSTM`` with DropConnect on ``weight_hh`` the way users add it to
+    torch's module: each ``weight_hh_l{k}`` is re-registered as a raw
+    parameter, and a dropped copy is set on the module before each forward
+    (``nn.RNNBase.__setattr__`` keeps its flat weights in step)."""
+
+    def __init__(self, lstm: nn.LSTM, p: float) -> None:
+        super().__init__()
+        self.lstm, self.p = lstm, p
+        self.names = [n for n, _ in lstm.named_parameters() if n.startswith("weight_hh")]
+        for name in self.names:
+            raw = getattr(lstm, name)
+            del lstm._parameters[name]
+            self.register_parameter(name + "_raw", nn.Parameter(raw.detach().clone()))
+            setattr(lstm, name, raw.detach().clone())
+
+    def forward(self, x):
+        for name in self.names:
+            raw = getattr(self, name + "_raw")
+            # In evaluation a view: the parameter itself would be registered on the LSTM again.
+            setattr(self.lstm, name, F.dropout(raw, p=self.p) if self.training else raw.view_as(raw))
+        return self.lstm(x)
+
+
+def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        torch.manual_seed(0)
+        base = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
+        options = dict(plain={}, weight=dict(weight_dropout=P_WEIGHT), variational=dict(dropout_mode="variational"),
+                       both=dict(weight_dropout=P_WEIGHT, dropout_mode="variational"))
+        models = {}
+        for name, kw in options.items():
+            models[name] = LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN, **kw)
+            models[name].load_state_dict(base.state_dict())
+        peer = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
+        peer.load_state_dict(base.state_dict())
+        models["peer"] = WeightDropLSTM(peer, P_WEIGHT)
+        x = torch.randn(T, B, H, requires_grad=True)
+
+        def step(model):
+            model(x)[0].sum().backward()
+
+        times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+        t = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
+                         variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
+                         speedup=t["peer"] / t["both"], samples=times))
+        print(row_line(COLUMNS, rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = report.argument_parser("regularisation", __doc__, threads=(1, 2), repeats=7)
+    p.add_argument("--T", type=int, default=64)
+    p.add_argument("--B", type=int, default=32)
+    p.add_argument("--H", type=int, nargs="+", default=[256, 512, 1024])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    args = report.parse_arguments(p, argv)
+    meta = report.metadata("regularisation", argv)
+    T, B, sizes = (6, 2, [8]) if args.quick else (args.T, args.B, args.H)
+    print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {LAYERS} layers, forward+backward in "
+          f"training, T={T} B={B}, weight_dropout={P_WEIGHT}, dropout={P_BETWEEN}, median of {args.repeats} "
+          f"interleaved runs")
+    print(header(COLUMNS))
+    rows = [r for H in sizes for r in run(T, B, H, args.threads, args.repeats)]
+    report.write_json(args.json, meta, COLUMNS, rows, notes=[
+        f"{LAYERS} layers, I = H, dropout {P_BETWEEN} between layers, weight_dropout {P_WEIGHT}. peer: nn.LSTM "
+        "with the weight-drop wrapper users write (the dropped weight_hh set on the module before each forward)."])
+    return rows
