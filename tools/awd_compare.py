@@ -1,0 +1,71 @@
+"""The AWD-LSTM-style example (examples/awd_lstm.py) on pipelstm.LSTM against
+the same recipe on nn.LSTM with the weight-drop wrapper: each kind with each
+seed, the two kinds taking turns per seed, the same epochs; the validation
+perplexity after the last epoch and the time per epoch, as a bench JSON
+(docs/bench/awd.json renders in docs/bench/regularisation.md).
+
+    python tools/awd_compare.py --data path/to/wikitext-2 --seeds 1 2 3 --epochs 3 --json docs/bench/awd.json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from pipelstm.bench import report  # noqa: E402
+from pipelstm.bench.table import Column  # noqa: E402
+
+COLUMNS = [Column("seed", "seed"), Column("lstm", "LSTM"), Column("valid_ppl", "valid ppl", "{:.2f}"),
+           Column("epoch_seconds", "s / epoch (median)", "{:.1f}")]
+SUMMARY = [Column("lstm", "LSTM"), Column("ppl", "valid ppl (mean over seeds)", "{:.2f}"),
+           Column("epoch_seconds", "s / epoch (median)", "{:.1f}"), Column("vs_nn", "vs nn.LSTM + weight drop")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    meta = report.metadata("awd", sys.argv[1:] if argv is None else argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for kind in ("pipelstm", "nn"):
+                out = os.path.join(tmp, f"{kind}-{seed}.json")
+                cmd = [sys.executable, os.path.join(ROOT, "examples", "awd_lstm.py"), "--lstm", kind, "--seed",
+                       str(seed), "--epochs", str(args.epochs), "--threads", str(args.threads), "--json", out]
+                if args.data:
+                    cmd += ["--data", args.data]
+                subprocess.run(cmd, check=True)
+                run = json.load(open(out))
+                rows.append(dict(seed=seed, lstm=kind, valid_ppl=run["epochs"][-1]["valid_ppl"],
+                                 epoch_seconds=statistics.median(e["seconds"] for e in run["epochs"]),
+                                 epochs=run["epochs"]))
+    summary = []
+    for kind in ("pipelstm", "nn"):
+        mine = [r for r in rows if r["lstm"] == kind]
+        summary.append(dict(lstm=kind, ppl=statistics.mean(r["valid_ppl"] for r in mine),
+                            epoch_seconds=statistics.median(r["epoch_seconds"] for r in mine)))
+    ours, peer = summary
+    ours["vs_nn"] = (f"ppl {ours['ppl'] / peer['ppl'] - 1:+.1%}, "
+                     f"{peer['epoch_seconds'] / ours['epoch_seconds']:.2f}x faster")
+    for row in summary:
+        print(row)
+    report.write_json(args.json, meta, COLUMNS, rows, tables=[dict(title="Summary", columns=SUMMARY, rows=summary)],
+                      notes=[f"examples/awd_lstm.py, {args.epochs} epochs, {args.threads} threads, seeds "
+                             f"{args.seeds}; nn: nn.LSTM layers each with the weight-drop wrapper, locked dropout "
+                             "between them; both from the same initial weights per seed."])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
