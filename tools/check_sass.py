@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path("kernels/src/cuda/lstm_persistent_tc.cu")
+DEVICE = Path("kernels/src/cuda/tc_device.cuh")  # the pieces the kernels share (kChains)
 HEADER = Path("kernels/include/pipelstm/kernels/lstm_persistent_tc.h")
 KERNELS = ("tc_forward_kernel", "tc_backward_kernel")
 
@@ -118,7 +119,7 @@ def measures(sass: str) -> dict[str, tuple[int, int, int]]:
 
 def main() -> int:
     depth = constant(HEADER, "kLoadDepth")
-    chains = constant(SOURCE, "kChains")
+    chains = constant(DEVICE, "kChains")
     with tempfile.TemporaryDirectory() as tmp:
         runs = measures(disassemble(Path(tmp)))
     if len(runs) != 2 * len(KERNELS):

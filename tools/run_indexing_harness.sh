@@ -25,3 +25,8 @@ trap 'rm -rf "$tmp"' EXIT
   kernels/tests/persistent_tc_harness.cpp kernels/src/cpu/lstm_pointwise_cpu.cpp \
   -o "$tmp/persistent_tc_harness"
 "$tmp/persistent_tc_harness"
+
+# The cluster forward's coverage, h copies and bank-conflict-free loads.
+"$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
+  kernels/tests/persistent_cluster_harness.cpp -o "$tmp/persistent_cluster_harness"
+"$tmp/persistent_cluster_harness"

@@ -2,7 +2,9 @@
 // (lstm_persistent_tc_cuda.h) in fp16 and bf16 against the CPU references
 // of kernels/tests/persistent_tc_reference.h (rounded to 16 bits after every
 // step, as the kernels store), checks the "does not fit" answers, and times
-// forward and backward at T = 100. Exit status 0 only if every check passes.
+// forward and backward at T = 100; on Hopper also the cluster-resident
+// forward (lstm_persistent_cluster_cuda.h), checked and timed beside the
+// tensor-core forward. Exit status 0 only if every check passes.
 //
 // Build and run commands: docs/design/cuda.md ("The persistent tensor-core
 // kernels"). `--quick` runs only the small checks (for compute-sanitizer).
@@ -20,6 +22,7 @@
 
 #include "persistent_tc_reference.h"
 #include "persistent_test_support.h"
+#include "pipelstm/kernels/lstm_persistent_cluster_cuda.h"
 #include "pipelstm/kernels/lstm_persistent_tc_cuda.h"
 
 using namespace pipelstm::kernels;
@@ -177,6 +180,75 @@ void check_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t unit_tile
                    {{&d_gg, &gg}, {&d_gh0, &gh0}, {&d_gc0, &gc0}});
 }
 
+// The cluster forward of one shape against the reference (Hopper only:
+// elsewhere its refusal is checked instead).
+template <typename T>
+void check_cluster_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t blocks, bool reverse) {
+  const int64_t B = batch, H = hidden, N = steps * B;
+  const auto xg = random_vec<T>(N * 4 * H, 0.5f), w = random_vec<T>(4 * H * H, 1.0f / std::sqrt(float(H)));
+  const auto h0 = random_vec<T>(B * H, 0.5f), c0 = random_vec<T>(B * H, 0.5f);
+  char name[160];
+  std::snprintf(name, sizeof(name), "cluster forward %s T=%ld B=%ld H=%ld blocks=%ld reverse=%d",
+                Type<T>::name, long(steps), long(B), long(H), long(blocks), int(reverse));
+  std::vector<float> out(N * H), act(N * 4 * H), cells(N * H);
+  testing::reference_forward(forward_args(xg.data(), w.data(), h0.data(), c0.data(), out.data(), act.data(),
+                                          cells.data(), steps, B, H, reverse),
+                             Round<T>());
+  DeviceBuf<T> d_xg(xg), d_w(w), d_h0(h0), d_c0(c0), d_out({}, N * H), d_act({}, N * 4 * H),
+      d_cells({}, N * H);
+  const PersistentForwardArgs<T> f = forward_args(d_xg.ptr, d_w.ptr, d_h0.ptr, d_c0.ptr, d_out.ptr, d_act.ptr,
+                                                  d_cells.ptr, steps, B, H, reverse);
+  TcFit fit;
+  CHECK_CUDA(cluster_forward_cuda(f, blocks, nullptr, &fit));
+  CHECK_CUDA(cudaGetLastError());
+  check_outputs<T>(name, fit, {{&d_out, &out}, {&d_act, &act}, {&d_cells, &cells}});
+}
+
+// Median time (ms) of `steps` forward steps through `run(&fit)`, or NaN
+// where it did not fit.
+template <typename Run>
+double median_ms(Run run) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> runs;
+  for (int rep = 0; rep < 23; ++rep) {
+    TcFit fit;
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(run(&fit));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    if (fit != TcFit::kFits) break;
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 3) runs.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (runs.empty()) return NAN;
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+// The cluster forward beside the tensor-core forward: microseconds a step.
+template <typename T>
+void time_cluster(int64_t steps, int64_t batch, int64_t hidden) {
+  const int64_t B = batch, H = hidden, N = steps * B;
+  DeviceBuf<T> xg(random_vec<T>(N * 4 * H, 0.5f)), w(random_vec<T>(4 * H * H, 0.03f)),
+      h0(random_vec<T>(B * H, 0.5f)), c0(random_vec<T>(B * H, 0.5f)), out({}, N * H),
+      act({}, N * 4 * H), cells({}, N * H);
+  const PersistentForwardArgs<T> f = forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr,
+                                                  cells.ptr, steps, B, H, false);
+  const double grid_ms = median_ms([&](TcFit* fit) { return tc_persistent_forward_cuda(f, 0, nullptr, fit); });
+  std::printf("time %s T=%ld B=%ld H=%ld: tensor-core forward %.2f us/step", Type<T>::name, long(steps),
+              long(B), long(H), 1e3 * grid_ms / steps);
+  for (int64_t blocks : {0, 4, 8, 16}) {
+    const double ms = median_ms([&](TcFit* fit) { return cluster_forward_cuda(f, blocks, nullptr, fit); });
+    std::printf(", cluster(%ld) %.2f us/step", long(blocks), 1e3 * ms / steps);
+  }
+  std::printf("\n");
+}
+
 // A shape the kernel must refuse, with the reason expected, and nothing written.
 template <typename T>
 void check_refused(int64_t batch, int64_t hidden, int64_t unit_tiles, TcFit expected) {
@@ -246,6 +318,19 @@ void time_shape(int64_t steps, int64_t batch, int64_t hidden) {
   cudaEventDestroy(stop);
 }
 
+// Below compute capability 9.0 the cluster forward refuses, launching nothing.
+template <typename T>
+void check_refused_cluster() {
+  DeviceBuf<T> xg({}, 2 * 4 * 8 * 4), w({}, 4 * 8 * 8), h0({}, 4 * 8), c0({}, 4 * 8), out({}, 2 * 4 * 8),
+      act({}, 2 * 4 * 4 * 8), cells({}, 2 * 4 * 8);
+  const PersistentForwardArgs<T> f =
+      forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr, cells.ptr, 2, 4, 8, false);
+  TcFit fit;
+  CHECK_CUDA(cluster_forward_cuda(f, 0, nullptr, &fit));
+  report(fit == TcFit::kArchitecture, std::string(Type<T>::name) + " cluster forward refuses below sm_90: " +
+                                          tc_fit_message(fit));
+}
+
 template <typename T>
 void run_all(bool quick) {
   // {T, B, H, unit tiles (0: default)}: B and H tails, K slices, several
@@ -265,6 +350,25 @@ void run_all(bool quick) {
     for (int64_t B : {1, 8, 32, 64}) time_shape<T>(100, B, H);
 }
 
+// The cluster forward: tails, K slices, several N-tiles, each cluster size
+// and the default; then its timings. Skipped below compute capability 9.0,
+// where it must refuse.
+template <typename T>
+void run_cluster(bool quick, int major) {
+  if (major < 9) {
+    check_refused_cluster<T>();
+    return;
+  }
+  const int64_t shapes[][4] = {{3, 1, 1, 2}, {5, 3, 7, 2}, {4, 5, 100, 0}, {3, 9, 264, 4},
+                               {3, 17, 40, 3}, {2, 64, 48, 0}, {6, 8, 256, 0}, {6, 8, 512, 0},
+                               {4, 8, 512, 16}, {3, 33, 256, 8}};
+  for (const auto& s : shapes)
+    for (bool reverse : {false, true}) check_cluster_shape<T>(s[0], s[1], s[2], s[3], reverse);
+  if (quick) return;
+  for (int64_t H : {256, 512})
+    for (int64_t B : {1, 8, 32}) time_cluster<T>(100, B, H);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,6 +379,8 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, prop.sharedMemPerBlockOptin);
   run_all<__half>(quick);
   run_all<__nv_bfloat16>(quick);
+  run_cluster<__half>(quick, prop.major);
+  run_cluster<__nv_bfloat16>(quick, prop.major);
   std::printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }

@@ -19,6 +19,7 @@ status=0
 start=$SECONDS
 if ! "$NVCC" -std=c++17 -O3 -arch=native -lineinfo -Xcompiler -fopenmp-simd -I kernels/include -I kernels/tests \
      kernels/tests/persistent_tc_gpu_check.cu kernels/src/cuda/lstm_persistent_tc.cu \
+     kernels/src/cuda/lstm_persistent_cluster.cu \
      kernels/src/cpu/lstm_pointwise_cpu.cpp -o "$bin" >"$out/build.log" 2>&1; then
   cat "$out/build.log"
   echo "FAIL build"

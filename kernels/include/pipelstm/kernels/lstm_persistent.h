@@ -88,8 +88,8 @@ PIPELSTM_HD UnitInputs unit_inputs(const PersistentForwardArgs<T>& a, int64_t t,
 // The gate math of that unit, given its inputs and the four recurrent dot
 // products; writes h, c and the activated gates.
 template <typename T, typename Store>
-PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t b, int64_t j,
-                             const UnitInputs& in, const float (&dot)[4], Store store) {
+PIPELSTM_HD T finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t b, int64_t j,
+                          const UnitInputs& in, const float (&dot)[4], Store store) {
   const int64_t H = a.hidden, B = a.batch;
   const int64_t g0 = (t * B + b) * 4 * H + j;
   const auto r = math::cell_forward(in.gates[0] + dot[0], in.gates[1] + dot[1],
@@ -99,13 +99,15 @@ PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64
   a.act_gates[g0 + 2 * H] = store(r.g);
   a.act_gates[g0 + 3 * H] = store(r.o);
   a.cells[(t * B + b) * H + j] = store(r.c);
-  a.output[(t * B + b) * H + j] = store(r.h);
+  const T h = store(r.h);
+  a.output[(t * B + b) * H + j] = h;
+  return h;
 }
 
 template <typename T, typename Load, typename Store>
-PIPELSTM_HD void finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t p, int64_t b,
-                             int64_t j, const float (&dot)[4], Load load, Store store) {
-  finish_unit(a, t, b, j, unit_inputs(a, t, p, b, j, load), dot, store);
+PIPELSTM_HD T finish_unit(const PersistentForwardArgs<T>& a, int64_t t, int64_t p, int64_t b,
+                          int64_t j, const float (&dot)[4], Load load, Store store) {
+  return finish_unit(a, t, b, j, unit_inputs(a, t, p, b, j, load), dot, store);
 }
 
 // The h row that step position p of batch row b starts from.

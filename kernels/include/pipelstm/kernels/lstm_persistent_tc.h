@@ -251,10 +251,16 @@ PIPELSTM_HD FwdCells fwd_cells(const PersistentForwardArgs<T>& a, const ForwardP
 // M-tile m, that is gate fwd_row(m, row).gate of unit fwd_row(m, row).unit
 // for batch column col (row, col = c_elem(lane, i)). A lane holds two
 // columns, each with all four gates of one unit; persistent::finish_unit
-// writes h, c and the activated gates of each (unit, batch row) in range.
-template <typename T, typename Store>
+// writes h, c and the activated gates of each (unit, batch row) in range,
+// and on_h(batch row, unit, h) gets each h it wrote.
+struct NoHook {
+  template <typename... A>
+  PIPELSTM_HD void operator()(const A&...) const {}
+};
+
+template <typename T, typename Store, typename OnH = NoHook>
 PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const FwdCells& f, int lane,
-                            int64_t t, const float (&acc)[8], Store store) {
+                            int64_t t, const float (&acc)[8], Store store, OnH on_h = {}) {
   // Cell k is the column of C element k; every array index below is a
   // constant once unrolled (the matching is by value), so the device keeps
   // everything in registers.
@@ -272,7 +278,9 @@ PIPELSTM_HD void fwd_finish(const PersistentForwardArgs<T>& a, const FwdCells& f
         if (c.col == home.col && r.gate == gate) dot[gate] = acc[e];
       }
     }
-    if (f.valid[cell]) persistent::finish_unit(a, t, f.row[cell], f.unit[cell], f.in[cell], dot, store);
+    if (f.valid[cell]) {
+      on_h(f.row[cell], f.unit[cell], persistent::finish_unit(a, t, f.row[cell], f.unit[cell], f.in[cell], dot, store));
+    }
   }
 }
 

@@ -1,0 +1,87 @@
+// The cluster-resident persistent LSTM forward (Hopper, sm_90): the geometry
+// and the shared-memory layout as plain __host__ __device__ functions, for a
+// host harness (kernels/tests/persistent_cluster_harness.cpp).
+//
+// The tensor-core kernel of lstm_persistent_tc.h runs one block per unit
+// slice over the whole GPU, reads h_{t-1} from L2 at every step and waits
+// at a grid-wide barrier between steps. Here the whole recurrence runs in
+// one thread-block cluster (up to 16 blocks on one GPC): each block keeps
+// its slice of w_hh in shared memory as before, and also a copy of all of
+// h_{t-1} [B, H]; finishing its cells, it stores their h into the copy of
+// every block of the cluster (distributed shared memory), and a cluster
+// barrier, far cheaper than a grid barrier, separates the steps. No step
+// reads h from L2. The copies are double-buffered by step parity: step t
+// reads buffer t % 2 and writes buffer (t + 1) % 2, so one barrier a step
+// orders both the writes before the reads and the reads before the
+// overwrites.
+//
+// The tiles, the weight slab, the items and the cell math are the
+// tensor-core kernel's (tc::ForwardPlan with cluster-many blocks).
+#pragma once
+
+#include <cstdint>
+
+#include "pipelstm/kernels/lstm_persistent_tc.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace cluster {
+
+constexpr int64_t kMaxCluster = 16;  // blocks: the largest (non-portable) cluster size of sm_90
+
+// The launch of one call: `tiles` is the tensor-core forward plan with
+// `tiles.blocks` = the cluster's size.
+struct ClusterPlan {
+  tc::ForwardPlan tiles;
+  int64_t rows = 0;    // batch rows of an h copy: the N-tiles' (zero padding past B)
+  int64_t stride = 0;  // halves between two rows of an h copy
+};
+
+// A row of an h copy holds the K-tiles' columns (zero padding past H) and
+// 8 more halves, so that the 8 batch rows a warp's B fragment load reads
+// start in 8 different 4-bank groups: conflict-free.
+PIPELSTM_HD int64_t h_stride(int64_t k_tiles) { return k_tiles * tc::kTileK + 8; }
+
+// `blocks` blocks, each with the same number of unit tiles.
+PIPELSTM_HD ClusterPlan make_cluster_plan(int64_t batch, int64_t hidden, int64_t blocks) {
+  ClusterPlan c;
+  const int64_t unit_tiles = tc::ceil_div(tc::ceil_div(hidden, tc::kUnitsPerTile), blocks);
+  c.tiles = tc::make_forward_plan(batch, hidden, unit_tiles);
+  c.rows = c.tiles.n_tiles * tc::kTileN;
+  c.stride = h_stride(c.tiles.k_tiles);
+  return c;
+}
+
+// Halves of one h copy, and of both buffers.
+PIPELSTM_HD int64_t h_copy_halves(const ClusterPlan& c) { return c.rows * c.stride; }
+
+// Shared memory of a block: the weight slab, the K slices' partial sums
+// (a multiple of 1 KiB), then the two h copies, from this byte on.
+PIPELSTM_HD int64_t h_copies_offset(const ClusterPlan& c) {
+  return tc::slab_slots(c.tiles) * 16 + tc::partial_floats(c.tiles) * 4;
+}
+
+PIPELSTM_HD int64_t cluster_smem_bytes(const ClusterPlan& c) {
+  return h_copies_offset(c) + (2 * h_copy_halves(c) * 2 + 15) / 16 * 16;
+}
+
+// The half of buffer `buf` holding column k of batch row n of h.
+PIPELSTM_HD int64_t h_index(const ClusterPlan& c, int buf, int64_t n, int64_t k) {
+  return buf * h_copy_halves(c) + n * c.stride + k;
+}
+
+// The smallest cluster (2 .. max_blocks blocks, powers of two, then
+// max_blocks) whose blocks' shared memory fits `smem_limit` bytes, or 0.
+// Fewer blocks leave more of the GPU to other work; the per-step product of
+// a small batch is short either way.
+inline int64_t smallest_cluster(int64_t batch, int64_t hidden, int64_t max_blocks, int64_t smem_limit) {
+  for (int64_t blocks = 2;; blocks *= 2) {
+    if (blocks > max_blocks) blocks = max_blocks;
+    if (cluster_smem_bytes(make_cluster_plan(batch, hidden, blocks)) <= smem_limit) return blocks;
+    if (blocks == max_blocks) return 0;
+  }
+}
+
+}  // namespace cluster
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,202 @@
+// The cluster-resident persistent LSTM forward (lstm_persistent_cluster.h):
+// one cluster of up to 16 blocks, each with its slice of w_hh and a copy of
+// h_{t-1} in shared memory; each block stores the h it finishes into every
+// block's copy (distributed shared memory); a cluster barrier between steps.
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "device_limits.h"
+#include "pipelstm/kernels/lstm_persistent_cluster_cuda.h"
+#include "pipelstm/kernels/lstm_pointwise_indexing.h"
+#include "tc_device.cuh"
+
+namespace pipelstm {
+namespace kernels {
+namespace {
+
+namespace cg = cooperative_groups;
+
+using indexing::Load;
+using indexing::Store;
+using namespace tc_device;
+
+template <typename T>
+__device__ __forceinline__ unsigned short bits(T v) {
+  return *reinterpret_cast<const unsigned short*>(&v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(tc::kThreads, 1)
+    cluster_forward_kernel(const PersistentForwardArgs<T> a, const cluster::ClusterPlan c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 smem[];
+  const tc::ForwardPlan& p = c.tiles;
+  uint4* slab = smem;                                                   // weights, fragment order
+  float* partial = reinterpret_cast<float*>(smem + tc::slab_slots(p));  // K-slice sums
+  auto* h = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::h_copies_offset(c));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t block = cluster.block_rank();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
+  const Load<T> load;
+  const Store<T> store;
+
+  stage_slab(slab, a.w_hh, tc::slab_slots(p),
+             [&](int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
+  // Both copies' padding is zero for good (no block writes there); buffer
+  // 0 starts as h_{-1}, the h the first step reads (h0, or the state a
+  // reverse direction starts from).
+  const int64_t copy = cluster::h_copy_halves(c);
+  for (int64_t i = threadIdx.x; i < 2 * copy; i += tc::kThreads) {
+    const int64_t n = (i % copy) / c.stride, k = (i % copy) % c.stride;
+    if (n >= p.batch || k >= p.hidden) {
+      h[i] = 0;
+    } else if (i < copy) {
+      h[i] = bits(persistent::h_prev_row(a, 0, n)[k]);
+    }
+  }
+  // Every block's copies exist (and hold h0) before any block stores into them.
+  cluster.sync();
+
+  for (int64_t pos = 0; pos < a.steps; ++pos) {
+    const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
+    const int buf = static_cast<int>(pos & 1);
+    step_product<8>(
+        p, warp, partial,
+        [&](int64_t slice, int64_t pair, int e) {
+          return tc::partial_index(p, slice, pair, e, lane);
+        },
+        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
+        [&](const tc::Item& w, float (&acc)[8]) {
+          float part[kChains][8] = {};
+          product_in_chunks(
+              w,
+              [&](int64_t kt, int r) {
+                // Columns k, k + 1 of batch row n (k even): one aligned
+                // 32-bit word of this block's copy, padding included.
+                const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+                return *reinterpret_cast<const uint32_t*>(h + cluster::h_index(c, buf, lo.n, lo.k));
+              },
+              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
+                mma<T>(part[chain], slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
+                mma<T>(part[chain] + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
+              });
+          sum_chains(part, acc);
+        },
+        [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
+          tc::fwd_finish(a, in, lane, t, acc, store, [&](int64_t n, int64_t j, T v) {
+            const int64_t at = cluster::h_index(c, buf ^ 1, n, j);
+            for (int rank = 0; rank < blocks; ++rank) cluster.map_shared_rank(h, rank)[at] = bits(v);
+          });
+        });
+    // Every block's h_t is in every copy before step pos + 1 reads it, and
+    // every read of this step's buffer (and of `partial`) is done before the
+    // next step stores into them.
+    cluster.sync();
+  }
+#else
+  __trap();  // never launched there: the plan answers TcFit::kArchitecture
+#endif
+}
+
+// The launch of one cluster of c.tiles.blocks blocks (`attr`, which it
+// points to, must outlive it).
+cudaLaunchConfig_t cluster_config(const cluster::ClusterPlan& c, cudaStream_t stream,
+                                  cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(c.tiles.blocks));
+  config.blockDim = dim3(tc::kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(cluster::cluster_smem_bytes(c));
+  config.stream = stream;
+  *attr = {};
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(c.tiles.blocks);
+  attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Sets the kernel's shared-memory and cluster-size limits for `c` and asks
+// whether the device can hold the cluster at once.
+template <typename T>
+cudaError_t check_cluster(const cluster::ClusterPlan& c, TcFit* fit) {
+  const void* kernel = reinterpret_cast<const void*>(cluster_forward_kernel<T>);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(cluster::cluster_smem_bytes(c)));
+  if (err == cudaSuccess && c.tiles.blocks > 8) {  // above the portable size
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_config(c, nullptr, &attr);
+  int clusters = 0;
+  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (err != cudaSuccess) return err;
+  *fit = clusters >= 1 ? TcFit::kFits : TcFit::kCoResidency;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, int device,
+                                 cluster::ClusterPlan* plan, TcFit* fit) {
+  *fit = TcFit::kBadShape;
+  if (batch <= 0 || hidden <= 0 || blocks < 0 || blocks > cluster::kMaxCluster || blocks == 1) {
+    return cudaSuccess;
+  }
+  if (batch > tc::kMaxBatch) {
+    *fit = TcFit::kBatchTooLarge;
+    return cudaSuccess;
+  }
+  DeviceLimits limits;
+  const cudaError_t err = device_limits(device, &limits);
+  if (err != cudaSuccess) return err;
+  if (limits.major < 9) {
+    *fit = TcFit::kArchitecture;
+    return cudaSuccess;
+  }
+  const int64_t n = blocks ? blocks
+                           : cluster::smallest_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block);
+  if (n == 0) {
+    *fit = TcFit::kSharedMemory;
+    return cudaSuccess;
+  }
+  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n);
+  if (cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
+    *fit = TcFit::kSharedMemory;
+    return cudaSuccess;
+  }
+  *plan = c;
+  return check_cluster<T>(c, fit);
+}
+
+template <typename T>
+cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks,
+                                 cudaStream_t stream, TcFit* fit) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  cluster::ClusterPlan c;
+  err = cluster_forward_plan<T>(args.batch, args.hidden, blocks, device, &c, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_config(c, stream, &attr);
+  return cudaLaunchKernelEx(&config, cluster_forward_kernel<T>, args, c);
+}
+
+#define PIPELSTM_INSTANTIATE_CLUSTER(T)                                                          \
+  template cudaError_t cluster_forward_plan<T>(int64_t, int64_t, int64_t, int,                  \
+                                               cluster::ClusterPlan*, TcFit*);                   \
+  template cudaError_t cluster_forward_cuda<T>(const PersistentForwardArgs<T>&, int64_t,         \
+                                               cudaStream_t, TcFit*);
+
+PIPELSTM_INSTANTIATE_CLUSTER(__half)
+PIPELSTM_INSTANTIATE_CLUSTER(__nv_bfloat16)
+
+#undef PIPELSTM_INSTANTIATE_CLUSTER
+
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,156 @@
+// The device pieces the persistent tensor-core kernels share (the grid
+// kernels of lstm_persistent_tc.cu, the cluster kernel of
+// lstm_persistent_cluster.cu): one mma tile, staging a block's weight slab,
+// a step's product over the block's items, and the K-tile loop with its
+// loads batched ahead of the mma.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "pipelstm/kernels/lstm_persistent_tc.h"
+
+namespace pipelstm {
+namespace kernels {
+namespace tc_device {
+
+// d[0..3] += A @ B for one 16 x 8 x 16 tile (fragments as in lstm_persistent_tc.h),
+// A and B of type `ab` ("f16" or "bf16").
+#define PIPELSTM_TC_MMA(ab)                                                             \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab ".f32 "             \
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"     \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                        \
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1))
+
+template <typename T>
+__device__ __forceinline__ void mma(float* d, const uint4& a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // never launched there: the plan answers TcFit::kArchitecture
+#else
+  if constexpr (std::is_same_v<T, __half>) {
+    PIPELSTM_TC_MMA("f16");
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "the tensor-core kernels take fp16 or bf16");
+    PIPELSTM_TC_MMA("bf16");
+  }
+#endif
+}
+
+#undef PIPELSTM_TC_MMA
+
+// Stages a block's weights once, before its first step: slot by slot, two
+// 16-bit elements per register, the lower index in the low half (as
+// mma.sync reads them); source(slot, i) is the index into w_hh of element i
+// of a slot, or -1 for the zero padding of the tails.
+template <typename T, typename Source>
+__device__ __forceinline__ void stage_slab(uint4* slab, const T* w_hh, int64_t slots,
+                                           Source source) {
+  const auto* w_bits = reinterpret_cast<const unsigned short*>(w_hh);
+  for (int64_t slot = threadIdx.x; slot < slots; slot += tc::kThreads) {
+    uint32_t reg[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t lo = source(slot, 2 * r);
+      const int64_t hi = source(slot, 2 * r + 1);
+      reg[r] = (lo < 0 ? 0u : static_cast<uint32_t>(w_bits[lo])) |
+               (hi < 0 ? 0u : static_cast<uint32_t>(w_bits[hi]) << 16);
+    }
+    slab[slot] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
+  }
+  __syncthreads();
+}
+
+// One step's product of a block, either direction: warp `warp` runs items
+// warp, warp + kWarps, ... (a pair's K slice each); product(item, acc) adds
+// the slice's mma tiles into the N accumulators of this lane. With one slice
+// a pair's sums go to finish(item, cells, acc) at once; with several they
+// meet in shared memory (`partial`, at partial_index(slice, pair, e)) and
+// one warp per pair sums them and finishes. cells(item) loads what the
+// finish reads besides the product; it is called before the product, so
+// that its loads travel with the product's.
+template <int N, typename PartialIndex, typename Cells, typename Product, typename Finish>
+__device__ __forceinline__ void step_product(const tc::TilePlan& p, int warp, float* partial,
+                                             PartialIndex partial_index, Cells cells,
+                                             Product product, Finish finish) {
+  const int64_t items = tc::item_count(p);
+  if (p.slices == 1) {
+    for (int64_t it = warp; it < items; it += tc::kWarps) {
+      const tc::Item w = tc::item_at(p, it);
+      const auto in = cells(w);
+      float acc[N] = {};
+      product(w, acc);
+      finish(w, in, acc);
+    }
+    return;
+  }
+  // K is split only where a block has at most kWarps / 2 pairs
+  // (tc::make_tile_plan), so warp `warp` finishes pair `warp`, if any.
+  const bool finishes = warp < p.pairs;
+  const tc::Item mine = tc::item_at(p, finishes ? warp : 0);
+  decltype(cells(mine)) in{};
+  if (finishes) in = cells(mine);
+  for (int64_t it = warp; it < items; it += tc::kWarps) {
+    const tc::Item w = tc::item_at(p, it);
+    float acc[N] = {};
+    product(w, acc);
+#pragma unroll
+    for (int e = 0; e < N; ++e) partial[partial_index(w.slice, w.pair, e)] = acc[e];
+  }
+  __syncthreads();  // every slice's partial sums are in shared memory
+  if (!finishes) return;
+  float acc[N] = {};
+  for (int64_t s = 0; s < p.slices; ++s) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) acc[e] += partial[partial_index(s, mine.pair, e)];
+  }
+  finish(mine, in, acc);
+}
+
+// Independent accumulator sets per item: consecutive K-tiles add into
+// alternate sets, summed at the end, so a warp's mma do not wait for one
+// another's results one by one.
+constexpr int kChains = 2;
+
+// The mma tiles of an item's K-tiles: load_b(kt, r) gives register r of the
+// lane's B fragment of K-tile kt, mma_at(kt, chain, b0, b1) adds that tile's
+// product into accumulator set `chain` (kt's position modulo kChains). The B
+// fragments of up to kLoadDepth K-tiles are loaded before the first of
+// their mma, so that their round trips to L2 overlap: ptxas does not move
+// these loads above an earlier tile's mma, and one load per tile issued
+// after it would cost a round trip each.
+template <typename LoadB, typename MmaAt>
+__device__ __forceinline__ void product_in_chunks(const tc::Item& w, LoadB load_b,
+                                                  MmaAt mma_at) {
+  static_assert(tc::kLoadDepth % kChains == 0, "a chunk starts on chain 0");
+  for (int64_t k0 = w.kt_begin; k0 < w.kt_end; k0 += tc::kLoadDepth) {
+    uint32_t b[tc::kLoadDepth][2];
+#pragma unroll
+    for (int c = 0; c < tc::kLoadDepth; ++c) {
+      const bool in_range = k0 + c < w.kt_end;
+      b[c][0] = in_range ? load_b(k0 + c, 0) : 0u;
+      b[c][1] = in_range ? load_b(k0 + c, 1) : 0u;
+    }
+#pragma unroll
+    for (int c = 0; c < tc::kLoadDepth; ++c) {
+      if (k0 + c < w.kt_end) mma_at(k0 + c, c % kChains, b[c][0], b[c][1]);
+    }
+  }
+}
+
+// acc = the sum of the kChains accumulator sets.
+template <int N>
+__device__ __forceinline__ void sum_chains(const float (&part)[kChains][N], float (&acc)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    acc[e] = part[0][e];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) acc[e] += part[c][e];
+  }
+}
+
+}  // namespace tc_device
+}  // namespace kernels
+}  // namespace pipelstm

@@ -1,0 +1,121 @@
+// Drives the cluster forward's indexing (lstm_persistent_cluster.h) on the
+// host, over many shapes and cluster sizes:
+//   - every (batch row, hidden unit) is finished by exactly one lane of one
+//     block of the cluster (the tensor-core plan's items and fwd_cells);
+//   - an h copy filled as the kernel fills it (padding zero, then each
+//     finished h stored at h_index of the next buffer) gives every lane's
+//     B fragment the h values the product needs: h[n][k], zero past B or H;
+//   - a warp's B fragment loads from a copy hit 32 different banks;
+//   - the shared memory fits where smallest_cluster says it does, and the
+//     h copies do not overlap the slab or the partial sums.
+// The product and the cell math are the tensor-core kernel's, checked by
+// persistent_tc_harness.cpp.
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "pipelstm/kernels/lstm_persistent_cluster.h"
+
+using namespace pipelstm::kernels;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what, int64_t B, int64_t H, int64_t blocks) {
+  if (!ok) {
+    ++failures;
+    std::printf("FAIL %s (B=%lld H=%lld blocks=%lld)\n", what, static_cast<long long>(B),
+                static_cast<long long>(H), static_cast<long long>(blocks));
+  }
+}
+
+void check_shape(int64_t B, int64_t H, int64_t blocks) {
+  const cluster::ClusterPlan c = cluster::make_cluster_plan(B, H, blocks);
+  const tc::ForwardPlan& p = c.tiles;
+  check(p.blocks <= blocks, "no more blocks than asked for", B, H, blocks);
+
+  // Coverage: each (n, j) finished once, in the cluster's blocks.
+  std::vector<int> finished(B * H, 0);
+  float acc_h = 0.0f;  // each cell's h: a value only it has
+  std::vector<float> h(B * H, 0.0f), copy(2 * cluster::h_copy_halves(c), -1.0f);
+  for (int64_t i = 0; i < 2 * cluster::h_copy_halves(c); ++i) {  // padding: zero for good
+    const int64_t n = (i % cluster::h_copy_halves(c)) / c.stride, k = (i % cluster::h_copy_halves(c)) % c.stride;
+    if (n >= B || k >= H) copy[i] = 0.0f;
+  }
+  for (int64_t block = 0; block < p.blocks; ++block) {
+    for (int64_t it = 0; it < tc::item_count(p); ++it) {
+      const tc::Item w = tc::item_at(p, it);
+      if (w.slice != 0 && p.slices > 1) continue;  // a pair is finished by one item
+      for (int lane = 0; lane < tc::kLanes; ++lane) {
+        for (int cell = 0; cell < 2; ++cell) {
+          const tc::Coord home = tc::c_elem(lane, cell);
+          const int64_t j = (block * p.unit_tiles + w.tau) * tc::kUnitsPerTile + tc::fwd_row(0, home.row).unit;
+          const int64_t n = w.n_tile * tc::kTileN + home.col;
+          if (j >= H || n >= B) continue;
+          ++finished[n * H + j];
+          h[n * H + j] = acc_h += 1.0f;
+          copy[cluster::h_index(c, 1, n, j)] = h[n * H + j];  // what every block stores
+        }
+      }
+    }
+  }
+  bool once = true;
+  for (int v : finished) once = once && v == 1;
+  check(once, "every cell finished exactly once", B, H, blocks);
+
+  // The B fragments read from buffer 1 what the cells stored.
+  bool right = true, conflict_free = true;
+  for (int64_t n_tile = 0; n_tile < p.n_tiles; ++n_tile) {
+    for (int64_t kt = 0; kt < p.k_tiles; ++kt) {
+      for (int r = 0; r < 2; ++r) {
+        std::set<int64_t> banks;
+        for (int lane = 0; lane < tc::kLanes; ++lane) {
+          const tc::BSource lo = tc::fwd_b_source(p, n_tile, kt, lane, 2 * r);
+          const tc::BSource hi = tc::fwd_b_source(p, n_tile, kt, lane, 2 * r + 1);
+          const int64_t at = cluster::h_index(c, 1, lo.n, lo.k);
+          right = right && at % 2 == 0 && hi.n == lo.n && hi.k == lo.k + 1;  // one aligned word
+          const float want_lo = lo.valid ? h[lo.n * H + lo.k] : 0.0f;
+          const float want_hi = hi.valid ? h[hi.n * H + hi.k] : 0.0f;
+          right = right && copy[at] == want_lo && copy[at + 1] == want_hi;
+          banks.insert((at / 2) % 32);
+        }
+        conflict_free = conflict_free && banks.size() == 32;
+      }
+    }
+  }
+  check(right, "B fragments read the stored h (zero padding)", B, H, blocks);
+  check(conflict_free, "a warp's B loads hit 32 banks", B, H, blocks);
+
+  // Layout: the copies start past the slab and the partial sums, aligned.
+  const int64_t offset = cluster::h_copies_offset(c);
+  check(offset % 16 == 0 && offset == tc::forward_smem_bytes(p), "h copies after the slab and partials", B, H,
+        blocks);
+  check(cluster::cluster_smem_bytes(c) >= offset + 2 * cluster::h_copy_halves(c) * 2, "room for both copies", B,
+        H, blocks);
+}
+
+}  // namespace
+
+int main() {
+  int shapes = 0;
+  for (int64_t B : {1, 2, 7, 8, 9, 16, 33, 64}) {
+    for (int64_t H : {1, 7, 8, 40, 100, 256, 264, 512}) {
+      for (int64_t blocks : {2, 3, 4, 8, 16}) {
+        check_shape(B, H, blocks);
+        ++shapes;
+      }
+    }
+  }
+  // The smallest cluster whose blocks fit 227 KiB of shared memory (Hopper's
+  // opt-in limit): H = 256 fits in 4 blocks, H = 512 needs 16, H = 1024 none.
+  const int64_t limit = 227 * 1024;
+  const bool smallest = cluster::smallest_cluster(8, 256, 16, limit) == 4 &&
+                        cluster::smallest_cluster(8, 512, 16, limit) == 16 &&
+                        cluster::smallest_cluster(8, 1024, 16, limit) == 0 &&
+                        cluster::cluster_smem_bytes(cluster::make_cluster_plan(8, 512, 16)) <= limit &&
+                        cluster::cluster_smem_bytes(cluster::make_cluster_plan(8, 512, 8)) > limit;
+  check(smallest, "smallest_cluster at H = 256, 512, 1024", 8, 0, 16);
+  std::printf("cluster harness: %d shapes, %d failures\n", shapes, failures);
+  return failures == 0 ? 0 : 1;
+}
