@@ -174,7 +174,8 @@ def test_evaluation_is_nn_lstm():
     (dict(weight_dropout=-0.1), r"weight_dropout must be a probability"),
     (dict(weight_dropout="0.1"), r"weight_dropout must be a probability in \[0, 1\), got '0\.1'"),
     (dict(dropout_mode="locked"), r"dropout_mode must be one of 'element', 'variational', got 'locked'"),
-    (dict(num_layers=2, weight_dropout=0.2, devices=["cpu", "cpu"]), r"not supported with devices="),
+    (dict(num_layers=2, dropout=0.2, dropout_mode="variational", devices=["cpu", "cpu"]),
+     r"^LSTM: dropout_mode='variational' is not supported with devices="),
 ])
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -195,3 +196,40 @@ def test_compiles_fullgraph():
     out, _ = torch.compile(lstm, fullgraph=True)(x)
     out.sum().backward()
     assert lstm.weight_hh_l0.grad is not None and out.shape == (6, 2, H)
+
+
+def _weight_dropped_pair(**pipeline):
+    """(pipelined, plain) pipelstm.LSTM with weight_dropout and the same weights."""
+    torch.manual_seed(0)
+    plain = pipelstm.LSTM(I, H, num_layers=2, weight_dropout=0.4)
+    piped = pipelstm.LSTM(I, H, num_layers=2, weight_dropout=0.4, **pipeline)
+    piped.load_state_dict(plain.state_dict())
+    return piped, plain
+
+
+@pytest.mark.parametrize("chunks, micro_batches", [(1, 1), (3, 2)])
+def test_weight_dropout_through_the_pipeline_is_the_modules(recorded, chunks, micro_batches):
+    # LSTM(devices=) draws one mask per layer and pass, as the module draws
+    # one per layer and call: with the same masks, the same results.
+    piped, plain = _weight_dropped_pair(devices=["cpu", "cpu"], chunks=chunks, micro_batches=micro_batches)
+    x = torch.randn(6, 4, I)
+    out, (h, c) = piped(x)
+    masks = list(recorded["weight"])
+    assert len(masks) == 2  # one per layer, for the whole pass
+    recorded["weight"].clear()
+    with pytest.MonkeyPatch.context() as m:
+        replay = iter(masks)
+        m.setattr(regularisation, "weight_mask", lambda w, p: next(replay))
+        want, (want_h, want_c) = plain(x)
+    grads = torch.autograd.grad(out.sum() + h.sum(), list(piped.parameters()))
+    want_grads = torch.autograd.grad(want.sum() + want_h.sum(), list(plain.parameters()))
+    for a, b in zip((out, h, c, *grads), (want, want_h, want_c, *want_grads)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pipeline_refuses_variational_dropout_by_name():
+    model = nn.Sequential(nn.Embedding(10, I), pipelstm.LSTM(I, H, num_layers=2, dropout=0.3,
+                                                             dropout_mode="variational"), nn.Linear(H, 10))
+    with pytest.raises(ValueError, match=r"Pipeline: module '1' draws its dropout between layers once per "
+                                         r"sequence \(dropout_mode='variational'\)"):
+        pipelstm.Pipeline(model, devices=["cpu", "cpu"])

@@ -126,9 +126,6 @@ class LSTM(nn.RNNBase):
     ) -> None:
         super().__init__("LSTM", *args, **kwargs)
         self._regularisation = Regularisation(weight_dropout, dropout_mode)
-        if devices is not None and not self._regularisation.is_plain:
-            raise ValueError("LSTM: weight_dropout and dropout_mode='variational' are not supported with "
-                             "devices=[...] yet; use an LSTM without devices=")
         if devices is None:
             if (chunks, micro_batches, balance, threads, checkpoint) != (1, 1, "auto", None, "never"):
                 raise ValueError("LSTM: chunks, micro_batches, balance, threads and checkpoint only apply with "

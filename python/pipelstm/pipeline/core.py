@@ -258,7 +258,7 @@ class PipelineCore:
             tells what a forward with grad kept.
         """
         L = len(h0)
-        params = [u.params() for u in self.units] + ([[]] if target is not None else [])
+        params = [u.params_for_call(training) for u in self.units] + ([[]] if target is not None else [])
         unit_counts = [tuple(p is not None for p in ps) for ps in params]
         flat = [p for ps in params for p in ps if p is not None]
         needs_grad = torch.is_grad_enabled() and (

@@ -46,6 +46,11 @@ class LSTMPipeline:
                 "end of the sequence before its first step, so it cannot run in time chunks; use a "
                 "unidirectional LSTM or drop devices="
             )
+        regularisation = getattr(lstm, "_regularisation", None)
+        if regularisation is not None and regularisation.dropout_mode == "variational" and lstm.dropout > 0:
+            raise ValueError("LSTM: dropout_mode='variational' is not supported with devices= yet (the pipeline's "
+                             "dropout between layers draws one mask per element); use dropout_mode='element' "
+                             "or drop devices=")
         model = prepare("LSTM", [("", lstm)], devices, chunks=chunks, micro_batches=micro_batches,
                         checkpoint=checkpoint)
         self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,

@@ -75,6 +75,17 @@ class Unit:
         """The parameter slots, looked up on the module by name each call."""
         return [None if n is None else getattr(self.module, n) for n in self.param_names]
 
+    def params_for_call(self, training: bool) -> List[Optional[Tensor]]:
+        """The slots a pass computes with: ``params()``, with an LSTM layer's
+        ``weight_hh`` dropped while training where its module asks for
+        ``weight_dropout`` (one mask per pass, as the module's own call
+        draws one per call; ``pipelstm.regularisation``)."""
+        ps = self.params()
+        regularisation = getattr(self.module, "_regularisation", None)
+        if self.kind != "lstm" or regularisation is None:
+            return ps
+        return regularisation.layer_weights(ps, training)
+
     def num_params(self) -> int:
         """The number of parameter elements of the unit."""
         return sum(p.numel() for p in self.params() if p is not None)
@@ -196,6 +207,11 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
             "chunks (its reverse direction needs the end of the sequence before the start); "
             "use unidirectional LSTMs"
         )
+    regularisation = getattr(child, "_regularisation", None)
+    if regularisation is not None and regularisation.dropout_mode == "variational" and child.dropout > 0:
+        raise ValueError(f"Pipeline: module {name!r} draws its dropout between layers once per sequence "
+                         "(dropout_mode='variational'), which the pipeline's dropout units do not do yet; "
+                         "use dropout_mode='element' in a pipeline")
     prefix = f"{name}." if name else ""
     first = sum(u.kind == "lstm" for u in before)
     H, P = child.hidden_size, child.proj_size
