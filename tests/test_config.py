@@ -158,3 +158,13 @@ def test_the_pipeline_plan_is_logged(caplog):
     placement = [r.getMessage() for r in caplog.records if r.name == "pipelstm.pipeline.placement"]
     assert "placement: stage 0 on cpu; stage 1 on cpu" in placement
     assert "Pipeline: intra-op threads per stage [1, 1]" in placement
+
+
+def test_the_version_is_the_packages():
+    # pyproject.toml's version is the one the built package carries.
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "pyproject.toml")).read()
+    assert re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1) == pipelstm.__version__

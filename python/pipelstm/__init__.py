@@ -4,7 +4,7 @@ import logging
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 # Quiet unless the application configures logging (the library convention).
 logging.getLogger(__name__).addHandler(logging.NullHandler())

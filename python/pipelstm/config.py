@@ -7,7 +7,8 @@ from typing import Any, Callable, Dict
 
 import torch
 
-from . import _C, __version__, backends
+from . import _C, backends
+from ._version import __version__
 from ._build_check import build_info
 
 __all__ = ["config_info", "show_config", "log_choices"]

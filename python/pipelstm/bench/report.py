@@ -116,7 +116,7 @@ def machine() -> Dict[str, object]:
 
 
 def versions() -> Dict[str, str]:
-    from .. import __version__
+    from .._version import __version__
 
     return dict(torch=torch.__version__, python=platform.python_version(), pipelstm=__version__)
 
