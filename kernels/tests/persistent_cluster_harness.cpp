@@ -3,8 +3,10 @@
 //   - every (batch row, hidden unit) is finished by exactly one lane of one
 //     block of the cluster (the tensor-core plan's items and fwd_cells);
 //   - an h copy filled as the kernel fills it (padding zero, then each
-//     finished h stored at h_index of the next buffer) gives every lane's
-//     B fragment the h values the product needs: h[n][k], zero past B or H;
+//     finished h stored at h_index of the next buffer; with st.async, the
+//     lanes of even groupID storing units (j, j + 1) as one word, counted
+//     against fill_bytes) gives every lane's B fragment the h values the
+//     product needs: h[n][k], zero past B or H;
 //   - a warp's B fragment loads from a copy hit 32 different banks;
 //   - the shared memory fits where smallest_cluster says it does, and the
 //     h copies do not overlap the slab or the partial sums.
@@ -30,16 +32,17 @@ void check(bool ok, const char* what, int64_t B, int64_t H, int64_t blocks) {
   }
 }
 
-void check_shape(int64_t B, int64_t H, int64_t blocks) {
-  const cluster::ClusterPlan c = cluster::make_cluster_plan(B, H, blocks);
+void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
+  const cluster::ClusterPlan c = cluster::make_cluster_plan(B, H, blocks, sync);
+  const bool async = sync == cluster::Sync::kAsyncStores;
   const tc::ForwardPlan& p = c.tiles;
   check(p.blocks <= blocks, "no more blocks than asked for", B, H, blocks);
 
   // Coverage: each (n, j) finished once, in the cluster's blocks.
   std::vector<int> finished(B * H, 0);
   float acc_h = 0.0f;  // each cell's h: a value only it has
-  std::vector<float> h(B * H, 0.0f), copy(2 * cluster::h_copy_halves(c), -1.0f);
-  for (int64_t i = 0; i < 2 * cluster::h_copy_halves(c); ++i) {  // padding: zero for good
+  std::vector<float> h(B * H, 0.0f), copy(c.copies * cluster::h_copy_halves(c), -1.0f);
+  for (int64_t i = 0; i < c.copies * cluster::h_copy_halves(c); ++i) {  // padding: zero for good
     const int64_t n = (i % cluster::h_copy_halves(c)) / c.stride, k = (i % cluster::h_copy_halves(c)) % c.stride;
     if (n >= B || k >= H) copy[i] = 0.0f;
   }
@@ -55,10 +58,34 @@ void check_shape(int64_t B, int64_t H, int64_t blocks) {
           if (j >= H || n >= B) continue;
           ++finished[n * H + j];
           h[n * H + j] = acc_h += 1.0f;
-          copy[cluster::h_index(c, 1, n, j)] = h[n * H + j];  // what every block stores
+          if (!async) copy[cluster::h_index(c, 1, n, j)] = h[n * H + j];  // what every block stores
         }
       }
     }
+  }
+  if (async) {  // after the step: the word stores of the even-groupID lanes
+    int64_t bytes = 0;
+    for (int64_t block = 0; block < p.blocks; ++block) {
+      for (int64_t it = 0; it < tc::item_count(p); ++it) {
+        const tc::Item w = tc::item_at(p, it);
+        if (w.slice != 0 && p.slices > 1) continue;
+        for (int lane = 0; lane < tc::kLanes; ++lane) {
+          if ((lane >> 2) & 1) continue;
+          for (int cell = 0; cell < 2; ++cell) {
+            const tc::Coord home = tc::c_elem(lane, cell);
+            const int64_t j = (block * p.unit_tiles + w.tau) * tc::kUnitsPerTile + tc::fwd_row(0, home.row).unit;
+            const int64_t n = w.n_tile * tc::kTileN + home.col;
+            if (j >= H || n >= B) continue;
+            const int64_t at = cluster::h_index(c, 1, n, j);
+            check(j % 2 == 0 && at % 2 == 0, "a pair's word is aligned", B, H, blocks);
+            copy[at] = h[n * H + j];
+            copy[at + 1] = j + 1 < H ? h[n * H + j + 1] : 0.0f;  // the lane 4 up's cell, or zero
+            bytes += 4;
+          }
+        }
+      }
+    }
+    check(bytes == cluster::fill_bytes(c), "the stores bring fill_bytes", B, H, blocks);
   }
   bool once = true;
   for (int v : finished) once = once && v == 1;
@@ -91,8 +118,11 @@ void check_shape(int64_t B, int64_t H, int64_t blocks) {
   const int64_t offset = cluster::h_copies_offset(c);
   check(offset % 16 == 0 && offset == tc::forward_smem_bytes(p), "h copies after the slab and partials", B, H,
         blocks);
-  check(cluster::cluster_smem_bytes(c) >= offset + 2 * cluster::h_copy_halves(c) * 2, "room for both copies", B,
-        H, blocks);
+  check(cluster::barriers_offset(c) >= offset + c.copies * cluster::h_copy_halves(c) * 2 &&
+            cluster::barriers_offset(c) % 16 == 0,
+        "the barriers after the copies, aligned", B, H, blocks);
+  check(cluster::cluster_smem_bytes(c) >= cluster::barriers_offset(c) + (async ? 8 * c.copies : 0),
+        "room for the barriers", B, H, blocks);
 }
 
 }  // namespace
@@ -102,8 +132,10 @@ int main() {
   for (int64_t B : {1, 2, 7, 8, 9, 16, 33, 64}) {
     for (int64_t H : {1, 7, 8, 40, 100, 256, 264, 512}) {
       for (int64_t blocks : {2, 3, 4, 8, 16}) {
-        check_shape(B, H, blocks);
-        ++shapes;
+        for (cluster::Sync sync : {cluster::Sync::kClusterBarrier, cluster::Sync::kAsyncStores}) {
+          check_shape(B, H, blocks, sync);
+          ++shapes;
+        }
       }
     }
   }
@@ -114,7 +146,9 @@ int main() {
                         cluster::smallest_cluster(8, 512, 16, limit) == 16 &&
                         cluster::smallest_cluster(8, 1024, 16, limit) == 0 &&
                         cluster::cluster_smem_bytes(cluster::make_cluster_plan(8, 512, 16)) <= limit &&
-                        cluster::cluster_smem_bytes(cluster::make_cluster_plan(8, 512, 8)) > limit;
+                        cluster::cluster_smem_bytes(cluster::make_cluster_plan(8, 512, 8)) > limit &&
+                        cluster::smallest_cluster(8, 512, 16, limit, cluster::Sync::kAsyncStores) == 16 &&
+                        cluster::smallest_cluster(8, 256, 16, limit, cluster::Sync::kAsyncStores) == 4;
   check(smallest, "smallest_cluster at H = 256, 512, 1024", 8, 0, 16);
   std::printf("cluster harness: %d shapes, %d failures\n", shapes, failures);
   return failures == 0 ? 0 : 1;

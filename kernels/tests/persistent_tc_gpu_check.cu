@@ -182,14 +182,19 @@ void check_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t unit_tile
 
 // The cluster forward of one shape against the reference (Hopper only:
 // elsewhere its refusal is checked instead).
+const char* sync_name(cluster::Sync sync) {
+  return sync == cluster::Sync::kAsyncStores ? "st.async" : "barrier";
+}
+
 template <typename T>
-void check_cluster_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t blocks, bool reverse) {
+void check_cluster_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t blocks, bool reverse,
+                         cluster::Sync sync) {
   const int64_t B = batch, H = hidden, N = steps * B;
   const auto xg = random_vec<T>(N * 4 * H, 0.5f), w = random_vec<T>(4 * H * H, 1.0f / std::sqrt(float(H)));
   const auto h0 = random_vec<T>(B * H, 0.5f), c0 = random_vec<T>(B * H, 0.5f);
   char name[160];
-  std::snprintf(name, sizeof(name), "cluster forward %s T=%ld B=%ld H=%ld blocks=%ld reverse=%d",
-                Type<T>::name, long(steps), long(B), long(H), long(blocks), int(reverse));
+  std::snprintf(name, sizeof(name), "cluster forward (%s) %s T=%ld B=%ld H=%ld blocks=%ld reverse=%d",
+                sync_name(sync), Type<T>::name, long(steps), long(B), long(H), long(blocks), int(reverse));
   std::vector<float> out(N * H), act(N * 4 * H), cells(N * H);
   testing::reference_forward(forward_args(xg.data(), w.data(), h0.data(), c0.data(), out.data(), act.data(),
                                           cells.data(), steps, B, H, reverse),
@@ -199,7 +204,7 @@ void check_cluster_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t b
   const PersistentForwardArgs<T> f = forward_args(d_xg.ptr, d_w.ptr, d_h0.ptr, d_c0.ptr, d_out.ptr, d_act.ptr,
                                                   d_cells.ptr, steps, B, H, reverse);
   TcFit fit;
-  CHECK_CUDA(cluster_forward_cuda(f, blocks, nullptr, &fit));
+  CHECK_CUDA(cluster_forward_cuda(f, blocks, sync, nullptr, &fit));
   CHECK_CUDA(cudaGetLastError());
   check_outputs<T>(name, fit, {{&d_out, &out}, {&d_act, &act}, {&d_cells, &cells}});
 }
@@ -240,11 +245,14 @@ void time_cluster(int64_t steps, int64_t batch, int64_t hidden) {
   const PersistentForwardArgs<T> f = forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr,
                                                   cells.ptr, steps, B, H, false);
   const double grid_ms = median_ms([&](TcFit* fit) { return tc_persistent_forward_cuda(f, 0, nullptr, fit); });
-  std::printf("time %s T=%ld B=%ld H=%ld: tensor-core forward %.2f us/step", Type<T>::name, long(steps),
+  std::printf("time %s T=%ld B=%ld H=%ld, us a forward step: tensor-core %.2f", Type<T>::name, long(steps),
               long(B), long(H), 1e3 * grid_ms / steps);
-  for (int64_t blocks : {0, 4, 8, 16}) {
-    const double ms = median_ms([&](TcFit* fit) { return cluster_forward_cuda(f, blocks, nullptr, fit); });
-    std::printf(", cluster(%ld) %.2f us/step", long(blocks), 1e3 * ms / steps);
+  for (cluster::Sync sync : {cluster::Sync::kClusterBarrier, cluster::Sync::kAsyncStores}) {
+    for (int64_t blocks : {0, 4, 8, 16}) {
+      const double ms =
+          median_ms([&](TcFit* fit) { return cluster_forward_cuda(f, blocks, sync, nullptr, fit); });
+      std::printf(", %s(%ld) %.2f", sync_name(sync), long(blocks), 1e3 * ms / steps);
+    }
   }
   std::printf("\n");
 }
@@ -326,7 +334,7 @@ void check_refused_cluster() {
   const PersistentForwardArgs<T> f =
       forward_args(xg.ptr, w.ptr, h0.ptr, c0.ptr, out.ptr, act.ptr, cells.ptr, 2, 4, 8, false);
   TcFit fit;
-  CHECK_CUDA(cluster_forward_cuda(f, 0, nullptr, &fit));
+  CHECK_CUDA(cluster_forward_cuda(f, 0, cluster::Sync::kClusterBarrier, nullptr, &fit));
   report(fit == TcFit::kArchitecture, std::string(Type<T>::name) + " cluster forward refuses below sm_90: " +
                                           tc_fit_message(fit));
 }
@@ -362,8 +370,9 @@ void run_cluster(bool quick, int major) {
   const int64_t shapes[][4] = {{3, 1, 1, 2}, {5, 3, 7, 2}, {4, 5, 100, 0}, {3, 9, 264, 4},
                                {3, 17, 40, 3}, {2, 64, 48, 0}, {6, 8, 256, 0}, {6, 8, 512, 0},
                                {4, 8, 512, 16}, {3, 33, 256, 8}};
-  for (const auto& s : shapes)
-    for (bool reverse : {false, true}) check_cluster_shape<T>(s[0], s[1], s[2], s[3], reverse);
+  for (cluster::Sync sync : {cluster::Sync::kClusterBarrier, cluster::Sync::kAsyncStores})
+    for (const auto& s : shapes)
+      for (bool reverse : {false, true}) check_cluster_shape<T>(s[0], s[1], s[2], s[3], reverse, sync);
   if (quick) return;
   for (int64_t H : {256, 512})
     for (int64_t B : {1, 8, 32}) time_cluster<T>(100, B, H);

@@ -26,15 +26,57 @@ __device__ __forceinline__ unsigned short bits(T v) {
   return *reinterpret_cast<const unsigned short*>(&v);
 }
 
-template <typename T>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper's distributed-shared-memory stores and transaction barriers (PTX ISA:
+// mapa, st.async, mbarrier with expect-tx / complete-tx).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The same shared-memory address in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t peer(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+
+// Stores `value` at `remote` and counts its 4 bytes on the mbarrier `remote_bar` (both in one peer).
+__device__ __forceinline__ void store_async(uint32_t remote, uint32_t value, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];"
+               :: "r"(remote), "r"(value), "r"(remote_bar) : "memory");
+}
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
+}
+
+// This phase completes once this arrival is in and `bytes` have come.
+__device__ __forceinline__ void arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
+  asm volatile("{\n"
+               ".reg .pred done;\n"
+               "WAIT_%=:\n"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT_%=;\n"
+               "}\n" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+#endif
+
+template <typename T, cluster::Sync kSync>
 __global__ void __launch_bounds__(tc::kThreads, 1)
     cluster_forward_kernel(const PersistentForwardArgs<T> a, const cluster::ClusterPlan c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kAsync = kSync == cluster::Sync::kAsyncStores;
   extern __shared__ uint4 smem[];
   const tc::ForwardPlan& p = c.tiles;
   uint4* slab = smem;                                                   // weights, fragment order
   float* partial = reinterpret_cast<float*>(smem + tc::slab_slots(p));  // K-slice sums
   auto* h = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::h_copies_offset(c));
+  auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(smem) + cluster::barriers_offset(c));
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t block = cluster.block_rank();
   const int blocks = static_cast<int>(cluster.num_blocks());
@@ -44,11 +86,11 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
 
   stage_slab(slab, a.w_hh, tc::slab_slots(p),
              [&](int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
-  // Both copies' padding is zero for good (no block writes there); buffer
-  // 0 starts as h_{-1}, the h the first step reads (h0, or the state a
-  // reverse direction starts from).
+  // Every copy's padding is zero for good (no block writes there but
+  // zeros); copy 0 starts as h_{-1}, the h the first step reads (h0, or the
+  // state a reverse direction starts from).
   const int64_t copy = cluster::h_copy_halves(c);
-  for (int64_t i = threadIdx.x; i < 2 * copy; i += tc::kThreads) {
+  for (int64_t i = threadIdx.x; i < c.copies * copy; i += tc::kThreads) {
     const int64_t n = (i % copy) / c.stride, k = (i % copy) % c.stride;
     if (n >= p.batch || k >= p.hidden) {
       h[i] = 0;
@@ -56,12 +98,23 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
       h[i] = bits(persistent::h_prev_row(a, 0, n)[k]);
     }
   }
-  // Every block's copies exist (and hold h0) before any block stores into them.
+  if constexpr (kAsync) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < c.copies; ++i) barrier_init(bar + i);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+  }
+  // Every block's copies (and barriers) exist before any block stores into them.
   cluster.sync();
 
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
-    const int buf = static_cast<int>(pos & 1);
+    const int buf = static_cast<int>(pos % c.copies), next = static_cast<int>((pos + 1) % c.copies);
+    const bool last = pos == a.steps - 1;  // its h is read by no step
+    if constexpr (kAsync) {
+      if (threadIdx.x == 0 && !last) arrive_expect(bar + next, static_cast<uint32_t>(cluster::fill_bytes(c)));
+      if (pos > 0) wait_parity(bar + buf, static_cast<uint32_t>(((pos - 1) / c.copies) & 1));
+    }
     step_product<8>(
         p, warp, partial,
         [&](int64_t slice, int64_t pair, int e) {
@@ -85,15 +138,38 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
           sum_chains(part, acc);
         },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
+          uint32_t mine0 = 0u, mine1 = 0u;  // this lane's two cells' h: rows n0, n0 + 1 of one unit
           tc::fwd_finish(a, in, lane, t, acc, store, [&](int64_t n, int64_t j, T v) {
-            const int64_t at = cluster::h_index(c, buf ^ 1, n, j);
-            for (int rank = 0; rank < blocks; ++rank) cluster.map_shared_rank(h, rank)[at] = bits(v);
+            if constexpr (kAsync) {
+              (n == in.row[0] ? mine0 : mine1) = bits(v);
+            } else if (!last) {
+              const int64_t at = cluster::h_index(c, next, n, j);
+              for (int rank = 0; rank < blocks; ++rank) cluster.map_shared_rank(h, rank)[at] = bits(v);
+            }
           });
+          if constexpr (kAsync) {
+            // The lane 4 up holds the next unit of the same rows: lanes of
+            // even groupID store units (j, j + 1) as one word a row.
+            const uint32_t up = __shfl_down_sync(0xffffffffu, mine0 | mine1 << 16, 4);
+            if (last || ((lane >> 2) & 1)) return;
+            for (int cell = 0; cell < 2; ++cell) {
+              if (!in.valid[cell]) continue;
+              const uint32_t word = (cell == 0 ? mine0 : mine1) | ((up >> (16 * cell)) & 0xffffu) << 16;
+              const uint32_t at = smem_addr(h + cluster::h_index(c, next, in.row[cell], in.unit[cell]));
+              const uint32_t at_bar = smem_addr(bar + next);
+              for (int rank = 0; rank < blocks; ++rank) store_async(peer(at, rank), word, peer(at_bar, rank));
+            }
+          }
         });
-    // Every block's h_t is in every copy before step pos + 1 reads it, and
-    // every read of this step's buffer (and of `partial`) is done before the
-    // next step stores into them.
-    cluster.sync();
+    if constexpr (!kAsync) {
+      // Every block's h_t is in every copy before step pos + 1 reads it, and
+      // every read of this step's copy (and of `partial`) is done before the
+      // next step stores into them.
+      cluster.sync();
+    }
+  }
+  if constexpr (kAsync) {
+    cluster.sync();  // no block leaves while another may still store into it
   }
 #else
   __trap();  // never launched there: the plan answers TcFit::kArchitecture
@@ -121,8 +197,14 @@ cudaLaunchConfig_t cluster_config(const cluster::ClusterPlan& c, cudaStream_t st
 // Sets the kernel's shared-memory and cluster-size limits for `c` and asks
 // whether the device can hold the cluster at once.
 template <typename T>
+auto* kernel_for(cluster::Sync sync) {
+  return sync == cluster::Sync::kAsyncStores ? cluster_forward_kernel<T, cluster::Sync::kAsyncStores>
+                                              : cluster_forward_kernel<T, cluster::Sync::kClusterBarrier>;
+}
+
+template <typename T>
 cudaError_t check_cluster(const cluster::ClusterPlan& c, TcFit* fit) {
-  const void* kernel = reinterpret_cast<const void*>(cluster_forward_kernel<T>);
+  const void* kernel = reinterpret_cast<const void*>(kernel_for<T>(c.sync));
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(cluster::cluster_smem_bytes(c)));
   if (err == cudaSuccess && c.tiles.blocks > 8) {  // above the portable size
@@ -141,7 +223,7 @@ cudaError_t check_cluster(const cluster::ClusterPlan& c, TcFit* fit) {
 }  // namespace
 
 template <typename T>
-cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, int device,
+cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, cluster::Sync sync, int device,
                                  cluster::ClusterPlan* plan, TcFit* fit) {
   *fit = TcFit::kBadShape;
   if (batch <= 0 || hidden <= 0 || blocks < 0 || blocks > cluster::kMaxCluster || blocks == 1) {
@@ -159,12 +241,13 @@ cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, 
     return cudaSuccess;
   }
   const int64_t n = blocks ? blocks
-                           : cluster::smallest_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block);
+                           : cluster::smallest_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block,
+                                                       sync);
   if (n == 0) {
     *fit = TcFit::kSharedMemory;
     return cudaSuccess;
   }
-  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n);
+  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n, sync);
   if (cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
     *fit = TcFit::kSharedMemory;
     return cudaSuccess;
@@ -174,24 +257,24 @@ cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, 
 }
 
 template <typename T>
-cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks,
+cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks, cluster::Sync sync,
                                  cudaStream_t stream, TcFit* fit) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   cluster::ClusterPlan c;
-  err = cluster_forward_plan<T>(args.batch, args.hidden, blocks, device, &c, fit);
+  err = cluster_forward_plan<T>(args.batch, args.hidden, blocks, sync, device, &c, fit);
   if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t config = cluster_config(c, stream, &attr);
-  return cudaLaunchKernelEx(&config, cluster_forward_kernel<T>, args, c);
+  return cudaLaunchKernelEx(&config, kernel_for<T>(sync), args, c);
 }
 
 #define PIPELSTM_INSTANTIATE_CLUSTER(T)                                                          \
-  template cudaError_t cluster_forward_plan<T>(int64_t, int64_t, int64_t, int,                  \
+  template cudaError_t cluster_forward_plan<T>(int64_t, int64_t, int64_t, cluster::Sync, int,   \
                                                cluster::ClusterPlan*, TcFit*);                   \
   template cudaError_t cluster_forward_cuda<T>(const PersistentForwardArgs<T>&, int64_t,         \
-                                               cudaStream_t, TcFit*);
+                                               cluster::Sync, cudaStream_t, TcFit*);
 
 PIPELSTM_INSTANTIATE_CLUSTER(__half)
 PIPELSTM_INSTANTIATE_CLUSTER(__nv_bfloat16)

@@ -17,6 +17,18 @@
 //
 // The tiles, the weight slab, the items and the cell math are the
 // tensor-core kernel's (tc::ForwardPlan with cluster-many blocks).
+//
+// Two ways to separate the steps (Sync):
+//   kClusterBarrier: plain stores into the peers' copies, then one cluster
+//     barrier a step; two copies, double-buffered by step parity.
+//   kAsyncStores: each h pair is stored into every peer with st.async,
+//     which counts its bytes on the receiving block's mbarrier for that
+//     copy; a block waits only on its own mbarrier, for the bytes of the
+//     whole h. Three copies, step s reading copy s % 3: when any block stores
+//     step s's h (into copy (s + 1) % 3), every warp of every block has
+//     finished step s - 1 (its h is what that block waited for), so no one
+//     still reads the copy (s - 1) % 3 = (s + 2) % 3 that step s + 1 will
+//     fill. No barrier a step.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +43,14 @@ constexpr int64_t kMaxCluster = 16;  // blocks: the largest (non-portable) clust
 
 // The launch of one call: `tiles` is the tensor-core forward plan with
 // `tiles.blocks` = the cluster's size.
+enum class Sync : int { kClusterBarrier = 0, kAsyncStores = 1 };
+
 struct ClusterPlan {
   tc::ForwardPlan tiles;
   int64_t rows = 0;    // batch rows of an h copy: the N-tiles' (zero padding past B)
   int64_t stride = 0;  // halves between two rows of an h copy
+  int copies = 2;      // h copies: 2 (kClusterBarrier) or 3 (kAsyncStores)
+  Sync sync = Sync::kClusterBarrier;
 };
 
 // A row of an h copy holds the K-tiles' columns (zero padding past H) and
@@ -42,27 +58,43 @@ struct ClusterPlan {
 // start in 8 different 4-bank groups: conflict-free.
 PIPELSTM_HD int64_t h_stride(int64_t k_tiles) { return k_tiles * tc::kTileK + 8; }
 
-// `blocks` blocks, each with the same number of unit tiles.
-PIPELSTM_HD ClusterPlan make_cluster_plan(int64_t batch, int64_t hidden, int64_t blocks) {
+// `blocks` blocks, each with the same number of unit tiles (a multiple of
+// 8 units: an h pair (j, j + 1), j even, is one block's).
+PIPELSTM_HD ClusterPlan make_cluster_plan(int64_t batch, int64_t hidden, int64_t blocks,
+                                          Sync sync = Sync::kClusterBarrier) {
   ClusterPlan c;
   const int64_t unit_tiles = tc::ceil_div(tc::ceil_div(hidden, tc::kUnitsPerTile), blocks);
   c.tiles = tc::make_forward_plan(batch, hidden, unit_tiles);
   c.rows = c.tiles.n_tiles * tc::kTileN;
   c.stride = h_stride(c.tiles.k_tiles);
+  c.sync = sync;
+  c.copies = sync == Sync::kAsyncStores ? 3 : 2;
   return c;
 }
 
-// Halves of one h copy, and of both buffers.
+// Halves of one h copy.
 PIPELSTM_HD int64_t h_copy_halves(const ClusterPlan& c) { return c.rows * c.stride; }
 
 // Shared memory of a block: the weight slab, the K slices' partial sums
-// (a multiple of 1 KiB), then the two h copies, from this byte on.
+// (a multiple of 1 KiB), then the h copies, from this byte on, then (with
+// kAsyncStores) one 8-byte mbarrier a copy.
 PIPELSTM_HD int64_t h_copies_offset(const ClusterPlan& c) {
   return tc::slab_slots(c.tiles) * 16 + tc::partial_floats(c.tiles) * 4;
 }
 
+PIPELSTM_HD int64_t barriers_offset(const ClusterPlan& c) {
+  return h_copies_offset(c) + (c.copies * h_copy_halves(c) * 2 + 15) / 16 * 16;
+}
+
 PIPELSTM_HD int64_t cluster_smem_bytes(const ClusterPlan& c) {
-  return h_copies_offset(c) + (2 * h_copy_halves(c) * 2 + 15) / 16 * 16;
+  return barriers_offset(c) + (c.sync == Sync::kAsyncStores ? 16 * ((c.copies * 8 + 15) / 16) : 0);
+}
+
+// kAsyncStores: the bytes one step's stores bring to each block's copy:
+// every batch row's h as pairs of columns (j, j + 1), j even (the pair past
+// an odd H brings a zero into the padding).
+PIPELSTM_HD int64_t fill_bytes(const ClusterPlan& c) {
+  return c.tiles.batch * tc::ceil_div(c.tiles.hidden, 2) * 4;
 }
 
 // The half of buffer `buf` holding column k of batch row n of h.
@@ -74,10 +106,11 @@ PIPELSTM_HD int64_t h_index(const ClusterPlan& c, int buf, int64_t n, int64_t k)
 // max_blocks) whose blocks' shared memory fits `smem_limit` bytes, or 0.
 // Fewer blocks leave more of the GPU to other work; the per-step product of
 // a small batch is short either way.
-inline int64_t smallest_cluster(int64_t batch, int64_t hidden, int64_t max_blocks, int64_t smem_limit) {
+inline int64_t smallest_cluster(int64_t batch, int64_t hidden, int64_t max_blocks, int64_t smem_limit,
+                                Sync sync = Sync::kClusterBarrier) {
   for (int64_t blocks = 2;; blocks *= 2) {
     if (blocks > max_blocks) blocks = max_blocks;
-    if (cluster_smem_bytes(make_cluster_plan(batch, hidden, blocks)) <= smem_limit) return blocks;
+    if (cluster_smem_bytes(make_cluster_plan(batch, hidden, blocks, sync)) <= smem_limit) return blocks;
     if (blocks == max_blocks) return 0;
   }
 }

@@ -16,19 +16,20 @@ namespace pipelstm {
 namespace kernels {
 
 // The launch geometry for (batch, hidden) on `device`: a cluster of
-// `blocks` blocks (0: the smallest whose shared memory fits, up to 16).
+// `blocks` blocks (0: the smallest whose shared memory fits, up to 16),
+// separating steps as `sync` says (lstm_persistent_cluster.h).
 // Sets *fit (kArchitecture below compute capability 9.0; kSharedMemory where
 // no cluster's blocks fit; kCoResidency where the device cannot hold the
 // cluster at once); *plan is meaningful only where *fit is kFits.
 template <typename T>
-cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, int device,
+cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, cluster::Sync sync, int device,
                                  cluster::ClusterPlan* plan, TcFit* fit);
 
 // Runs the forward of one layer direction (PersistentForwardArgs's layouts,
 // no projection) on `stream` as one cluster launch. Where the shape does
 // not fit, sets *fit, launches nothing and returns cudaSuccess.
 template <typename T>
-cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks,
+cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks, cluster::Sync sync,
                                  cudaStream_t stream, TcFit* fit);
 
 }  // namespace kernels
