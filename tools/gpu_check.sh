@@ -91,6 +91,7 @@ if want tc; then
   timeout "${TC_SECONDS:-300}" env OUT="$OUT/persistent_tc" bash kernels/tests/run_persistent_tc_gpu_check.sh \
     >"$OUT/persistent_tc.log" 2>&1
   note "persistent tensor-core kernels: rc=$? ($((SECONDS - start)) s): $(tail -1 "$OUT/persistent_tc.log")"
+  grep -E "^FAIL|us a forward step" "$OUT/persistent_tc.log" | head -30 | tee -a "$summary"
 fi
 
 if want bench; then
