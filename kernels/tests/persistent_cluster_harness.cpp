@@ -125,6 +125,66 @@ void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
         "room for the barriers", B, H, blocks);
 }
 
+// The backward: every (batch row, unit) finished once; a copy filled as the
+// kernel fills it (each cell's four gate gradients at gates_index of
+// columns j, H + j, 2H + j, 3H + j) gives every B fragment grad_gates[n][k],
+// zero past B or 4H; conflict-free loads; the layout.
+void check_backward_shape(int64_t B, int64_t H, int64_t blocks) {
+  const cluster::BackwardClusterPlan c = cluster::make_backward_cluster_plan(B, H, blocks);
+  const tc::BackwardPlan& p = c.tiles;
+  check(p.blocks <= blocks, "backward: no more blocks than asked for", B, H, blocks);
+  std::vector<int> finished(B * H, 0);
+  std::vector<float> gates(B * 4 * H, 0.0f), copy(2 * cluster::copy_halves(c), -1.0f);
+  for (int64_t i = 0; i < 2 * cluster::copy_halves(c); ++i) {
+    const int64_t n = (i % cluster::copy_halves(c)) / c.stride, k = (i % cluster::copy_halves(c)) % c.stride;
+    if (n >= B || k >= 4 * H) copy[i] = 0.0f;
+  }
+  float value = 0.0f;
+  for (int64_t block = 0; block < p.blocks; ++block) {
+    for (int64_t it = 0; it < tc::item_count(p); ++it) {
+      const tc::Item w = tc::item_at(p, it);
+      if (w.slice != 0 && p.slices > 1) continue;
+      for (int lane = 0; lane < tc::kLanes; ++lane) {
+        for (int i = 0; i < 4; ++i) {
+          const tc::Cell cell = tc::bwd_cell(p, block, w, lane, i);
+          if (!cell.valid) continue;
+          ++finished[cell.b * H + cell.j];
+          for (int k = 0; k < 4; ++k) {
+            gates[cell.b * 4 * H + k * H + cell.j] = value += 1.0f;
+            copy[cluster::gates_index(c, 1, cell.b, k * H + cell.j)] = value;
+          }
+        }
+      }
+    }
+  }
+  bool once = true;
+  for (int v : finished) once = once && v == 1;
+  check(once, "backward: every cell finished exactly once", B, H, blocks);
+  bool right = true, conflict_free = true;
+  for (int64_t n_tile = 0; n_tile < p.n_tiles; ++n_tile) {
+    for (int64_t kt = 0; kt < p.k_tiles; ++kt) {
+      for (int r = 0; r < 2; ++r) {
+        std::set<int64_t> banks;
+        for (int lane = 0; lane < tc::kLanes; ++lane) {
+          const tc::BSource lo = tc::bwd_b_source(p, n_tile, kt, lane, 2 * r);
+          const tc::BSource hi = tc::bwd_b_source(p, n_tile, kt, lane, 2 * r + 1);
+          const int64_t at = cluster::gates_index(c, 1, lo.n, lo.k);
+          right = right && at % 2 == 0 && hi.n == lo.n && hi.k == lo.k + 1;
+          right = right && copy[at] == (lo.valid ? gates[lo.n * 4 * H + lo.k] : 0.0f) &&
+                  copy[at + 1] == (hi.valid ? gates[hi.n * 4 * H + hi.k] : 0.0f);
+          banks.insert((at / 2) % 32);
+        }
+        conflict_free = conflict_free && banks.size() == 32;
+      }
+    }
+  }
+  check(right, "backward: B fragments read the stored grad_gates (zero padding)", B, H, blocks);
+  check(conflict_free, "backward: a warp's B loads hit 32 banks", B, H, blocks);
+  check(cluster::copies_offset(c) % 16 == 0 && cluster::copies_offset(c) == tc::backward_smem_bytes(p) &&
+            cluster::cluster_smem_bytes(c) >= cluster::copies_offset(c) + 2 * cluster::copy_halves(c) * 2,
+        "backward: the copies after the slab and partials", B, H, blocks);
+}
+
 }  // namespace
 
 int main() {
@@ -139,6 +199,14 @@ int main() {
       }
     }
   }
+  for (int64_t B : {1, 3, 8, 9, 33, 64}) {
+    for (int64_t H : {1, 5, 16, 40, 100, 256, 264, 512}) {
+      for (int64_t blocks : {2, 3, 4, 8, 16}) {
+        check_backward_shape(B, H, blocks);
+        ++shapes;
+      }
+    }
+  }
   // The smallest cluster whose blocks fit 227 KiB of shared memory (Hopper's
   // opt-in limit): H = 256 fits in 4 blocks, H = 512 needs 16, H = 1024 none.
   const int64_t limit = 227 * 1024;
@@ -150,6 +218,10 @@ int main() {
                         cluster::smallest_cluster(8, 512, 16, limit, cluster::Sync::kAsyncStores) == 16 &&
                         cluster::smallest_cluster(8, 256, 16, limit, cluster::Sync::kAsyncStores) == 4;
   check(smallest, "smallest_cluster at H = 256, 512, 1024", 8, 0, 16);
+  const bool smallest_backward = cluster::smallest_backward_cluster(8, 256, 16, limit) == 4 &&
+                                 cluster::smallest_backward_cluster(8, 512, 16, limit) == 16 &&
+                                 cluster::smallest_backward_cluster(8, 1024, 16, limit) == 0;
+  check(smallest_backward, "smallest_backward_cluster at H = 256, 512, 1024", 8, 0, 16);
   std::printf("cluster harness: %d shapes, %d failures\n", shapes, failures);
   return failures == 0 ? 0 : 1;
 }

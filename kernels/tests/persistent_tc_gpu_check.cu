@@ -209,6 +209,36 @@ void check_cluster_shape(int64_t steps, int64_t batch, int64_t hidden, int64_t b
   check_outputs<T>(name, fit, {{&d_out, &out}, {&d_act, &act}, {&d_cells, &cells}});
 }
 
+// The cluster backward of one shape against the reference, from the
+// reference's forward workspace.
+template <typename T>
+void check_cluster_backward(int64_t steps, int64_t batch, int64_t hidden, int64_t blocks, bool reverse) {
+  const int64_t B = batch, H = hidden, N = steps * B;
+  const auto xg = random_vec<T>(N * 4 * H, 0.5f), w = random_vec<T>(4 * H * H, 1.0f / std::sqrt(float(H)));
+  const auto h0 = random_vec<T>(B * H, 0.5f), c0 = random_vec<T>(B * H, 0.5f);
+  const auto go = random_vec<T>(N * H, 0.5f), ghn = random_vec<T>(B * H, 0.5f), gcn = random_vec<T>(B * H, 0.5f);
+  std::vector<float> out(N * H), act(N * 4 * H), cells(N * H), gg(N * 4 * H), gh0(B * H), gc0(B * H);
+  const PersistentForwardArgs<float> rf = forward_args(xg.data(), w.data(), h0.data(), c0.data(), out.data(),
+                                                       act.data(), cells.data(), steps, B, H, reverse);
+  testing::reference_forward(rf, Round<T>());
+  testing::reference_backward(
+      backward_args(rf, GradsIn<float>{go.data(), ghn.data(), gcn.data()}, gg.data(), gh0.data(), gc0.data()),
+      Round<T>());
+  DeviceBuf<T> d_xg(xg), d_w(w), d_h0(h0), d_c0(c0), d_out(out), d_act(act), d_cells(cells), d_go(go),
+      d_ghn(ghn), d_gcn(gcn), d_gg({}, N * 4 * H), d_gh0({}, B * H), d_gc0({}, B * H);
+  const PersistentForwardArgs<T> f = forward_args(d_xg.ptr, d_w.ptr, d_h0.ptr, d_c0.ptr, d_out.ptr, d_act.ptr,
+                                                  d_cells.ptr, steps, B, H, reverse);
+  const PersistentBackwardArgs<T> b =
+      backward_args(f, GradsIn<T>{d_go.ptr, d_ghn.ptr, d_gcn.ptr}, d_gg.ptr, d_gh0.ptr, d_gc0.ptr);
+  char name[160];
+  std::snprintf(name, sizeof(name), "cluster backward %s T=%ld B=%ld H=%ld blocks=%ld reverse=%d", Type<T>::name,
+                long(steps), long(B), long(H), long(blocks), int(reverse));
+  TcFit fit;
+  CHECK_CUDA(cluster_backward_cuda(b, blocks, nullptr, &fit));
+  CHECK_CUDA(cudaGetLastError());
+  check_outputs<T>(name, fit, {{&d_gg, &gg}, {&d_gh0, &gh0}, {&d_gc0, &gc0}});
+}
+
 // Median time (ms) of `steps` forward steps through `run(&fit)`, or NaN
 // where it did not fit.
 template <typename Run>
@@ -253,6 +283,16 @@ void time_cluster(int64_t steps, int64_t batch, int64_t hidden) {
           median_ms([&](TcFit* fit) { return cluster_forward_cuda(f, blocks, sync, nullptr, fit); });
       std::printf(", %s(%ld) %.2f", sync_name(sync), long(blocks), 1e3 * ms / steps);
     }
+  }
+  // The backward over the forward just timed, its output's values standing in for grad_output.
+  DeviceBuf<T> gg({}, N * 4 * H), gh0({}, B * H), gc0({}, B * H);
+  const PersistentBackwardArgs<T> bw =
+      backward_args(f, GradsIn<T>{out.ptr, nullptr, nullptr}, gg.ptr, gh0.ptr, gc0.ptr);
+  const double grid_bw = median_ms([&](TcFit* fit) { return tc_persistent_backward_cuda(bw, 0, nullptr, fit); });
+  std::printf("; a backward step: tensor-core %.2f", 1e3 * grid_bw / steps);
+  for (int64_t blocks : {0, 4, 8, 16}) {
+    const double ms = median_ms([&](TcFit* fit) { return cluster_backward_cuda(bw, blocks, nullptr, fit); });
+    std::printf(", cluster(%ld) %.2f", long(blocks), 1e3 * ms / steps);
   }
   std::printf("\n");
 }
@@ -373,6 +413,8 @@ void run_cluster(bool quick, int major) {
   for (cluster::Sync sync : {cluster::Sync::kClusterBarrier, cluster::Sync::kAsyncStores})
     for (const auto& s : shapes)
       for (bool reverse : {false, true}) check_cluster_shape<T>(s[0], s[1], s[2], s[3], reverse, sync);
+  for (const auto& s : shapes)
+    for (bool reverse : {false, true}) check_cluster_backward<T>(s[0], s[1], s[2], s[3], reverse);
   if (quick) return;
   for (int64_t H : {256, 512})
     for (int64_t B : {1, 8, 32}) time_cluster<T>(100, B, H);

@@ -176,43 +176,124 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
 #endif
 }
 
-// The launch of one cluster of c.tiles.blocks blocks (`attr`, which it
-// points to, must outlive it).
-cudaLaunchConfig_t cluster_config(const cluster::ClusterPlan& c, cudaStream_t stream,
-                                  cudaLaunchAttribute* attr) {
+// The backward in one cluster (BackwardClusterPlan): positions steps - 1
+// .. 0 run the cell backward and store their grad_gates into every block's
+// copy; every position but the first takes the product of the copy the
+// position before it filled; position -1 writes grad_h0.
+template <typename T>
+__global__ void __launch_bounds__(tc::kThreads, 1)
+    cluster_backward_kernel(const PersistentBackwardArgs<T> a, const cluster::BackwardClusterPlan c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 smem[];
+  const tc::BackwardPlan& p = c.tiles;
+  uint4* slab = smem;
+  float* partial = reinterpret_cast<float*>(smem + tc::bwd_slab_slots(p));
+  auto* g = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::copies_offset(c));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t block = cluster.block_rank();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
+  const Load<T> load;
+  const Store<T> store;
+
+  stage_slab(slab, a.w_hh, tc::bwd_slab_slots(p),
+             [&](int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
+  const int64_t copy = cluster::copy_halves(c);
+  for (int64_t i = threadIdx.x; i < 2 * copy; i += tc::kThreads) {  // the padding: zero for good
+    const int64_t n = (i % copy) / c.stride, k = (i % copy) % c.stride;
+    if (n >= p.batch || k >= 4 * a.hidden) g[i] = 0;
+  }
+  cluster.sync();
+
+  // Stores a cell's gate gradients into copy `buf` of every block.
+  const auto broadcast = [&](int buf, int64_t n, int64_t j, T d_i, T d_f, T d_g, T d_o) {
+    const T d[4] = {d_i, d_f, d_g, d_o};
+    for (int rank = 0; rank < blocks; ++rank) {
+      unsigned short* peer = cluster.map_shared_rank(g, rank);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) peer[cluster::gates_index(c, buf, n, k * a.hidden + j)] = bits(d[k]);
+    }
+  };
+
+  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
+    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
+    const int buf = static_cast<int>(pos & 1), read = static_cast<int>((pos + 1) & 1);
+    if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
+      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+        const float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
+        tc::bwd_finish(a, in, t, pos, acc, store,
+                       [&](int64_t n, int64_t j, T i, T f, T gg, T o) { broadcast(buf, n, j, i, f, gg, o); });
+      }
+      cluster.sync();
+      continue;
+    }
+    step_product<4>(
+        p, warp, partial,
+        [&](int64_t slice, int64_t pair, int e) {
+          return tc::bwd_partial_index(p, slice, pair, e, lane);
+        },
+        [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
+          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
+        },
+        [&](const tc::Item& w, float (&acc)[4]) {
+          float part[kChains][4] = {};
+          product_in_chunks(
+              w,
+              [&](int64_t kt, int r) {
+                const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+                return *reinterpret_cast<const uint32_t*>(g + cluster::gates_index(c, read, lo.n, lo.k));
+              },
+              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
+                mma<T>(part[chain], slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
+              });
+          sum_chains(part, acc);
+        },
+        [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
+          if (pos >= 0) {
+            tc::bwd_finish(a, in, t, pos, acc, store,
+                           [&](int64_t n, int64_t j, T i, T f, T gg, T o) { broadcast(buf, n, j, i, f, gg, o); });
+          } else {
+            tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+          }
+        });
+    // This position's grad_gates are in every copy before the next product
+    // reads them, and this product's reads are done before the next
+    // position stores into the copy they read.
+    if (pos >= 0) cluster.sync();
+  }
+#else
+  __trap();  // never launched there: the plan answers TcFit::kArchitecture
+#endif
+}
+
+// The launch of one cluster of `blocks` blocks with `smem` bytes each
+// (`attr`, which it points to, must outlive it).
+cudaLaunchConfig_t cluster_config(int64_t blocks, int64_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(c.tiles.blocks));
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(tc::kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(cluster::cluster_smem_bytes(c));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
   *attr = {};
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = static_cast<unsigned>(c.tiles.blocks);
+  attr->val.clusterDim.x = static_cast<unsigned>(blocks);
   attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
   config.attrs = attr;
   config.numAttrs = 1;
   return config;
 }
 
-// Sets the kernel's shared-memory and cluster-size limits for `c` and asks
-// whether the device can hold the cluster at once.
-template <typename T>
-auto* kernel_for(cluster::Sync sync) {
-  return sync == cluster::Sync::kAsyncStores ? cluster_forward_kernel<T, cluster::Sync::kAsyncStores>
-                                              : cluster_forward_kernel<T, cluster::Sync::kClusterBarrier>;
-}
-
-template <typename T>
-cudaError_t check_cluster(const cluster::ClusterPlan& c, TcFit* fit) {
-  const void* kernel = reinterpret_cast<const void*>(kernel_for<T>(c.sync));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(cluster::cluster_smem_bytes(c)));
-  if (err == cudaSuccess && c.tiles.blocks > 8) {  // above the portable size
+// Sets `kernel`'s shared-memory and cluster-size limits and asks whether the
+// device can hold its cluster at once.
+cudaError_t check_cluster(const void* kernel, int64_t blocks, int64_t smem, TcFit* fit) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err == cudaSuccess && blocks > 8) {  // above the portable size
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = cluster_config(c, nullptr, &attr);
+  const cudaLaunchConfig_t config = cluster_config(blocks, smem, nullptr, &attr);
   int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
   if (err != cudaSuccess) return err;
@@ -220,11 +301,16 @@ cudaError_t check_cluster(const cluster::ClusterPlan& c, TcFit* fit) {
   return cudaSuccess;
 }
 
-}  // namespace
-
 template <typename T>
-cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, cluster::Sync sync, int device,
-                                 cluster::ClusterPlan* plan, TcFit* fit) {
+auto* kernel_for(cluster::Sync sync) {
+  return sync == cluster::Sync::kAsyncStores ? cluster_forward_kernel<T, cluster::Sync::kAsyncStores>
+                                              : cluster_forward_kernel<T, cluster::Sync::kClusterBarrier>;
+}
+
+// The checks both directions make before the geometry: sets *fit, and
+// *limits where it is still kFits.
+cudaError_t check_shape(int64_t batch, int64_t hidden, int64_t blocks, int device, DeviceLimits* limits,
+                        TcFit* fit) {
   *fit = TcFit::kBadShape;
   if (batch <= 0 || hidden <= 0 || blocks < 0 || blocks > cluster::kMaxCluster || blocks == 1) {
     return cudaSuccess;
@@ -233,27 +319,31 @@ cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, 
     *fit = TcFit::kBatchTooLarge;
     return cudaSuccess;
   }
-  DeviceLimits limits;
-  const cudaError_t err = device_limits(device, &limits);
+  const cudaError_t err = device_limits(device, limits);
   if (err != cudaSuccess) return err;
-  if (limits.major < 9) {
-    *fit = TcFit::kArchitecture;
-    return cudaSuccess;
-  }
+  *fit = limits->major < 9 ? TcFit::kArchitecture : TcFit::kFits;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, cluster::Sync sync, int device,
+                                 cluster::ClusterPlan* plan, TcFit* fit) {
+  DeviceLimits limits;
+  const cudaError_t err = check_shape(batch, hidden, blocks, device, &limits, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
   const int64_t n = blocks ? blocks
                            : cluster::smallest_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block,
                                                        sync);
-  if (n == 0) {
-    *fit = TcFit::kSharedMemory;
-    return cudaSuccess;
-  }
-  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n, sync);
-  if (cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
+  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n ? n : cluster::kMaxCluster, sync);
+  if (n == 0 || cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
     *fit = TcFit::kSharedMemory;
     return cudaSuccess;
   }
   *plan = c;
-  return check_cluster<T>(c, fit);
+  return check_cluster(reinterpret_cast<const void*>(kernel_for<T>(sync)), c.tiles.blocks,
+                       cluster::cluster_smem_bytes(c), fit);
 }
 
 template <typename T>
@@ -266,15 +356,56 @@ cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t b
   err = cluster_forward_plan<T>(args.batch, args.hidden, blocks, sync, device, &c, fit);
   if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = cluster_config(c, stream, &attr);
+  const cudaLaunchConfig_t config = cluster_config(c.tiles.blocks, cluster::cluster_smem_bytes(c), stream, &attr);
   return cudaLaunchKernelEx(&config, kernel_for<T>(sync), args, c);
+}
+
+template <typename T>
+cudaError_t cluster_backward_plan(int64_t batch, int64_t hidden, int64_t blocks, int device,
+                                  cluster::BackwardClusterPlan* plan, TcFit* fit) {
+  DeviceLimits limits;
+  const cudaError_t err = check_shape(batch, hidden, blocks, device, &limits, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
+  const int64_t n =
+      blocks ? blocks : cluster::smallest_backward_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block);
+  const cluster::BackwardClusterPlan c =
+      cluster::make_backward_cluster_plan(batch, hidden, n ? n : cluster::kMaxCluster);
+  if (n == 0 || cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
+    *fit = TcFit::kSharedMemory;
+    return cudaSuccess;
+  }
+  *plan = c;
+  return check_cluster(reinterpret_cast<const void*>(cluster_backward_kernel<T>), c.tiles.blocks,
+                       cluster::cluster_smem_bytes(c), fit);
+}
+
+template <typename T>
+cudaError_t cluster_backward_cuda(const PersistentBackwardArgs<T>& args, int64_t blocks, cudaStream_t stream,
+                                  TcFit* fit) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (args.steps <= 0) {
+    *fit = TcFit::kBadShape;
+    return cudaSuccess;
+  }
+  cluster::BackwardClusterPlan c;
+  err = cluster_backward_plan<T>(args.batch, args.hidden, blocks, device, &c, fit);
+  if (err != cudaSuccess || *fit != TcFit::kFits) return err;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_config(c.tiles.blocks, cluster::cluster_smem_bytes(c), stream, &attr);
+  return cudaLaunchKernelEx(&config, cluster_backward_kernel<T>, args, c);
 }
 
 #define PIPELSTM_INSTANTIATE_CLUSTER(T)                                                          \
   template cudaError_t cluster_forward_plan<T>(int64_t, int64_t, int64_t, cluster::Sync, int,   \
                                                cluster::ClusterPlan*, TcFit*);                   \
   template cudaError_t cluster_forward_cuda<T>(const PersistentForwardArgs<T>&, int64_t,         \
-                                               cluster::Sync, cudaStream_t, TcFit*);
+                                               cluster::Sync, cudaStream_t, TcFit*);              \
+  template cudaError_t cluster_backward_plan<T>(int64_t, int64_t, int64_t, int,                  \
+                                                cluster::BackwardClusterPlan*, TcFit*);           \
+  template cudaError_t cluster_backward_cuda<T>(const PersistentBackwardArgs<T>&, int64_t,        \
+                                                cudaStream_t, TcFit*);
 
 PIPELSTM_INSTANTIATE_CLUSTER(__half)
 PIPELSTM_INSTANTIATE_CLUSTER(__nv_bfloat16)

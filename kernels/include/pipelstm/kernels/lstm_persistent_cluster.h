@@ -115,6 +115,55 @@ inline int64_t smallest_cluster(int64_t batch, int64_t hidden, int64_t max_block
   }
 }
 
+// ---- Backward: grad_h^T = w_hh^T @ grad_gates^T in one cluster ----
+//
+// As the tensor-core backward (tc::BackwardPlan: blocks own M-tiles of 16
+// units, K runs over the 4H gate rows), with cluster-many blocks, each
+// keeping a copy of the grad_gates [B, 4H] of the position processed last:
+// a block finishing its cells stores their four gate gradients into every
+// block's copy, and one cluster barrier a position separates the positions.
+// Position pos stores into copy pos % 2 and its product reads copy
+// (pos + 1) % 2, written at the position before it; the grad_h0 phase
+// (pos -1) reads copy 0.
+struct BackwardClusterPlan {
+  tc::BackwardPlan tiles;
+  int64_t rows = 0;    // batch rows of a copy (the N-tiles')
+  int64_t stride = 0;  // halves between two rows: the 4H columns' K-tiles, then 8 (conflict-free loads)
+};
+
+PIPELSTM_HD BackwardClusterPlan make_backward_cluster_plan(int64_t batch, int64_t hidden, int64_t blocks) {
+  BackwardClusterPlan c;
+  const int64_t unit_tiles = tc::ceil_div(tc::ceil_div(hidden, tc::kTileM), blocks);
+  c.tiles = tc::make_backward_plan(batch, hidden, unit_tiles);
+  c.rows = c.tiles.n_tiles * tc::kTileN;
+  c.stride = h_stride(c.tiles.k_tiles);
+  return c;
+}
+
+PIPELSTM_HD int64_t copy_halves(const BackwardClusterPlan& c) { return c.rows * c.stride; }
+
+PIPELSTM_HD int64_t copies_offset(const BackwardClusterPlan& c) {
+  return tc::bwd_slab_slots(c.tiles) * 16 + tc::bwd_partial_floats(c.tiles) * 4;
+}
+
+PIPELSTM_HD int64_t cluster_smem_bytes(const BackwardClusterPlan& c) {
+  return copies_offset(c) + (2 * copy_halves(c) * 2 + 15) / 16 * 16;
+}
+
+// The half of copy `buf` holding gate column k (0 .. 4H) of batch row n.
+PIPELSTM_HD int64_t gates_index(const BackwardClusterPlan& c, int buf, int64_t n, int64_t k) {
+  return buf * copy_halves(c) + n * c.stride + k;
+}
+
+// The smallest backward cluster that fits, as smallest_cluster.
+inline int64_t smallest_backward_cluster(int64_t batch, int64_t hidden, int64_t max_blocks, int64_t smem_limit) {
+  for (int64_t blocks = 2;; blocks *= 2) {
+    if (blocks > max_blocks) blocks = max_blocks;
+    if (cluster_smem_bytes(make_backward_cluster_plan(batch, hidden, blocks)) <= smem_limit) return blocks;
+    if (blocks == max_blocks) return 0;
+  }
+}
+
 }  // namespace cluster
 }  // namespace kernels
 }  // namespace pipelstm

@@ -1,5 +1,5 @@
-// CUDA entry points of the cluster-resident persistent LSTM forward (see
-// lstm_persistent_cluster.h). Plain C++, like lstm_persistent_tc_cuda.h.
+// CUDA entry points of the cluster-resident persistent LSTM forward and
+// backward (see lstm_persistent_cluster.h). Plain C++, like lstm_persistent_tc_cuda.h.
 // Instantiated for __half and __nv_bfloat16; Hopper (compute capability 9.0)
 // and newer only.
 #pragma once
@@ -31,6 +31,21 @@ cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, 
 template <typename T>
 cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t blocks, cluster::Sync sync,
                                  cudaStream_t stream, TcFit* fit);
+
+// The backward's geometry (lstm_persistent_cluster.h, BackwardClusterPlan):
+// `blocks` blocks, 0 for the smallest cluster that fits. As
+// cluster_forward_plan.
+template <typename T>
+cudaError_t cluster_backward_plan(int64_t batch, int64_t hidden, int64_t blocks, int device,
+                                  cluster::BackwardClusterPlan* plan, TcFit* fit);
+
+// Runs the backward of one layer direction (PersistentBackwardArgs) on
+// `stream` as one cluster launch: grad_gates of every step, grad_h0 and
+// grad_c0. steps must be positive. Where the shape does not fit, sets *fit,
+// launches nothing and returns cudaSuccess.
+template <typename T>
+cudaError_t cluster_backward_cuda(const PersistentBackwardArgs<T>& args, int64_t blocks, cudaStream_t stream,
+                                  TcFit* fit);
 
 }  // namespace kernels
 }  // namespace pipelstm

@@ -423,10 +423,11 @@ PIPELSTM_HD BwdCells bwd_cells(const PersistentBackwardArgs<T>& a, const Backwar
 
 // The cell backward of those cells at step position `pos` (step t): acc[i]
 // is the recurrent gradient of cell i (ignored at the first position
-// processed, where grad_h_n stands in for it).
-template <typename T, typename Store>
+// processed, where grad_h_n stands in for it). on_gates(batch row, unit,
+// d_i, d_f, d_g, d_o) gets each cell's gate gradients as it stored them.
+template <typename T, typename Store, typename OnGates = NoHook>
 PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BwdCells& f, int64_t t,
-                            int64_t pos, const float (&acc)[4], Store store) {
+                            int64_t pos, const float (&acc)[4], Store store, OnGates on_gates = {}) {
   const int64_t H = a.hidden, B = a.batch;
   const bool first = pos == a.steps - 1;
   PIPELSTM_UNROLL
@@ -438,11 +439,11 @@ PIPELSTM_HD void bwd_finish(const PersistentBackwardArgs<T>& a, const BwdCells& 
     const auto r = math::cell_backward(grad_h, f.grad_c[i], f.gate[i][0], f.gate[i][1],
                                        f.gate[i][2], f.gate[i][3], f.c_prev[i], f.c[i]);
     const int64_t g0 = (t * B + c.b) * 4 * H + c.j;
-    a.grad_gates[g0] = store(r.d_i);
-    a.grad_gates[g0 + H] = store(r.d_f);
-    a.grad_gates[g0 + 2 * H] = store(r.d_g);
-    a.grad_gates[g0 + 3 * H] = store(r.d_o);
+    const T d[4] = {store(r.d_i), store(r.d_f), store(r.d_g), store(r.d_o)};
+    PIPELSTM_UNROLL
+    for (int k = 0; k < 4; ++k) a.grad_gates[g0 + k * H] = d[k];
     a.grad_c0[c.b * H + c.j] = store(r.d_c_prev);
+    on_gates(c.b, c.j, d[0], d[1], d[2], d[3]);
   }
 }
 
