@@ -51,6 +51,9 @@ std::optional<std::string> isa(const std::string& raw) {
 }
 std::optional<std::string> gemm(const std::string& raw) { return one_of(raw, {"auto", "own", "aten"}); }
 std::optional<std::string> on_off_auto(const std::string& raw) { return one_of(raw, {"0", "1", "auto"}); }
+std::optional<std::string> persistent_kernel(const std::string& raw) {
+  return one_of(raw, {"grid", "cluster", "cluster_async"});
+}
 
 // MiB: up to 2^40 (12 digits), far past any machine, short of overflowing bytes.
 std::optional<std::string> mebibytes(const std::string& raw) {
@@ -89,8 +92,8 @@ std::optional<std::string> microseconds_or_off(const std::string& raw) {
   return without_leading_zeros(raw);
 }
 
-enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kLayerWavefront, kStackGraph, kSplitDepth, kRowSplit,
-             kInputInSteps, kHostCopyStream, kCount };
+enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kPersistentKernel, kLayerWavefront,
+             kStackGraph, kSplitDepth, kRowSplit, kInputInSteps, kHostCopyStream, kCount };
 
 constexpr std::array<Switch, kCount> kSwitches{{
     {"PIPELSTM_CPU_ISA", "native",
@@ -104,6 +107,10 @@ constexpr std::array<Switch, kCount> kSwitches{{
     {"PIPELSTM_PERSISTENT", "auto",
      "one of 0 (never), 1 (wherever it fits), auto (the default: where it was measured faster)",
      &on_off_auto},
+    {"PIPELSTM_PERSISTENT_KERNEL", "grid",
+     "one of grid (the default: over the whole GPU), cluster, cluster_async (one thread-block cluster, "
+     "Hopper; the grid kernel where it does not fit)",
+     &persistent_kernel},
     {"PIPELSTM_LAYER_WAVEFRONT", "0",
      "a whole number of time chunks: 0 (the default: off) or 2 to 4096", &chunk_count},
     {"PIPELSTM_STACK_GRAPH", "0",
@@ -259,6 +266,8 @@ size_t buffer_cache_bytes_or_none() noexcept {
 std::optional<bool> cuda_graphs() { return tristate(kCudaGraphs); }
 
 std::optional<bool> persistent() { return tristate(kPersistent); }
+
+std::string persistent_kernel() { return lookup(kPersistentKernel).value; }
 
 std::optional<bool> split_depth() { return tristate(kSplitDepth); }
 std::optional<bool> row_split() { return tristate(kRowSplit); }

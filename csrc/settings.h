@@ -71,6 +71,13 @@ std::optional<bool> cuda_graphs();
 // (true), never (false), or where they pay (nullopt: the layer op decides).
 std::optional<bool> persistent();
 
+// PIPELSTM_PERSISTENT_KERNEL: which persistent kernels run where the
+// persistent kernels do: "grid" (over the whole GPU), "cluster" or
+// "cluster_async" (one thread-block cluster on Hopper, the forward's steps
+// separated by a cluster barrier or by st.async stores; the grid kernel
+// where the cluster does not fit).
+std::string persistent_kernel();
+
 // Measurement and test knobs (environment only in the Python API's public
 // part): the depth split of a weight gradient's GEMM, the row split of
 // the time loops, the input projection inside the steps, and the delay of

@@ -32,6 +32,7 @@ PUBLIC = [
     (cpu, "buffer_cache_mb", "PIPELSTM_BUFFER_CACHE_MB", 1024, 0, "0", -1),
     (cuda, "graphs", "PIPELSTM_CUDA_GRAPHS", None, True, "1", None),
     (cuda, "persistent", "PIPELSTM_PERSISTENT", None, True, "1", None),
+    (cuda, "persistent_kernel", "PIPELSTM_PERSISTENT_KERNEL", "grid", "cluster", "cluster", "tma"),
     (cuda, "layer_wavefront", "PIPELSTM_LAYER_WAVEFRONT", 0, 8, "8", 1),
     (cuda, "stack_graph", "PIPELSTM_STACK_GRAPH", 0, 1, "1", 4097),
 ]
@@ -52,7 +53,8 @@ def _no_overrides(monkeypatch):
 
 def test_every_switch_has_a_lookup_and_no_variable_is_read_elsewhere():
     assert SWITCHES == ["PIPELSTM_CPU_ISA", "PIPELSTM_CPU_GEMM", "PIPELSTM_BUFFER_CACHE_MB", "PIPELSTM_CUDA_GRAPHS",
-                        "PIPELSTM_PERSISTENT", "PIPELSTM_LAYER_WAVEFRONT", "PIPELSTM_STACK_GRAPH",
+                        "PIPELSTM_PERSISTENT", "PIPELSTM_PERSISTENT_KERNEL", "PIPELSTM_LAYER_WAVEFRONT",
+                        "PIPELSTM_STACK_GRAPH",
                         "PIPELSTM_SPLIT_DEPTH", "PIPELSTM_ROW_SPLIT",
                         "PIPELSTM_INPUT_IN_STEPS", "PIPELSTM_HOST_COPY_STREAM"]
     # The C++ side reads a variable only through settings.cpp's lookup.
@@ -138,6 +140,7 @@ def test_the_knobs_for_measurements_are_environment_only_and_still_read_per_call
         "PIPELSTM_BUFFER_CACHE_MB": "pipelstm.backends.cpu.buffer_cache_mb",
         "PIPELSTM_CUDA_GRAPHS": "pipelstm.backends.cuda.graphs",
         "PIPELSTM_PERSISTENT": "pipelstm.backends.cuda.persistent",
+        "PIPELSTM_PERSISTENT_KERNEL": "pipelstm.backends.cuda.persistent_kernel",
         "PIPELSTM_LAYER_WAVEFRONT": "pipelstm.backends.cuda.layer_wavefront",
         "PIPELSTM_STACK_GRAPH": "pipelstm.backends.cuda.stack_graph"}
     for name, default in [("PIPELSTM_SPLIT_DEPTH", "auto"), ("PIPELSTM_ROW_SPLIT", "auto"),

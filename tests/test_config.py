@@ -67,9 +67,9 @@ def test_show_config_prints_every_switch_with_its_source(monkeypatch, capsys):
     assert f"CPU GEMMs:           {_C.cpu_gemm()}" in out
     for name in _C._switch_names():
         assert name in out
-    assert "PIPELSTM_PERSISTENT       = 1 (python; pipelstm.backends.cuda.persistent)" in out
-    assert "PIPELSTM_SPLIT_DEPTH      = auto (default; environment only)" in out
-    assert "PIPELSTM_CUDA_GRAPHS      = error: pipelstm: PIPELSTM_CUDA_GRAPHS=bogus is not one of" in out
+    assert "PIPELSTM_PERSISTENT        = 1 (python; pipelstm.backends.cuda.persistent)" in out
+    assert "PIPELSTM_SPLIT_DEPTH       = auto (default; environment only)" in out
+    assert "PIPELSTM_CUDA_GRAPHS       = error: pipelstm: PIPELSTM_CUDA_GRAPHS=bogus is not one of" in out
 
 
 def _package_copy(tmp_path: Path, torch_version: str) -> Path:

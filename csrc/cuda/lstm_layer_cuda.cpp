@@ -40,8 +40,11 @@ std::vector<int64_t> graph_key(GraphOp op, const LayerSteps& steps, bool reverse
                                std::initializer_list<Tensor> in_place,
                                const std::vector<Tensor>& inputs) {
   const std::optional<bool> persistent = settings::persistent();
+  const std::string kernel = settings::persistent_kernel();
+  const int64_t kernel_index = kernel == "grid" ? 0 : kernel == "cluster" ? 1 : 2;
   std::vector<int64_t> key{static_cast<int64_t>(op), reverse,
-                           persistent.has_value() ? int64_t{*persistent} : int64_t{2}, steps.dense};
+                           persistent.has_value() ? int64_t{*persistent} : int64_t{2}, kernel_index,
+                           steps.dense};
   key.insert(key.end(), steps.batch.begin(), steps.batch.end());
   for (const auto& t : in_place) add_to_key(key, t, /*in_place=*/true);
   for (const auto& t : inputs) add_to_key(key, t, /*in_place=*/false);

@@ -63,7 +63,8 @@ def call_key(inputs: Sequence[Tensor], params: Sequence[Tensor], *extra: Hashabl
     return (tuple(describe(t, False) for t in inputs), tuple(describe(p, True) for p in params),
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
             torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
-            _C._get_switch("PIPELSTM_PERSISTENT")[0]) + tuple(extra)
+            _C._get_switch("PIPELSTM_PERSISTENT")[0],
+            _C._get_switch("PIPELSTM_PERSISTENT_KERNEL")[0]) + tuple(extra)
 
 
 class Captured:

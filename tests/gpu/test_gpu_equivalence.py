@@ -406,7 +406,7 @@ def test_cuda_graph_capture_forward_backward():
 # --- the persistent recurrent kernel (PIPELSTM_PERSISTENT=1) ----------------------
 
 PERSISTENT_SCRIPT = """
-import torch, pipelstm
+import os, torch, pipelstm
 from torch import nn
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -429,7 +429,10 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16
         g_r = torch.autograd.grad(out_r.sum(), list(ref.parameters()))
         for a, b in zip(g_o, g_r):
             assert ((a.double() - b).abs().max() / b.abs().max()).item() <= (tol if dtype == torch.float32 else 5e-2)
-# float16 and bfloat16 run the tensor-core kernels, forward and backward.
+# float16 and bfloat16 run the tensor-core kernels, forward and backward:
+# one cluster's on Hopper where PIPELSTM_PERSISTENT_KERNEL asks for them.
+kind = "cluster" if (os.environ["PIPELSTM_PERSISTENT_KERNEL"] != "grid"
+                     and torch.cuda.get_device_capability()[0] == 9) else "tc"
 for dtype in (torch.float16, torch.bfloat16):
     ours = pipelstm.LSTM(64, 256).cuda().to(dtype)
     x = torch.randn(20, 8, 64, device="cuda", dtype=dtype, requires_grad=True)
@@ -437,19 +440,20 @@ for dtype in (torch.float16, torch.bfloat16):
         ours(x)[0].float().sum().backward()
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    assert any("tc_forward_kernel" in n for n in names), (dtype, sorted(names))
-    assert any("tc_backward_kernel" in n for n in names), (dtype, sorted(names))
+    assert any(kind + "_forward_kernel" in n for n in names), (dtype, sorted(names))
+    assert any(kind + "_backward_kernel" in n for n in names), (dtype, sorted(names))
 print("ok")
 """
 
 
-def test_persistent_kernel_matches_cudnn():
-    # The switch is read once per process, so the check runs in a fresh one.
+@pytest.mark.parametrize("kernel", ["grid", "cluster", "cluster_async"])
+def test_persistent_kernel_matches_cudnn(kernel):
+    # A fresh process, so no graph or buffer of another kernel is reused.
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, PIPELSTM_PERSISTENT="1")
+    env = dict(os.environ, PIPELSTM_PERSISTENT="1", PIPELSTM_PERSISTENT_KERNEL=kernel)
     result = subprocess.run([sys.executable, "-c", PERSISTENT_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr

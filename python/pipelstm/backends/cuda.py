@@ -11,6 +11,11 @@ drops the override; docs/configuration.md has the whole table):
   and bfloat16): ``True`` wherever it fits, ``False`` never, ``None`` (the
   default) at the sizes where it measured faster (float16/bfloat16,
   T >= 500, B <= 8, H <= 512).
+* ``persistent_kernel`` (``PIPELSTM_PERSISTENT_KERNEL``): which persistent
+  kernels run where the persistent kernels do: ``"grid"`` (the default,
+  the tensor-core kernels over the whole GPU), ``"cluster"`` or
+  ``"cluster_async"`` (one thread-block cluster on Hopper, not yet
+  measured; the grid kernels where a cluster does not fit).
 * ``layer_wavefront`` (``PIPELSTM_LAYER_WAVEFRONT``): run the layers of a
   dense, unidirectional stack as a wavefront over this many time chunks,
   one stream a layer (``pipelstm.layer_wavefront``; default ``0``: one
@@ -31,9 +36,10 @@ from typing import Tuple
 
 from .. import _C
 from .. import stack_graph as stack_graph_module
-from ._switch import Switch, SwitchModule, chunk_count, stack_chunks, tristate
+from ._switch import Switch, SwitchModule, choice, chunk_count, stack_chunks, tristate
 
-__all__ = ["graphs", "persistent", "layer_wavefront", "stack_graph", "graph_counts", "graph_memory", "flags"]
+__all__ = ["graphs", "persistent", "persistent_kernel", "layer_wavefront", "stack_graph", "graph_counts", "graph_memory",
+           "flags"]
 
 
 class _CudaModule(SwitchModule):
@@ -43,6 +49,9 @@ class _CudaModule(SwitchModule):
     persistent = Switch("PIPELSTM_PERSISTENT", tristate,
                         "Run a dense layer's recurrence as one persistent kernel: True (wherever it fits), False "
                         "(never), None (default: where it measured faster).")
+    persistent_kernel = Switch("PIPELSTM_PERSISTENT_KERNEL", choice("grid", "cluster", "cluster_async"),
+                               "Which persistent kernels run where they do: grid (default: over the whole GPU), "
+                               "cluster or cluster_async (one thread-block cluster, Hopper; not yet measured).")
     layer_wavefront = Switch("PIPELSTM_LAYER_WAVEFRONT", chunk_count,
                              "Run a stack's layers as a wavefront over this many time chunks, one CUDA stream a "
                              "layer (default 0: one layer after another).")

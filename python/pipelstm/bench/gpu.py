@@ -70,7 +70,8 @@ DTYPES = {"fp32": torch.float32, "default": torch.float32, "bf16": torch.bfloat1
 RATES = {"fp32": 50e12, "default": 50e12, "bf16": 790e12, "fp16": 790e12}
 BANDWIDTH, STEP_LATENCY = 3.0e12, 3e-6
 # Run-time switches of pipelstm's CUDA path, recorded with the results.
-SWITCHES = ("PIPELSTM_CUDA_GRAPHS", "PIPELSTM_PERSISTENT", "PIPELSTM_LAYER_WAVEFRONT", "PIPELSTM_STACK_GRAPH")
+SWITCHES = ("PIPELSTM_CUDA_GRAPHS", "PIPELSTM_PERSISTENT", "PIPELSTM_PERSISTENT_KERNEL", "PIPELSTM_LAYER_WAVEFRONT",
+            "PIPELSTM_STACK_GRAPH")
 
 COLUMNS = [
     Column("setting", "setting"), Column("layers", "layers"), Column("T", "T"), Column("B", "B"),
