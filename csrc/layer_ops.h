@@ -149,18 +149,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> packed_layer_backward
   return {d.grad_input, d.grad_h0, d.grad_c0, d.grad_gates, or_empty(d.grad_h), or_empty(d.raw_h)};
 }
 
-// The kernels of every op for `Backend`, called by the backend's
-// TORCH_LIBRARY_IMPL block for its own dispatch key.
+// Every layer op's kernel for `Backend` as the generic templates above; a
+// backend that wraps some of them (the CPU's float32 compute for 16-bit
+// dtypes) lists its own in a struct of the same members.
 template <class Backend>
+struct LayerOps {
+  static constexpr auto cell_forward = &pipelstm::cell_forward<Backend>;
+  static constexpr auto cell_backward = &pipelstm::cell_backward<Backend>;
+  static constexpr auto layer_forward = &pipelstm::layer_forward<Backend>;
+  static constexpr auto layer_backward = &pipelstm::layer_backward<Backend>;
+  static constexpr auto layer_backward_data = &pipelstm::layer_backward_data<Backend>;
+  static constexpr auto packed_layer_forward = &pipelstm::packed_layer_forward<Backend>;
+  static constexpr auto packed_layer_backward = &pipelstm::packed_layer_backward<Backend>;
+  static constexpr auto packed_layer_backward_data = &pipelstm::packed_layer_backward_data<Backend>;
+};
+
+// The one list of the layer ops a backend implements (their schemas are in
+// registration.cpp), called by each backend's TORCH_LIBRARY_IMPL block for
+// its own dispatch key with its `Ops` (LayerOps<ItsLayer> or its own).
+template <class Ops>
 void register_lstm_ops(torch::Library& m) {
-  m.impl("lstm_cell_forward", &cell_forward<Backend>);
-  m.impl("lstm_cell_backward", &cell_backward<Backend>);
-  m.impl("lstm_layer_forward", &layer_forward<Backend>);
-  m.impl("lstm_layer_backward", &layer_backward<Backend>);
-  m.impl("lstm_layer_backward_data", &layer_backward_data<Backend>);
-  m.impl("lstm_packed_layer_forward", &packed_layer_forward<Backend>);
-  m.impl("lstm_packed_layer_backward", &packed_layer_backward<Backend>);
-  m.impl("lstm_packed_layer_backward_data", &packed_layer_backward_data<Backend>);
+  m.impl("lstm_cell_forward", Ops::cell_forward);
+  m.impl("lstm_cell_backward", Ops::cell_backward);
+  m.impl("lstm_layer_forward", Ops::layer_forward);
+  m.impl("lstm_layer_backward", Ops::layer_backward);
+  m.impl("lstm_layer_backward_data", Ops::layer_backward_data);
+  m.impl("lstm_packed_layer_forward", Ops::packed_layer_forward);
+  m.impl("lstm_packed_layer_backward", Ops::packed_layer_backward);
+  m.impl("lstm_packed_layer_backward_data", Ops::packed_layer_backward_data);
 }
 
 }  // namespace pipelstm

@@ -286,17 +286,20 @@ std::tuple<Tensor, Tensor> cell_backward_cpu(const OptTensor& grad_hy, const Opt
                                  workspace.narrow(1, 4 * H, H), workspace.narrow(1, 0, 4 * H));
 }
 
+// The layer ops on the CPU: float16 and bfloat16 computed in float32.
+struct CpuOps {
+  static constexpr auto cell_forward = &cell_forward_cpu;
+  static constexpr auto cell_backward = &cell_backward_cpu;
+  static constexpr auto layer_forward = &layer_forward_cpu;
+  static constexpr auto layer_backward = &layer_backward_cpu;
+  static constexpr auto layer_backward_data = &layer_backward_data_cpu;
+  static constexpr auto packed_layer_forward = &packed_layer_forward_cpu;
+  static constexpr auto packed_layer_backward = &packed_layer_backward_cpu;
+  static constexpr auto packed_layer_backward_data = &packed_layer_backward_data_cpu;
+};
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(pipelstm, CPU, m) {
-  m.impl("lstm_cell_forward", &cell_forward_cpu);
-  m.impl("lstm_cell_backward", &cell_backward_cpu);
-  m.impl("lstm_layer_forward", &layer_forward_cpu);
-  m.impl("lstm_layer_backward", &layer_backward_cpu);
-  m.impl("lstm_layer_backward_data", &layer_backward_data_cpu);
-  m.impl("lstm_packed_layer_forward", &packed_layer_forward_cpu);
-  m.impl("lstm_packed_layer_backward", &packed_layer_backward_cpu);
-  m.impl("lstm_packed_layer_backward_data", &packed_layer_backward_data_cpu);
-}
+TORCH_LIBRARY_IMPL(pipelstm, CPU, m) { register_lstm_ops<CpuOps>(m); }
 
 }  // namespace pipelstm

@@ -213,7 +213,7 @@ struct CudaLayer {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pipelstm, CUDA, m) {
-  register_lstm_ops<CudaLayer>(m);
+  register_lstm_ops<LayerOps<CudaLayer>>(m);
 }
 
 }  // namespace pipelstm
