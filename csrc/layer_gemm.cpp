@@ -6,8 +6,6 @@
 
 #include <array>
 
-#include "cpu/gemm_cpu.h"
-
 namespace pipelstm {
 namespace {
 
@@ -36,10 +34,6 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
                   b.size(1) == out.size(1) && a.size(1) == b.size(0),
               "pipelstm: layer GEMM shapes ", out.sizes(), " = ", a.sizes(), " @ ", b.sizes());
   const c10::DeviceType device = out.device().type();
-  if (device == c10::DeviceType::CPU) {
-    cpu::layer_mm_out(out, a, b, accumulate);
-    return;
-  }
   const Float32Gemm own = float32_gemms()[static_cast<size_t>(device)];
   if (own != nullptr && out.scalar_type() == at::kFloat) {
     own(out, a, b, accumulate, layer_gemm_tf32(device, at::kFloat));
@@ -56,7 +50,6 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
 }
 
 at::Tensor layer_mm(const at::Tensor& a, const at::Tensor& b) {
-  if (a.device().is_cpu()) return at::mm(a, b);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   layer_mm_out(out, a, b);
   return out;

@@ -1,5 +1,5 @@
-// The GEMMs of an LSTM layer op, on any device, through one front door:
-//   CPU float32: the fused kernels' GEMM or ATen's, as cpu/gemm_cpu.h picks;
+// The GEMMs of an LSTM layer op on every device but the CPU (whose own are
+// cpu/gemm_cpu.h's):
 //   CUDA float32: in the precision nn.LSTM's cuDNN path uses, which follows
 //     torch.backends.cudnn.allow_tf32 (on by default): TF32 tensor cores
 //     where it allows them, exact float32 where it does not, whatever

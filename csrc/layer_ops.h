@@ -42,7 +42,7 @@ BackwardResult backward_in_two_parts(const LayerSteps& steps, const LayerGeometr
                                      const Tensor& workspace, bool reverse) {
   const LayerDataGrads d = Backend::backward_data(steps, s, grad_output, grad_h_n, grad_c_n, x, h0,
                                                   c0, w_ih, w_hh, w_hr, workspace, reverse);
-  return with_weight_grads(steps, d, x, h0, output, reverse);
+  return with_weight_grads(steps, d, x, h0, output, reverse, Backend::kMath);
 }
 
 template <class Backend>

@@ -1,8 +1,8 @@
 // The step loop of one layer direction, for every backend and dtype
 // without a fused whole-sequence loop: per step one recurrent GEMM
-// (backend::layer_mm_out, added in place onto the step's input projection
-// in the workspace), one fused pointwise call for each run of rows that
-// start from the same state, and (with a projection) one GEMM for
+// (the backend's kMath.mm_out, added in place onto the step's input
+// projection in the workspace), one fused pointwise call for each run of
+// rows that start from the same state, and (with a projection) one GEMM for
 // h = h_raw @ w_hr^T. Backward mirrors it per step; the input gradient is
 // one GEMM over all steps.
 //
@@ -12,6 +12,7 @@
 //
 // `Backend` is the backend's layer class (cpu/lstm_layer_cpu.cpp,
 // cuda/lstm_layer_cuda.cpp) with
+//   static constexpr LayerMath kMath: its GEMMs and buffers (layer_math.h);
 //   static step_forward(const kernels::PointwiseForwardArgs<T>&),
 //   static step_backward(const kernels::PointwiseBackwardArgs<T>&):
 //       the backend's pointwise step for every T (a generic lambda);
@@ -28,8 +29,8 @@
 #include <optional>
 #include <utility>
 
-#include "backend.h"
 #include "layer_geometry.h"
+#include "layer_math.h"
 #include "layer_steps.h"
 #include "layer_workspace.h"
 #include "lstm_ops.h"
@@ -69,10 +70,10 @@ struct SequenceBackward {
 // biases added.
 inline void input_gates_into(const at::Tensor& gates, const at::Tensor& x, const at::Tensor& w_ih,
                              const std::optional<at::Tensor>& b_ih,
-                             const std::optional<at::Tensor>& b_hh) {
+                             const std::optional<at::Tensor>& b_hh, const LayerMath& math) {
   const at::Tensor bias = summed_bias(b_ih, b_hh);
   if (bias.defined()) gates.copy_(bias.expand_as(gates));
-  backend::layer_mm_out(gates, x, w_ih.t(), /*accumulate=*/bias.defined());
+  math.mm_out(gates, x, w_ih.t(), /*accumulate=*/bias.defined());
 }
 
 // The forward of all steps: x [rows, I] dense; h0 [B, P], c0 [B, H].
@@ -84,14 +85,15 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
                                 const std::optional<at::Tensor>& b_hh,
                                 const std::optional<at::Tensor>& w_hr, bool reverse) {
   using at::Tensor;
-  ForwardResult r = new_forward_result(steps, s, x.options());
+  const LayerMath& math = Backend::kMath;
+  ForwardResult r = new_forward_result(steps, s, x.options(), math);
   if (steps.rows == 0) return r;
   const Workspace ws(r.workspace, steps.rows, s);
   // The input projections go straight into the workspace's gates: each step
   // adds its recurrent product there, and its pointwise step turns the sum
   // into the activated gates in place.
   const Tensor& input_gates = ws.gates;
-  input_gates_into(input_gates, x, w_ih, b_ih, b_hh);
+  input_gates_into(input_gates, x, w_ih, b_ih, b_hh, math);
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
@@ -115,7 +117,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
       } else {
         h_prev = at::cat({r.output.narrow(0, steps.offset[prev], cont), h_init.narrow(0, cont, rows - cont)});
       }
-      backend::layer_mm_out(input_gates.narrow(0, row0, rows), h_prev, w_hh.t(), /*accumulate=*/true);
+      Backend::kMath.mm_out(input_gates.narrow(0, row0, rows), h_prev, w_hh.t(), /*accumulate=*/true);
       const Tensor& h_out = s.projected ? ws.raw_h : r.output;
       const int64_t h_width = s.projected ? H : P;
       for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
@@ -133,7 +135,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
       }
       if (s.projected) {
         Tensor out_t = r.output.narrow(0, row0, rows);
-        backend::layer_mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t());
+        Backend::kMath.mm_out(out_t, ws.raw_h.narrow(0, row0, rows), w_hr->t(), /*accumulate=*/false);
       }
       // Sequences that end at this step leave their final state.
       const int64_t on = steps.going_on(p, reverse);
@@ -217,7 +219,7 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
           grad_h.copy_(grad_h_rec);
         }
         grad_raw = grad_raw_h.narrow(0, 0, rows);
-        backend::layer_mm_out(grad_raw, grad_h, *w_hr);
+        Backend::kMath.mm_out(grad_raw, grad_h, *w_hr, /*accumulate=*/false);
       }
       for (const auto& [begin, end] : {std::pair{int64_t{0}, cont}, std::pair{cont, rows}}) {
         if (end <= begin) continue;
@@ -239,12 +241,12 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
         step.grad_c_prev = mutable_row_of<scalar_t>(grad_c_state, begin, H);
         Backend::step_backward(step);
       }
-      backend::layer_mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh);
+      Backend::kMath.mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh, /*accumulate=*/false);
     }
   });
 
   LayerDataGrads r;
-  r.grad_input = backend::layer_mm(grad_gates, w_ih);
+  r.grad_input = Backend::kMath.mm(grad_gates, w_ih);
   r.grad_h0 = grad_h_state;
   r.grad_c0 = grad_c_state;
   r.grad_gates = grad_gates;

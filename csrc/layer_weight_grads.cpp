@@ -1,11 +1,10 @@
 // The weight part of a layer's backward: every weight gradient as one GEMM
 // over all steps, from the data part's gate gradients. Device-generic: the
-// GEMMs and buffers are the backend's (backend.h).
+// GEMMs and buffers are the caller's `math` (layer_math.h).
 #include "layer_weight_grads.h"
 
 #include <ATen/ATen.h>
 
-#include "backend.h"
 #include "checks.h"
 #include "lstm_ops.h"
 
@@ -19,16 +18,16 @@ namespace {
 // overwrites it.
 void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
                            const Tensor& output, const Tensor& h0, bool reverse,
-                           const Tensor& grad, bool add) {
+                           const Tensor& grad, bool add, const LayerMath& math) {
   const int64_t T = steps.steps(), B = steps.max_batch;
   if (steps.dense) {
     const int64_t first = LayerSteps::step_at(0, T, reverse);
-    backend::layer_mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0, add);
+    math.mm_out(grad, grad_gates.narrow(0, first * B, B).t(), h0, add);
     if (T > 1) {
       const int64_t rest = (T - 1) * B;
       const Tensor dg = reverse ? grad_gates.narrow(0, 0, rest) : grad_gates.narrow(0, B, rest);
       const Tensor h = reverse ? output.narrow(0, B, rest) : output.narrow(0, 0, rest);
-      backend::layer_mm_out(grad, dg.t(), h, /*accumulate=*/true);
+      math.mm_out(grad, dg.t(), h, /*accumulate=*/true);
     }
     return;
   }
@@ -42,21 +41,21 @@ void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
     if (rows > cont) dst.narrow(0, cont, rows - cont).copy_(h0.narrow(0, cont, rows - cont));
     prev = t;
   }
-  backend::layer_mm_out(grad, grad_gates.t(), h_prev, add);
+  math.mm_out(grad, grad_gates.t(), h_prev, add);
 }
 
 }  // namespace
 
 void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Tensor& x,
                       const Tensor& h0, const Tensor& output, bool reverse,
-                      LayerWeightGrads& acc) {
+                      LayerWeightGrads& acc, const LayerMath& math) {
   const bool add = acc.w_ih.defined();
   if (!add) {
-    acc.w_ih = backend::empty_buffer({d.grad_gates.size(1), x.size(1)}, x.options());
-    acc.w_hh = backend::empty_buffer({d.grad_gates.size(1), h0.size(1)}, h0.options());
+    acc.w_ih = math.empty({d.grad_gates.size(1), x.size(1)}, x.options());
+    acc.w_hh = math.empty({d.grad_gates.size(1), h0.size(1)}, h0.options());
   }
-  backend::layer_mm_out(acc.w_ih, d.grad_gates.t(), x, add);
-  recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse, acc.w_hh, add);
+  math.mm_out(acc.w_ih, d.grad_gates.t(), x, add);
+  recurrent_weight_grad(steps, d.grad_gates, output, h0.contiguous(), reverse, acc.w_hh, add, math);
   if (add) {
     acc.bias.add_(d.grad_gates.sum(0));
   } else {
@@ -66,20 +65,20 @@ void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Te
     if (!add) acc.w_hr = at::empty({0}, x.options());
   } else {
     if (!add) acc.w_hr = at::empty({d.grad_h.size(1), d.raw_h.size(1)}, x.options());
-    backend::layer_mm_out(acc.w_hr, d.grad_h.t(), d.raw_h, add);
+    math.mm_out(acc.w_hr, d.grad_h.t(), d.raw_h, add);
   }
 }
 
 BackwardResult with_weight_grads(const LayerSteps& steps, const LayerDataGrads& d,
                                  const Tensor& x, const Tensor& h0, const Tensor& output,
-                                 bool reverse) {
+                                 bool reverse, const LayerMath& math) {
   LayerWeightGrads w;
-  add_weight_grads(steps, d, x, h0, output.contiguous(), reverse, w);
+  add_weight_grads(steps, d, x, h0, output.contiguous(), reverse, w, math);
   return {d.grad_input, d.grad_h0, d.grad_c0, w.w_ih, w.w_hh, w.bias, w.w_hr};
 }
 
 void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
-                                 const Tensor& output, LayerWeightGrads& acc) {
+                                 const Tensor& output, LayerWeightGrads& acc, const LayerMath& math) {
   constexpr const char* op = "lstm_layer_weight_grads";
   const OpGuard guard(input);
   check_dim(op, "input", input, 3, "[T, B, I]");
@@ -90,14 +89,7 @@ void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& inpu
   TORCH_CHECK(output.dim() == 3 && output.size(0) == T && output.size(1) == B,
               "pipelstm::", op, ": expected output [", T, ", ", B, ", P], got ", output.sizes());
   add_weight_grads(dense_steps(T, B), grads, input.contiguous().view({T * B, -1}), h0,
-                   output.contiguous().view({T * B, -1}), /*reverse=*/false, acc);
-}
-
-LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
-                                         const Tensor& h0, const Tensor& output) {
-  LayerWeightGrads r;
-  lstm_layer_add_weight_grads(grads, input, h0, output, r);
-  return r;
+                   output.contiguous().view({T * B, -1}), /*reverse=*/false, acc, math);
 }
 
 }  // namespace pipelstm

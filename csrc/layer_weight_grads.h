@@ -1,9 +1,11 @@
 // The weight gradients of a layer direction (layer_weight_grads.cpp), for
-// every backend's backward and for the pipeline's deferred weight part.
+// every backend's backward and for the pipeline's deferred weight part,
+// with the GEMMs and buffers of `math` (layer_math.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include "layer_math.h"
 #include "layer_steps.h"
 #include "layer_workspace.h"
 #include "lstm_ops.h"
@@ -16,11 +18,11 @@ namespace pipelstm {
 // buffers.
 void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const at::Tensor& x,
                       const at::Tensor& h0, const at::Tensor& output, bool reverse,
-                      LayerWeightGrads& acc);
+                      LayerWeightGrads& acc, const LayerMath& math);
 
 // The backward's results: `d`'s data gradients and the weight gradients.
 BackwardResult with_weight_grads(const LayerSteps& steps, const LayerDataGrads& d,
                                  const at::Tensor& x, const at::Tensor& h0,
-                                 const at::Tensor& output, bool reverse);
+                                 const at::Tensor& output, bool reverse, const LayerMath& math);
 
 }  // namespace pipelstm

@@ -7,8 +7,8 @@
 
 #include <optional>
 
-#include "backend.h"
 #include "layer_geometry.h"
+#include "layer_math.h"
 #include "layer_steps.h"
 
 namespace pipelstm {
@@ -33,12 +33,12 @@ struct BackwardResult {
   at::Tensor grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr;
 };
 
-// A forward's results, allocated and uninitialised.
+// A forward's results, allocated (the large ones by `math`) and uninitialised.
 inline ForwardResult new_forward_result(const LayerSteps& steps, const LayerGeometry& s,
-                                        const at::TensorOptions& opts) {
+                                        const at::TensorOptions& opts, const LayerMath& math) {
   ForwardResult r;
-  r.workspace = backend::empty_buffer({s.workspace_numel(steps.rows)}, opts);
-  r.output = backend::empty_buffer({steps.rows, s.out}, opts);
+  r.workspace = math.empty({s.workspace_numel(steps.rows)}, opts);
+  r.output = math.empty({steps.rows, s.out}, opts);
   r.h_n = at::empty({steps.max_batch, s.out}, opts);
   r.c_n = at::empty({steps.max_batch, s.hidden}, opts);
   return r;

@@ -15,6 +15,8 @@
 
 #include <tuple>
 
+#include "layer_math.h"
+
 namespace pipelstm {
 
 using at::Tensor;
@@ -83,12 +85,12 @@ LayerDataGrads lstm_packed_layer_backward_data(
 struct LayerWeightGrads {
   Tensor w_ih, w_hh, bias, w_hr;  // w_hr empty without projection
 };
-LayerWeightGrads lstm_layer_weight_grads(const LayerDataGrads& grads, const Tensor& input,
-                                         const Tensor& h0, const Tensor& output);
-// The same added into `acc` where acc.w_ih is defined (the GEMMs
-// accumulate in place: the weight gradients of several calls' steps without
-// first copying their pieces into one sequence), else as above.
+// Added into `acc` where acc.w_ih is defined (the GEMMs accumulate in
+// place: the weight gradients of several calls' steps without first copying
+// their pieces into one sequence), else into new tensors; the GEMMs and
+// buffers are `math`'s (layer_math.h: backend.h's front doors for a
+// device-generic caller).
 void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
-                                 const Tensor& output, LayerWeightGrads& acc);
+                                 const Tensor& output, LayerWeightGrads& acc, const LayerMath& math);
 
 }  // namespace pipelstm

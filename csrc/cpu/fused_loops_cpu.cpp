@@ -113,11 +113,7 @@ bool all_zero(const Tensor& t) {
 
 }  // namespace
 
-bool fused_loops_serve(const Tensor& x) {
-  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat) return false;
-  kernels();  // raises on a bad PIPELSTM_CPU_ISA
-  return true;
-}
+void check_fused_loops_isa() { kernels(); }
 
 const char* fused_loops_isa() { return kernels().isa; }
 

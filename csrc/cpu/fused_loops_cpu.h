@@ -18,9 +18,9 @@ namespace cpu {
 
 using at::Tensor;
 
-// Whether the fused loops serve `x` (a CPU float32 tensor). Raises if
-// PIPELSTM_CPU_ISA names no known ISA.
-bool fused_loops_serve(const Tensor& x);
+// Picks the fused loops' kernels for this process (once): raises if
+// PIPELSTM_CPU_ISA names no known ISA. They serve every float32 call.
+void check_fused_loops_isa();
 
 // The name of the kernels' ISA on this CPU ("avx512", "avx2", "generic").
 const char* fused_loops_isa();

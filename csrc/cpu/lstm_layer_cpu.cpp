@@ -29,6 +29,10 @@ namespace pipelstm {
 namespace {
 
 struct CpuLayer {
+  // The CPU's GEMMs (float32 the fused kernels' or ATen's, as gemm_cpu.h
+  // picks) and buffers from the kept huge-page mappings.
+  static constexpr LayerMath kMath{
+      &cpu::layer_mm_out, [](const Tensor& a, const Tensor& b) { return at::mm(a, b); }, &cpu::empty_huge};
   static constexpr auto step_forward = [](const auto& a) { cpu::pointwise_forward(a); };
   static constexpr auto step_backward = [](const auto& a) { cpu::pointwise_backward(a); };
   // No whole-sequence kernel: float32 has the fused loops instead.
@@ -48,7 +52,9 @@ struct CpuLayer {
   // Whether the fused loops run this call (float32); raises where
   // PIPELSTM_CPU_ISA names no known ISA.
   static bool fused(const Tensor& x) {
-    return x.scalar_type() == at::kFloat && cpu::fused_loops_serve(x);
+    if (x.scalar_type() != at::kFloat) return false;
+    cpu::check_fused_loops_isa();
+    return true;
   }
 
   static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
@@ -59,7 +65,7 @@ struct CpuLayer {
       return step_loop_forward<CpuLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                                          reverse);
     }
-    ForwardResult r = new_forward_result(steps, s, x.options());
+    ForwardResult r = new_forward_result(steps, s, x.options(), kMath);
     if (steps.rows == 0) return r;
     Workspace ws(r.workspace, steps.rows, s);
     // Where the weights are small and the steps have rows enough, each fused

@@ -68,6 +68,11 @@ std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp
 }
 
 struct CudaLayer {
+  // layer_gemm.h's GEMMs (cuBLAS in the LSTM's TF32 policy) and ATen's
+  // caching allocator.
+  static constexpr LayerMath kMath{
+      &layer_mm_out, &layer_mm,
+      [](at::IntArrayRef sizes, const at::TensorOptions& options) { return at::empty(sizes, options); }};
   static constexpr auto step_forward = [](const auto& a) { cuda::pointwise_forward(a); };
   static constexpr auto step_backward = [](const auto& a) { cuda::pointwise_backward(a); };
   template <class F>

@@ -144,9 +144,9 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
       d.raw_h = joined(5);
       if (row[k].size() == kPackedPiece) {
         add_weight_grads(packed_steps("LSTM unit", at::cat(joined_parts(row, k, end, 6))), d,
-                         joined(0), row[k][1], joined(2), /*reverse=*/false, w);
+                         joined(0), row[k][1], joined(2), /*reverse=*/false, w, backend::kLayerMath);
       } else {
-        lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w);
+        lstm_layer_add_weight_grads(d, joined(0), row[k][1], joined(2), w, backend::kLayerMath);
       }
     }
   }
