@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gemm_cpu.h"
 #include "huge_pages.h"
@@ -49,16 +50,9 @@ constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;
 // kMaxInStepWeightsL2 floats together (4H x (I + P), 1 MiB: a core's L2 on
 // a Zen 5), or of at most kMaxInStepWeights (8 MiB, H = I = P = 512) from
 // kMinInStepRowsBeyondL2 rows, where a step does enough arithmetic per
-// weight to read them from L3. A layer's forward on a 2-core Zen 5 (avx512,
-// in the steps against the GEMM, medians of 11 alternated calls in one
-// process, 2026-11-25): 1 thread H = 64 B = 8..64 1.05-1.09x, H = 128
-// 1.02-1.03x, H = 256 B = 32..64 1.02-1.10x, H = 512 B = 32 1.02x; 2 threads
-// H = 64 1.05-1.14x, H = 128 1.02-1.08x, H = 256 1.03-1.05x. Outside the
-// bounds: B = 1-2 0.77-0.96x, H = 256 B = 4-8 0.89-0.98x, H = 512 B = 8
-// 0.95x and B = 16 0.99-1.01x, H = 1024 0.69-0.94x. The avx2 build keeps
-// the GEMM: on the same CPU capped to AVX2 the steps gained 1-4 % at
-// H = 64 but lost up to 7 % at H = 128 with 4-8 rows a step (its tiles
-// have 3 rows, not 6).
+// weight to read them from L3. The avx2 build keeps the GEMM: its tiles
+// have 3 rows, not 6. The timings behind the bounds: docs/design/cpu.md,
+// "The constants of the blocking".
 constexpr int64_t kMinInStepRows = 4;
 constexpr int64_t kMinInStepRowsBeyondL2 = 32;
 constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
@@ -101,6 +95,129 @@ int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
   if (forced == false || blocks < 2) return 1;
   if (forced == true) return blocks;
   return blocks == threads && weights <= max_weights ? blocks : 1;
+}
+
+// A weight [rows, cols] packed for the kernels: as gate panels (four gate
+// rows interleaved, depth cols), plain panels of its rows, or of its columns
+// (the transposed product, depth rows).
+Tensor packed_gate_rows(const Tensor& weight) {
+  const auto& K = kernels();
+  const Tensor w = weight.contiguous();
+  const int64_t H = w.size(0) / 4, depth = w.size(1);
+  return packed_panels(K.gate_panels(H), depth, w, [&](float* out, int64_t b, int64_t e) {
+    K.pack_gates(cptr(w), H, depth, out, b, e);
+  });
+}
+
+Tensor packed_rows(const Tensor& weight) {
+  const auto& K = kernels();
+  const Tensor w = weight.contiguous();
+  const int64_t rows = w.size(0), depth = w.size(1);
+  return packed_panels(K.plain_panels(rows), depth, w, [&](float* out, int64_t b, int64_t e) {
+    K.pack_rows(cptr(w), rows, depth, out, b, e);
+  });
+}
+
+Tensor packed_cols(const Tensor& weight) {
+  const auto& K = kernels();
+  const Tensor w = weight.contiguous();
+  const int64_t depth = w.size(0), cols = w.size(1);
+  return packed_panels(K.plain_panels(cols), depth, w, [&](float* out, int64_t b, int64_t e) {
+    K.pack_cols(cptr(w), depth, cols, out, b, e);
+  });
+}
+
+// The backward's results, allocated; grad_c0 holds grad_c_n (or zeros):
+// the loop keeps each sequence's running gradient of c there.
+FusedBackward new_backward_result(const LayerSteps& steps, const LayerGeometry& geometry,
+                                  const FusedBackwardInputs& in) {
+  const int64_t N = steps.rows, B = steps.max_batch, H = geometry.hidden, P = geometry.out;
+  const auto opts = in.act.options();
+  FusedBackward r;
+  r.grad_gates = empty_huge({N, 4 * H}, opts);
+  r.grad_h0 = at::empty({B, P}, opts);
+  r.grad_c0 = in.grad_c_n.has_value() ? in.grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
+  if (geometry.projected) r.grad_h = empty_huge({N, P}, opts);
+  return r;
+}
+
+// A gradient read in place where its rows are dense (a slice, say), else
+// made so; undefined where none was given.
+Tensor dense_rows(const std::optional<Tensor>& t) {
+  if (!t.has_value()) return Tensor();
+  return t->stride(1) == 1 ? *t : t->contiguous();
+}
+
+// A loop's steps, each in phases (a cell, and with w_hr a projection):
+// phase(q, p, r0, r1, pb, pe) runs phase q of the step at position p (in
+// the forward recurrence) for rows [r0, r1) and panels [pb, pe) of the
+// panels[q] it has. With `blocks` > 1 (dense input) each block of batch
+// rows runs every step on a thread of its own; otherwise each phase's
+// panels are split over a team of `threads`. The steps run from the first
+// position, or from the last with `backward`.
+template <class Phase>
+void run_steps(const LayerSteps& steps, bool reverse, bool backward, const std::vector<int64_t>& panels,
+               int64_t blocks, int threads, const Phase& phase) {
+  const int64_t T = steps.steps(), phases = static_cast<int64_t>(panels.size());
+  auto position = [&](int64_t i) { return backward ? T - 1 - i : i; };
+  if (blocks > 1) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const auto [r0, r1] = chunk_range(steps.max_batch, blocks, blk);
+        for (int64_t i = 0; i < T; ++i) {
+          for (int64_t q = 0; q < phases; ++q) phase(q, position(i), r0, r1, 0, panels[q]);
+        }
+      }
+    });
+    return;
+  }
+  auto chunks = [&](int64_t s) { return std::min<int64_t>(threads, panels[s % phases]); };
+  run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
+    const int64_t p = position(s / phases), q = s % phases;
+    const auto [pb, pe] = chunk_range(panels[q], n_chunks, chunk);
+    phase(q, p, 0, steps.batch[LayerSteps::step_at(p, T, reverse)], pb, pe);
+  });
+}
+
+// The final state of each sequence: h and c of the step it ends at.
+void leave_final_states(const LayerSteps& steps, bool reverse, const float* out, const float* c,
+                        int64_t P, int64_t H, float* hn, float* cn) {
+  const int64_t T = steps.steps();
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], on = steps.going_on(p, reverse);
+    if (rows <= on) continue;
+    const int64_t r0 = steps.offset[t] + on;
+    std::memcpy(hn + on * P, out + r0 * P, sizeof(float) * (rows - on) * P);
+    std::memcpy(cn + on * H, c + r0 * H, sizeof(float) * (rows - on) * H);
+  }
+}
+
+// The rows that started from h0 at a step: grad_h0 = their grad_gates
+// (dg [N, 4H]) @ w_hh (packed_hh, as the backward packs it).
+void grad_h0_from_gates(const LayerSteps& steps, bool reverse, const float* dg, const float* packed_hh,
+                        int64_t H, int64_t P, float* dh0) {
+  const auto& K = kernels();
+  const int64_t T = steps.steps(), panels = K.plain_panels(P);
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t t = LayerSteps::step_at(p, T, reverse);
+    const int64_t rows = steps.batch[t], cont = steps.continuing(p, reverse);
+    if (rows <= cont) continue;
+    k::Gemm m;
+    m.rows = rows - cont;
+    m.n = P;
+    m.k = 4 * H;
+    m.a = {dg + (steps.offset[t] + cont) * 4 * H, nullptr, rows - cont, 4 * H};
+    m.w = packed_hh;
+    m.out = dh0 + cont * P;
+    m.ldo = P;
+    const int threads = team_size((rows - cont) * 4 * H * P, panels);
+    run_phases(1, threads, [&](int64_t) { return std::min<int64_t>(threads, panels); },
+               [&](int64_t, int64_t chunk, int64_t n_chunks) {
+                 const auto [b, e] = chunk_range(panels, n_chunks, chunk);
+                 K.gemm(m, b, e);
+               });
+  }
 }
 
 bool all_zero(const Tensor& t) {
@@ -146,27 +263,13 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   const int64_t T = steps.steps(), H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
   const Tensor w = w_hh.contiguous();
-  const Tensor packed_hh = packed_panels(K.gate_panels(H), P, w, [&](float* out, int64_t b, int64_t e) {
-    K.pack_gates(cptr(w), H, P, out, b, e);
-  });
-  Tensor packed_hr;
-  if (projected) {
-    const Tensor wr = w_hr->contiguous();
-    packed_hr = packed_panels(K.plain_panels(P), H, wr, [&](float* out, int64_t b, int64_t e) {
-      K.pack_rows(cptr(wr), P, H, out, b, e);
-    });
-  }
+  const Tensor packed_hh = packed_gate_rows(w);
+  const Tensor packed_hr = projected ? packed_rows(*w_hr) : Tensor();
   // With the input projection in the steps, w_ih packed like w_hh.
   const bool in_step = x.defined();
   const int64_t I = geometry.input;
   const Tensor xs = in_step ? x.contiguous() : Tensor();
-  const Tensor wi = in_step ? w_ih.contiguous() : Tensor();
-  Tensor packed_ih;
-  if (in_step) {
-    packed_ih = packed_panels(K.gate_panels(H), I, wi, [&](float* out, int64_t b, int64_t e) {
-      K.pack_gates(cptr(wi), H, I, out, b, e);
-    });
-  }
+  const Tensor packed_ih = in_step ? packed_gate_rows(w_ih) : Tensor();
   float* g = ptr(gates);
   float* c = ptr(cells);
   float* out = ptr(output);
@@ -181,7 +284,6 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   // finite says so in one vectorised pass; one that overflows only costs
   // the skip).
   const bool zero_h0 = all_zero(h0) && std::isfinite(w.sum().item<float>());
-  const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.gate_panels(H), proj_panels = K.plain_panels(P);
   // Step p's cell (and with w_hr its projection) for rows [r0, r1) of its
   // batch and panels [pb, pe).
@@ -228,81 +330,31 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
       steps.dense ? row_blocks(steps.max_batch, 4 * H * P + (projected ? P * H : 0),
                                kMaxRowSplitWeightsForward)
                   : 1;
-  if (blocks > 1) {
-    // Each block of batch rows runs the whole loop on its own thread.
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const auto [r0, r1] = chunk_range(steps.max_batch, blocks, blk);
-        for (int64_t p = 0; p < T; ++p) {
-          const int64_t end = std::min(r1, steps.batch[LayerSteps::step_at(p, T, reverse)]);
-          if (end <= r0) continue;  // packed: this block has no rows at this step
-          cell(p, r0, end, 0, cell_panels);
-          if (projected) projection(p, r0, end, 0, proj_panels);
-        }
-      }
-    });
-  } else {
-    const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
-    auto chunks = [&](int64_t s) {
-      return std::min<int64_t>(threads, s % phases == 0 ? cell_panels : proj_panels);
-    };
-    run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
-      const int64_t p = s / phases;
-      const int64_t rows = steps.batch[LayerSteps::step_at(p, T, reverse)];
-      if (s % phases == 0) {
-        const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
-        cell(p, 0, rows, pb, pe);
-      } else {
-        const auto [pb, pe] = chunk_range(proj_panels, n_chunks, chunk);
-        projection(p, 0, rows, pb, pe);
-      }
-    });
-  }
-
-  // Sequences that end at a step leave their final state there.
-  float* hn = ptr(h_n);
-  float* cn = ptr(c_n);
-  for (int64_t p = 0; p < T; ++p) {
-    const int64_t t = LayerSteps::step_at(p, T, reverse);
-    const int64_t rows = steps.batch[t], on = steps.going_on(p, reverse);
-    if (rows <= on) continue;
-    const int64_t r0 = steps.offset[t] + on;
-    std::memcpy(hn + on * P, out + r0 * P, sizeof(float) * (rows - on) * P);
-    std::memcpy(cn + on * H, c + r0 * H, sizeof(float) * (rows - on) * H);
-  }
+  const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
+  std::vector<int64_t> panels{cell_panels};
+  if (projected) panels.push_back(proj_panels);
+  run_steps(steps, reverse, /*backward=*/false, panels, blocks, threads,
+            [&](int64_t q, int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
+              if (q == 0) {
+                cell(p, r0, r1, pb, pe);
+              } else {
+                projection(p, r0, r1, pb, pe);
+              }
+            });
+  leave_final_states(steps, reverse, out, c, P, H, ptr(h_n), ptr(c_n));
 }
 
 FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
                                   bool reverse, const FusedBackwardInputs& in) {
   const auto& K = kernels();
-  const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch;
+  const int64_t T = steps.steps(), B = steps.max_batch;
   const int64_t H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
-  const auto opts = in.act.options();
-
-  FusedBackward r;
-  r.grad_gates = empty_huge({N, 4 * H}, opts);
-  r.grad_h0 = at::empty({B, P}, opts);
-  r.grad_c0 = in.grad_c_n.has_value() ? in.grad_c_n->contiguous().clone() : at::zeros({B, H}, opts);
-  if (projected) r.grad_h = empty_huge({N, P}, opts);
-
-  // Read in place when rows are dense (e.g. a slice), else made so.
-  Tensor grad_out;
-  if (in.grad_output.has_value()) {
-    grad_out = in.grad_output->stride(1) == 1 ? *in.grad_output : in.grad_output->contiguous();
-  }
+  FusedBackward r = new_backward_result(steps, geometry, in);
+  const Tensor grad_out = dense_rows(in.grad_output);
   const Tensor grad_h_last = in.grad_h_n.has_value() ? in.grad_h_n->contiguous() : Tensor();
-  const Tensor w = in.w_hh.contiguous();
-  const Tensor packed_hh = packed_panels(K.plain_panels(P), 4 * H, w, [&](float* out, int64_t b, int64_t e) {
-    K.pack_cols(cptr(w), 4 * H, P, out, b, e);
-  });
-  Tensor packed_hr;
-  if (projected) {
-    const Tensor wr = in.w_hr->contiguous();
-    packed_hr = packed_panels(K.plain_panels(H), P, wr, [&](float* out, int64_t b, int64_t e) {
-      K.pack_cols(cptr(wr), P, H, out, b, e);
-    });
-  }
+  const Tensor packed_hh = packed_cols(in.w_hh);
+  const Tensor packed_hr = projected ? packed_cols(*in.w_hr) : Tensor();
   float* dg = ptr(r.grad_gates);
   float* dc = ptr(r.grad_c0);  // per-sequence: grad of the c each row's next step started from
   float* dh = projected ? ptr(r.grad_h) : nullptr;
@@ -313,7 +365,6 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   const float* c = cptr(in.cells);
   const float* c_init = cptr(in.c0);
 
-  const int phases = projected ? 2 : 1;
   const int64_t cell_panels = K.plain_panels(H), proj_panels = K.plain_panels(P);
   const int64_t panel_width = 4 * K.vec;
   // A step's row r is sequence r: it reads row r of the per-sequence buffers
@@ -393,55 +444,20 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   // blocks of rows as whole loops, here from the last step back.
   const int64_t blocks =
       steps.dense ? row_blocks(B, 4 * H * P + (projected ? P * H : 0), kMaxRowSplitWeights) : 1;
-  if (blocks > 1) {
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const auto [r0, r1] = chunk_range(B, blocks, blk);
-        for (int64_t p = T - 1; p >= 0; --p) {
-          if (projected) projection(p, r0, r1, 0, proj_panels);
-          cell(p, r0, r1, 0, cell_panels);
-        }
-      }
-    });
-  } else {
-    const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
-    auto chunks = [&](int64_t s) {
-      return std::min<int64_t>(threads, s % phases == phases - 1 ? cell_panels : proj_panels);
-    };
-    run_phases(T * phases, threads, chunks, [&](int64_t s, int64_t chunk, int64_t n_chunks) {
-      const int64_t p = T - 1 - s / phases;  // position in the forward recurrence
-      const int64_t rows = steps.batch[LayerSteps::step_at(p, T, reverse)];
-      if (s % phases == phases - 1) {
-        const auto [pb, pe] = chunk_range(cell_panels, n_chunks, chunk);
-        cell(p, 0, rows, pb, pe);
-      } else {
-        const auto [pb, pe] = chunk_range(proj_panels, n_chunks, chunk);
-        projection(p, 0, rows, pb, pe);
-      }
-    });
-  }
+  const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
+  std::vector<int64_t> panels;
+  if (projected) panels.push_back(proj_panels);
+  panels.push_back(cell_panels);
+  run_steps(steps, reverse, /*backward=*/true, panels, blocks, threads,
+            [&](int64_t q, int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
+              if (q + 1 == static_cast<int64_t>(panels.size())) {
+                cell(p, r0, r1, pb, pe);
+              } else {
+                projection(p, r0, r1, pb, pe);
+              }
+            });
 
-  // Rows that started from h0 at a step: grad_h0 = their grad_gates @ w_hh.
-  float* dh0 = ptr(r.grad_h0);
-  for (int64_t p = 0; p < T; ++p) {
-    const int64_t t = LayerSteps::step_at(p, T, reverse);
-    const int64_t rows = steps.batch[t], cont = steps.continuing(p, reverse);
-    if (rows <= cont) continue;
-    k::Gemm m;
-    m.rows = rows - cont;
-    m.n = P;
-    m.k = 4 * H;
-    m.a = {dg + (steps.offset[t] + cont) * 4 * H, nullptr, rows - cont, 4 * H};
-    m.w = cptr(packed_hh);
-    m.out = dh0 + cont * P;
-    m.ldo = P;
-    const int threads0 = team_size((rows - cont) * 4 * H * P, proj_panels);
-    run_phases(1, threads0, [&](int64_t) { return std::min<int64_t>(threads0, proj_panels); },
-               [&](int64_t, int64_t chunk, int64_t n_chunks) {
-                 const auto [b, e] = chunk_range(proj_panels, n_chunks, chunk);
-                 K.gemm(m, b, e);
-               });
-  }
+  grad_h0_from_gates(steps, reverse, dg, cptr(packed_hh), H, P, ptr(r.grad_h0));
   return r;
 }
 

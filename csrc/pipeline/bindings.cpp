@@ -15,9 +15,10 @@ namespace py = pybind11;
 
 namespace pipelstm::pipeline {
 
-void init_bindings(py::module_& parent) {
-  auto m = parent.def_submodule("pipeline", "The pipeline engine (see pipelstm.Pipeline).");
+namespace {
 
+// The description of a pipeline: unit kinds, units, stages, remote links.
+void bind_specs(py::module_& m) {
   // One value per kind of unit, from the table its files register into
   // (units/kinds.h), and per kind (by its Python name): its parameter
   // slots, its UnitSpec options, whether it carries a recurrent state and
@@ -84,7 +85,10 @@ void init_bindings(py::module_& parent) {
              return RemoteSpec{std::move(group_name), peer, std::move(peer_name)};
            }),
            py::arg("group_name"), py::arg("peer"), py::arg("peer_name"));
+}
 
+// The engine and one run of it.
+void bind_engine(py::module_& m) {
   py::class_<TraceEvent>(m, "TraceEvent")
       .def_readonly("stage", &TraceEvent::stage)
       .def_readonly("phase", &TraceEvent::phase)
@@ -139,7 +143,9 @@ void init_bindings(py::module_& parent) {
       .def("trace", &Engine::trace)
       .def_property_readonly("num_units", &Engine::num_units)
       .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);
+}
 
+void bind_schedule(py::module_& m) {
   // The schedule as the simulator plays it (pipelstm/simulator/schedule.py):
   // the engine's own item order, recomputation rule and item sizes.
   auto direction_of = [](const std::string& d) {
@@ -186,8 +192,10 @@ void init_bindings(py::module_& parent) {
         "-> [(begin, end)]: the runs of chunks an LSTM unit's weight task joins, from each chunk's rows "
         "(-1: none) (items.h)");
   m.attr("JOIN_ROWS") = kJoinRows;
+}
 
-  // Testing: make unit `unit` (global index in its engine) of every engine
+void bind_testing(py::module_& m) {
+  // Make unit `unit` (global index in its engine) of every engine
   // in this process raise in `phase` ("forward" or "backward") at (m, k).
   m.def(
       "inject_fault",
@@ -196,6 +204,16 @@ void init_bindings(py::module_& parent) {
       },
       py::arg("unit"), py::arg("phase"), py::arg("micro_batch"), py::arg("chunk"));
   m.def("clear_faults", &testing::clear_faults);
+}
+
+}  // namespace
+
+void init_bindings(py::module_& parent) {
+  auto m = parent.def_submodule("pipeline", "The pipeline engine (see pipelstm.Pipeline).");
+  bind_specs(m);
+  bind_engine(m);
+  bind_schedule(m);
+  bind_testing(m);
 }
 
 }  // namespace pipelstm::pipeline
