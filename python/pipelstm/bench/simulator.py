@@ -150,22 +150,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     print(f"calibration: {costs}; {gloo_text}", flush=True)
     times = {str(i): times[str(i + 2)] for i in range(len(rows))}
     infos = infos[2:]
-    groups = []
-    try:  # memory: fresh processes, one configuration at a time
-        for r in rows:
-            env = {k: os.environ.get(k) for k in MEMORY_ENV}
-            os.environ.update(MEMORY_ENV)
-            try:
-                g = _group(r, f"memory of {r['config']}", memory=True)
-            finally:
-                for k, v in env.items():
-                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-            groups.append(g)
-            g.turn(MEMORY_STEPS)
-            r["rise"] = [info["rise"] for info in g.last]
-            g.close()
-    finally:
-        close_all(groups)
+    _measure_memory(rows)
 
     load_after = os.getloadavg()
     free = sim.Link(0.0, float("inf"))
@@ -234,6 +219,27 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         print(n)
     report.write_json(args.json, meta, COLUMNS, rows, notes=notes, tables=tables)
     return rows
+
+
+def _measure_memory(rows: List[dict]) -> None:
+    """Each configuration's rise of memory per process (``rise``), in fresh
+    processes, one configuration at a time."""
+    groups = []
+    try:
+        for r in rows:
+            env = {k: os.environ.get(k) for k in MEMORY_ENV}
+            os.environ.update(MEMORY_ENV)
+            try:
+                g = _group(r, f"memory of {r['config']}", memory=True)
+            finally:
+                for k, v in env.items():
+                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            groups.append(g)
+            g.turn(MEMORY_STEPS)
+            r["rise"] = [info["rise"] for info in g.last]
+            g.close()
+    finally:
+        close_all(groups)
 
 
 def _on_device(ap: argparse.ArgumentParser, args: argparse.Namespace, meta: dict, s: dict) -> List[dict]:

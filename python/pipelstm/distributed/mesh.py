@@ -108,6 +108,34 @@ class Mesh:
         """``ranks`` without this process's."""
         return [r for r in ranks if r != self.rank]
 
+    def share_loss(self, value: Optional[torch.Tensor]) -> torch.Tensor:
+        """The last stage's loss ``value`` (None on the other stages) on every
+        rank, averaged over the replicas: a 0-dim float64 CPU tensor. A
+        collective over every rank."""
+        t = torch.zeros((), dtype=torch.float64, device=self.device)
+        if value is not None:
+            t.fill_(float(value))
+        if self.pp > 1:
+            last = self.pp_ranks[-1]
+            what = "the loss broadcast to" if self.is_last_stage else "the loss broadcast from"
+            with self.waiting_for(what, self.others(self.pp_ranks) if self.is_last_stage else [last]):
+                dist.broadcast(t, src=last, group=self.pp_group)
+        if self.dp > 1:
+            with self.waiting_for("the loss all-reduce with", self.others(self.dp_ranks)):
+                dist.all_reduce(t, group=self.dp_group)
+            t /= self.dp
+        return t.cpu()
+
+    def gather_first_replica(self, make) -> Optional[List[Any]]:
+        """``make()`` of every stage of the first replica, in rank order, on
+        global rank 0 (None elsewhere); a collective over every rank."""
+        mine = make() if self.dp_rank == 0 else None
+        parts = [None] * self.world_size if self.rank == 0 else None
+        peers = self.others(range(self.world_size)) if self.rank == 0 else [0]
+        with self.waiting_for("the gather of the first replica's stages with", peers):
+            dist.gather_object(mine, parts, dst=0)
+        return None if parts is None else [p for p in parts if p is not None]
+
     def shard(self, batch: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This replica's part of a global batch (``torch.tensor_split`` along
         ``dim``, the batch dimension of time-major data)."""

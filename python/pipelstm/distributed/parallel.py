@@ -12,7 +12,6 @@ point-to-point (posted ahead, chunk by chunk), and is wrapped in
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
@@ -225,7 +224,7 @@ class PipelineParallel(nn.Module):
             # use imports sympy (35 MiB resident in every such stage's process).
             out.sum().backward()
             value = None
-        return self._share_loss(value)
+        return self.mesh.share_loss(value)
 
     @torch.no_grad()
     def eval_step(self, input: Tensor, target: Tensor,
@@ -237,28 +236,12 @@ class PipelineParallel(nn.Module):
         value = None
         if self.mesh.is_last_stage:
             value = out if self._loss is not None else _token_loss(loss_fn, out, target.to(self.devices[-1]))
-        return self._share_loss(value)
+        return self.mesh.share_loss(value)
 
     def _check_loss_fn(self, loss_fn) -> None:
         if (loss_fn is None) == (self._loss is None):
             raise ValueError("PipelineParallel: give a loss_fn either at construction (computed inside the "
                              "pipeline) or to train_step/eval_step, exactly one of the two")
-
-    def _share_loss(self, value: Optional[Tensor]) -> Tensor:
-        mesh = self.mesh
-        t = torch.zeros((), dtype=torch.float64, device=mesh.device)
-        if value is not None:
-            t.fill_(float(value))
-        if mesh.pp > 1:
-            last = mesh.pp_ranks[-1]
-            what = "the loss broadcast to" if mesh.is_last_stage else "the loss broadcast from"
-            with mesh.waiting_for(what, mesh.others(mesh.pp_ranks) if mesh.is_last_stage else [last]):
-                dist.broadcast(t, src=last, group=mesh.pp_group)
-        if mesh.dp > 1:
-            with mesh.waiting_for("the loss all-reduce with", mesh.others(mesh.dp_ranks)):
-                dist.all_reduce(t, group=mesh.dp_group)
-            t /= mesh.dp
-        return t.cpu()
 
     # --- state -----------------------------------------------------------------
 
@@ -290,23 +273,13 @@ class PipelineParallel(nn.Module):
         """The unsplit model's state_dict, gathered from the stages of the
         first replica (a collective: call it on every rank). Returned on
         global rank 0, ``None`` elsewhere."""
-        parts = self._gather_first_replica(lambda: {k: v.cpu() for k, v in self.state_dict().items()})
+        parts = self.mesh.gather_first_replica(lambda: {k: v.cpu() for k, v in self.state_dict().items()})
         if parts is None:
             return None
         full: Dict[str, Tensor] = {}
         for part in parts:
             full.update(part)
         return full
-
-    def _gather_first_replica(self, make):
-        """``make()`` of every stage of the first replica, in rank order, on
-        global rank 0 (None elsewhere); a collective over all ranks."""
-        mine = make() if self.mesh.dp_rank == 0 else None
-        parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
-        peers = self.mesh.others(range(self.mesh.world_size)) if self.mesh.rank == 0 else [0]
-        with self.mesh.waiting_for("the gather of the first replica's stages with", peers):
-            dist.gather_object(mine, parts, dst=0)
-        return None if parts is None else [p for p in parts if p is not None]
 
     def hidden_state(self):
         """The LSTM state carried to the next step: ``(h, c)``, lists of this
@@ -329,7 +302,7 @@ class PipelineParallel(nn.Module):
         within one machine."""
         events = [dict(e, stage=self.first_stage + e["stage"]) for e in self.core.trace()]
         names = [f"stage {self.first_stage + s} ({d}, rank {self.mesh.rank})" for s, d in enumerate(self.devices)]
-        parts = self._gather_first_replica(lambda: (events, names))
+        parts = self.mesh.gather_first_replica(lambda: (events, names))
         if parts is None:
             return None
         all_events, all_names = [], []

@@ -203,6 +203,16 @@ def predict(costs: UnitCosts, layout: Layout, cluster: Cluster, T: int, B: int) 
         for _ in range(SHARING_ROUNDS):
             played = played_with(stretches(played.events, S, node_of, alongside, cluster.compute_sharing))
 
+    return _prediction(played, costs, layout, cluster, units, stage_units, (K, M, t_sizes, b_sizes))
+
+
+def _prediction(played, costs: UnitCosts, layout: Layout, cluster: Cluster, units, stage_units,
+                grid) -> Prediction:
+    """The step's figures from the played replica: its all-reduce after each
+    stage's backward, the bubble, the peaks of memory per stage and per
+    process."""
+    K, M, t_sizes, b_sizes = grid
+    S, dp = layout.pp, layout.dp
     grad_bytes = [sum(units[u].param_bytes for u in stage_units[s]) for s in range(S)]
     allreduce = [cluster.allreduce_seconds([d * S + s for d in range(dp)], grad_bytes[s])
                  + cluster.gradient_seconds(dp, grad_bytes[s]) for s in range(S)]
