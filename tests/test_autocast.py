@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pipelstm
-from pipelstm import autocast
+from pipelstm.hooks import autocast
 
 OPS = torch.ops.pipelstm
 

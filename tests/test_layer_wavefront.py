@@ -1,4 +1,4 @@
-"""pipelstm.layer_wavefront: the layers of a stack as a wavefront over time chunks.
+"""pipelstm.stack.wavefront: the layers of a stack as a wavefront over time chunks.
 
 The streams need a GPU (tests/gpu/test_gpu_layer_wavefront.py); here the
 chunking runs in order on the CPU and must give what the layers give one
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import pipelstm
-from pipelstm import layer_wavefront, ops
+from pipelstm import ops
+from pipelstm.stack import wavefront as layer_wavefront
 from pipelstm.backends import cuda
 
 

@@ -69,7 +69,7 @@ def test_loads_with_only_nn_and_user_classes_allowed(kind):
     # Nothing beyond what the nn.LSTM version needs is left to the user.
     assert {u for u in unsafe if "pipelstm" not in u} == {u for u in ref_unsafe if "LSTM" not in u}
     assert not [u for u in unsafe if "pipelstm" in u] or all(
-        u.split(".")[-1] in {c.__name__ for c in pipelstm.serialization.SAFE_GLOBALS} for u in unsafe if "pipelstm" in u
+        u.split(".")[-1] in {c.__name__ for c in pipelstm.hooks.serialization.SAFE_GLOBALS} for u in unsafe if "pipelstm" in u
     )
     assert type(loaded.lstm) is type(ours.lstm)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), ours.state_dict().values()))
@@ -111,7 +111,7 @@ def test_without_the_registration_loading_fails():
     saved = torch.serialization.get_safe_globals()
     try:
         torch.serialization.clear_safe_globals()
-        torch.serialization.add_safe_globals([g for g in saved if g not in pipelstm.serialization.SAFE_GLOBALS])
+        torch.serialization.add_safe_globals([g for g in saved if g not in pipelstm.hooks.serialization.SAFE_GLOBALS])
         with torch.serialization.safe_globals(NN), pytest.raises(Exception, match="pipelstm.lstm.LSTM"):
             torch.load(buf)
     finally:

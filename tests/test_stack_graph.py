@@ -1,4 +1,4 @@
-"""pipelstm.stack_graph: a stack's training call captured as one graph each way.
+"""pipelstm.stack.graph: a stack's training call captured as one graph each way.
 
 Capturing needs a GPU (tests/gpu/test_gpu_stack_graph.py). Here a CPU
 stand-in records what a capture records and replays as a graph does: a
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pipelstm
-from pipelstm import stack_graph, stack_route
+from pipelstm.stack import graph as stack_graph, route as stack_route
 from pipelstm.backends import cuda
 from stack_graph_cases import two_calls_before_one_backward
 

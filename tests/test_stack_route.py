@@ -5,9 +5,9 @@ The decision needs no GPU: CPU tensors are taken for CUDA ones."""
 import pytest
 import torch
 
-from pipelstm import stack_route as route_module
+from pipelstm.stack import route as route_module
 from pipelstm.backends import cuda as cuda_switches
-from pipelstm.stack_route import StackRoute, stack_route
+from pipelstm.stack.route import StackRoute, stack_route
 
 LAYERS = StackRoute("layers")
 

@@ -13,12 +13,14 @@ from ._build_check import check_build  # noqa: E402
 
 check_build()  # before the loader, whose error for another torch names no version
 
-from . import _C  # noqa: E402,F401  (registers torch.ops.pipelstm.*)
+from . import _C  # noqa: E402,F401  (the kernels and the ops' schemas, torch.ops.pipelstm.*)
 from . import ops  # noqa: E402
 from .lstm import LSTM, LSTMCell  # noqa: E402
 from .pipeline import Pipeline  # noqa: E402
-from . import serialization  # noqa: E402,F401  (torch.load(weights_only=True) of pipelstm's modules)
-from . import backends  # noqa: E402
+from . import backends, hooks  # noqa: E402
+
+ops.register()  # the ops' autograd formulas
+hooks.register()  # fake kernels, autocast rules, safe globals for torch.load
 from .config import config_info, log_choices, show_config  # noqa: E402
 from .memory import empty_cache, memory_stats  # noqa: E402
 

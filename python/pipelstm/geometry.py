@@ -1,6 +1,6 @@
 """The geometry of one LSTM layer: its sizes and the layout of its workspace.
 
-One source for what the fake kernels (fake_kernels.py), the pipeline's cost
+One source for what the fake kernels (hooks/fake_kernels.py), the pipeline's cost
 model (pipeline/units.py) and the modules read off a layer's weights: the
 hidden size H from ``w_ih`` (``[4H, I]``), the projection size P from
 ``w_hr`` (``[P, H]``, absent without projection), the width of the output

@@ -22,14 +22,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import export, ops
+from . import ops
+from .hooks import export
 from .input_checks import packed_batch
 from .lstm_layout import as_given, batched, initial_state
-from .regularisation import Regularisation
-from .layer_wavefront import run_wavefront
-from .stack_graph import call_key, graphed_stack
-from .stack_route import stack_route
 from .pipeline import LSTMPipeline, PipelineCore, Plan
+from .regularisation import Regularisation
+from .stack.graph import call_key, graphed_stack
+from .stack.route import stack_route
+from .stack.wavefront import run_wavefront
 from .pipeline.core import core_settings
 from .lstm_cell import LSTMCell  # noqa: F401  (its home before lstm_cell.py: pickles name pipelstm.lstm.LSTMCell)
 
@@ -279,7 +280,7 @@ class LSTM(nn.RNNBase):
         h0, c0 = hx
         route = stack_route(data, self.num_layers, self.bidirectional, batch_sizes is not None,
                             self._regularisation.layer_by_layer(self.training, self.dropout))
-        if route.kind == "stack_graph":  # the whole stack as one CUDA graph each way (stack_graph.py)
+        if route.kind == "stack_graph":  # the whole stack as one CUDA graph each way (stack/graph.py)
             params = self._stack_weights()
             dropout = self.dropout if self.training else 0.0
             key = call_key([data, h0, c0], params, route.chunks, dropout, self.num_layers, self.bidirectional)
@@ -290,7 +291,7 @@ class LSTM(nn.RNNBase):
     def _layers(self, data: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor,
                 chunks: int) -> Tuple[Tensor, Tensor, Tensor]:
         """The stack over ``data``: as a wavefront of ``chunks`` time chunks
-        (``layer_wavefront.py``), or layer after layer for 0."""
+        (``stack/wavefront.py``), or layer after layer for 0."""
         if chunks:
             output, h_list, c_list = run_wavefront(
                 data, list(h0.unbind(0)), list(c0.unbind(0)),

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import export, ops
+from . import ops
+from .hooks import export
 from .input_checks import check_state_pair
 
 __all__ = ["LSTMCell"]

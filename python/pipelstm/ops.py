@@ -3,7 +3,7 @@
 The kernels themselves are C++ (``torch.ops.pipelstm.*``, registered by
 ``pipelstm._C``). This module adds what training needs on top: the typed
 wrappers and autograd formulas whose backward is itself a pipelstm op (the
-fake kernels for tracing are in fake_kernels.py).
+fake kernels for tracing are in hooks/fake_kernels.py).
 Under torch.func transforms, forward-mode AD and create_graph=True the ops
 run on (or differentiate) their ATen composition instead, so every
 derivative nn.LSTM users take is exact.
@@ -15,8 +15,6 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from . import autocast  # noqa: F401  (registers the ops' autocast rules)
-from . import fake_kernels  # noqa: F401  (registers the ops' fake kernels)
 
 __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
 
@@ -210,10 +208,6 @@ def _cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
     )
 
 
-torch.library.register_autograd(
-    "pipelstm::lstm_cell_forward", _cell_backward, setup_context=_cell_setup_context
-)
-
 
 def _layer_setup_context(ctx, inputs, output):
     *inputs, reverse = inputs
@@ -263,9 +257,6 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
     )
 
 
-for _name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
-    torch.library.register_autograd(_name, _layer_backward, setup_context=_layer_setup_context)
-
 
 # --- double backward -----------------------------------------------------------
 # With create_graph=True the forward ops' backward differentiates their
@@ -279,5 +270,20 @@ def _no_double_backward(ctx, *grads):
     )
 
 
-for _name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward"):
-    torch.library.register_autograd(f"pipelstm::{_name}", _no_double_backward, setup_context=lambda ctx, inputs, output: None)
+_registered = False
+
+
+def register() -> None:
+    """Registers the ops' autograd formulas with torch.library (pipelstm's
+    import does, once)."""
+    global _registered
+    if _registered:
+        return
+    torch.library.register_autograd("pipelstm::lstm_cell_forward", _cell_backward,
+                                    setup_context=_cell_setup_context)
+    for name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
+        torch.library.register_autograd(name, _layer_backward, setup_context=_layer_setup_context)
+    for name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward"):
+        torch.library.register_autograd(f"pipelstm::{name}", _no_double_backward,
+                                        setup_context=lambda ctx, inputs, output: None)
+    _registered = True

@@ -1,4 +1,4 @@
-"""The layer wavefront on one GPU (pipelstm.layer_wavefront): the layers of a
+"""The layer wavefront on one GPU (pipelstm.stack.wavefront): the layers of a
 stack on streams of their own over K time chunks must give what nn.LSTM
 (cuDNN) gives, values and every gradient, with CUDA graphs on and off. It
 should run the layers at once (kernels of two layers overlapping in time);

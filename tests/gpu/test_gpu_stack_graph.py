@@ -1,4 +1,4 @@
-"""The stack graph on one GPU (pipelstm.stack_graph): a stack's training call
+"""The stack graph on one GPU (pipelstm.stack.graph): a stack's training call
 captured as one CUDA graph each way must give what nn.LSTM (cuDNN) gives,
 values and every gradient, on every replay; two calls before one backward
 must both be right; dropout must draw new masks per replay, as eager calls
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import pipelstm
-from pipelstm import stack_graph
+from pipelstm.stack import graph as stack_graph
 from pipelstm.backends import cuda as cuda_switches
 from reference import rel_error
 from stack_graph_cases import two_calls_before_one_backward

@@ -18,11 +18,11 @@ drops the override; docs/configuration.md has the whole table):
   measured; the grid kernels where a cluster does not fit).
 * ``layer_wavefront`` (``PIPELSTM_LAYER_WAVEFRONT``): run the layers of a
   dense, unidirectional stack as a wavefront over this many time chunks,
-  one stream a layer (``pipelstm.layer_wavefront``; default ``0``: one
+  one stream a layer (``pipelstm.stack.wavefront``; default ``0``: one
   layer after another).
 * ``stack_graph`` (``PIPELSTM_STACK_GRAPH``): capture a training call of a
   dense stack, forward and backward, as one CUDA graph each way and replay
-  them (``pipelstm.stack_graph``): ``1`` the layers one after another,
+  them (``pipelstm.stack.graph``): ``1`` the layers one after another,
   ``2`` to ``4096`` as a wavefront of that many time chunks (default ``0``:
   off).
 
@@ -35,7 +35,7 @@ import sys
 from typing import Tuple
 
 from .. import _C
-from .. import stack_graph as stack_graph_module
+from ..stack import graph as stack_graph_module
 from ._switch import Switch, SwitchModule, choice, chunk_count, stack_chunks, tristate
 
 __all__ = ["graphs", "persistent", "persistent_kernel", "layer_wavefront", "stack_graph", "graph_counts", "graph_memory",

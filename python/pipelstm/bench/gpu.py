@@ -49,7 +49,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .. import _C, stack_graph
+from .. import _C
+from ..stack import graph as stack_graph
 from ..backends import cuda as cuda_switches
 from ..backends._switch import Switch
 from ..lstm import LSTM

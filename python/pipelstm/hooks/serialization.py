@@ -3,8 +3,8 @@
 Scripts that ``torch.save(model)`` allowlist the ``torch.nn`` classes they
 use and their own model class, then ``torch.load(path)``. A model holding
 pipelstm's modules must load the same way, with nothing added to the
-script, so pipelstm registers its classes as safe globals on import, as
-libraries with their own serialisable modules do.
+script, so pipelstm registers its classes as safe globals on import
+(``register``), as libraries with their own serialisable modules do.
 
 They are safe to allowlist: unpickling one sets attributes (plain data,
 tensors, devices, submodules, each itself checked by the weights-only
@@ -14,11 +14,17 @@ unpickler); the pipelined modules then build their engine from those specs
 
 import torch
 
-from .lstm import LSTM, LSTMCell
-from .pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
-from .regularisation import Regularisation
+from ..lstm import LSTM, LSTMCell
+from ..pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
+from ..regularisation import Regularisation
+
+__all__ = ["SAFE_GLOBALS", "register"]
 
 SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation,
                 (LSTMCell, "pipelstm.lstm.LSTMCell")]  # its name in pickles made before lstm_cell.py
 
-torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def register() -> None:
+    """Allowlists pipelstm's modules for ``torch.load(weights_only=True)``."""
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)

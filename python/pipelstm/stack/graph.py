@@ -9,7 +9,7 @@ the GPU waits. With ``pipelstm.backends.cuda.stack_graph``
 is captured once per shape, its forward and its backward as two graphs, and
 later calls replay them: one launch each way. With K = 1 the layers run one
 after another inside the graph; with K >= 2 (a unidirectional stack of two
-or more layers) as the wavefront of ``layer_wavefront.py`` over K time
+or more layers) as the wavefront of ``wavefront.py`` over K time
 chunks, whose (layer, chunk) pieces become parallel branches of the one
 graph: layer l+1's chunk k runs beside layer l's chunk k+1 with no launch
 between them.
@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import _C
+from .. import _C
 
 __all__ = ["call_key", "StackGraphs", "graphed_stack", "graph_memory", "MAX_GRAPHS"]
 

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch.amp.autocast_mode import _cast
 
-__all__ = ["FORWARD_OPS", "cast_and_call"]
+__all__ = ["FORWARD_OPS", "cast_and_call", "register"]
 
 FORWARD_OPS = ("lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward")
 
@@ -53,7 +53,14 @@ def _register(name: str, device_type: str, dtype: Callable[[], torch.dtype]) -> 
     _LIB.impl(name, lambda _keyset, *args: rule(*args), key, with_keyset=True)
 
 
-_LIB = torch.library.Library("pipelstm", "IMPL")
-for _name in FORWARD_OPS:
-    _register(_name, "cpu", lambda: torch.float32)
-    _register(_name, "cuda", lambda: torch.get_autocast_dtype("cuda"))
+_LIB = None  # the library the rules are registered through, once registered
+
+
+def register() -> None:
+    """Registers the forward ops' autocast rules for the CPU and CUDA
+    (pipelstm's import does, once)."""
+    global _LIB
+    _LIB = torch.library.Library("pipelstm", "IMPL")
+    for name in FORWARD_OPS:
+        _register(name, "cpu", lambda: torch.float32)
+        _register(name, "cuda", lambda: torch.get_autocast_dtype("cuda"))

@@ -12,10 +12,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .geometry import LayerGeometry
+from ..geometry import LayerGeometry
 
-# Nothing to import: importing the module registers the kernels.
-__all__: list = []
+__all__ = ["register"]
 
 
 def _check_dim(op: str, name: str, t: Tensor, dim: int, layout: str) -> None:
@@ -157,8 +156,7 @@ def _check_cell(op, cx, gates, grads, biases=()):
     return B, H
 
 
-@torch.library.register_fake("pipelstm::lstm_cell_forward")
-def _(input_gates, hidden_gates, cx, b_ih, b_hh):
+def _fake_lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh):
     op = "lstm_cell_forward"
     _check_dim(op, "input_gates", input_gates, 2, "[B, 4H]")
     B, H = _check_cell(op, cx, [("input_gates", input_gates), ("hidden_gates", hidden_gates)], [],
@@ -168,8 +166,7 @@ def _(input_gates, hidden_gates, cx, b_ih, b_hh):
     return cx.new_empty(B, H), cx.new_empty(B, H), cx.new_empty(B, 4 * H)
 
 
-@torch.library.register_fake("pipelstm::lstm_cell_backward")
-def _(grad_hy, grad_cy, cx, cy, workspace):
+def _fake_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace):
     op = "lstm_cell_backward"
     states = [("cy", cy), ("grad_hy", grad_hy), ("grad_cy", grad_cy)]
     if _computed_in_float32(cx):
@@ -182,8 +179,7 @@ def _(grad_hy, grad_cy, cx, cy, workspace):
     return cx.new_empty(B, 4 * H), cx.new_empty(B, H)
 
 
-@torch.library.register_fake("pipelstm::lstm_layer_forward")
-def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+def _fake_lstm_layer_forward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
     op = "lstm_layer_forward"
     _check_dim(op, "input", input, 3, "[T, B, I]")
     T, B, _ = input.shape
@@ -209,8 +205,7 @@ def _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, H):
     )
 
 
-@torch.library.register_fake("pipelstm::lstm_layer_backward")
-def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+def _fake_lstm_layer_backward(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
     op = "lstm_layer_backward"
     _check_dim(op, "input", input, 3, "[T, B, I]")
     T, B, _ = input.shape
@@ -220,8 +215,7 @@ def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, output, 
     return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, g.hidden_size)
 
 
-@torch.library.register_fake("pipelstm::lstm_packed_layer_forward")
-def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+def _fake_lstm_packed_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
     op = "lstm_packed_layer_forward"
     _check_batch_sizes(op, input, batch_sizes)
     rows, B = input.shape[0], h0.shape[0]  # B is batch_sizes[0]: the real op checks h0 against it
@@ -234,8 +228,7 @@ def _(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
     )
 
 
-@torch.library.register_fake("pipelstm::lstm_packed_layer_backward")
-def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
+def _fake_lstm_packed_layer_backward(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w_hr, output, workspace, reverse):
     op = "lstm_packed_layer_backward"
     _check_batch_sizes(op, input, batch_sizes)
     rows, B = input.shape[0], h0.shape[0]
@@ -243,3 +236,20 @@ def _(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, w
     _check_shape(op, "output", output, (rows, g.out_size))
     _check_layer_grads(op, input, g, rows, B, output, grad_output, grad_h_n, grad_c_n, workspace)
     return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, g.hidden_size)
+
+
+_FAKE_KERNELS = {
+    "pipelstm::lstm_cell_forward": _fake_lstm_cell_forward,
+    "pipelstm::lstm_cell_backward": _fake_lstm_cell_backward,
+    "pipelstm::lstm_layer_forward": _fake_lstm_layer_forward,
+    "pipelstm::lstm_layer_backward": _fake_lstm_layer_backward,
+    "pipelstm::lstm_packed_layer_forward": _fake_lstm_packed_layer_forward,
+    "pipelstm::lstm_packed_layer_backward": _fake_lstm_packed_layer_backward,
+}
+
+
+def register() -> None:
+    """Registers the fake kernels with torch.library (pipelstm's import
+    does, once)."""
+    for name, kernel in _FAKE_KERNELS.items():
+        torch.library.register_fake(name)(kernel)

@@ -6,9 +6,9 @@ that decides it, from the call's facts and the switches of
   pick their own fused kernel or, under torch.func transforms, their
   composition);
 * ``"wavefront"``: the layers on CUDA streams of their own over ``chunks``
-  time chunks (``layer_wavefront.py``);
+  time chunks (``wavefront.py``);
 * ``"stack_graph"``: the whole stack captured as one CUDA graph each way
-  and replayed (``stack_graph.py``), the layers inside it one after
+  and replayed (``graph.py``), the layers inside it one after
   another (``chunks`` 0) or as a wavefront of ``chunks`` time chunks.
 
 Only a dense CUDA input outside tracing, scripting, compiling and torch.func
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import ops
-from .backends import cuda as cuda_switches
+from .. import ops
+from ..backends import cuda as cuda_switches
 
 __all__ = ["StackRoute", "stack_route"]
 
