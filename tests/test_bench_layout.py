@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipelstm.bench import layout as bench
-from pipelstm.simulator.layout import PLAN_MARGIN, Plan
+from pipelstm.simulator.layout import PLAN_MARGIN, LayoutChoice
 from pipelstm.simulator.model import Layout
 
 
@@ -33,7 +33,7 @@ def fake_search(monkeypatch):
 
     def choose_layout(costs, cluster, T, B, pp=None, in_process=False, margin=0.0):
         layout, step = PLANS[(costs, pp, in_process)][margin]
-        return Plan(layout, SimpleNamespace(step_s=step), why=f"{costs} pp={pp} margin={margin}")
+        return LayoutChoice(layout, SimpleNamespace(step_s=step), why=f"{costs} pp={pp} margin={margin}")
 
     monkeypatch.setattr(bench, "choose_layout", choose_layout)
 

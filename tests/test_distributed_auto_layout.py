@@ -46,7 +46,7 @@ def _rank(rank: int, port: int, results, case: str) -> None:
         value = float(pipe.train_step(mesh.shard(x), mesh.shard(y)))
         results.put((rank, dict(dp=mesh.dp, pp=mesh.pp, chunks=pipe.core.chunks, M=pipe.core.micro_batches,
                                 balance=list(pipe.balance), loss=value,
-                                plan=None if mesh.plan is None else mesh.plan.layout)))
+                                plan=None if mesh.layout_choice is None else mesh.layout_choice.layout)))
     except Exception:
         results.put((rank, traceback.format_exc()))
     finally:

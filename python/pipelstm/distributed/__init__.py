@@ -15,7 +15,7 @@ from .checkpoint import atomic_save, latest_checkpoint, load_checkpoint, save_ch
 from .clip import clip_grad_norm_
 from .mesh import Mesh, init_mesh
 from .parallel import PipelineParallel
-from .plan import plan_layout
+from .auto_layout import plan_layout
 
 __all__ = [
     "Mesh", "init_mesh", "plan_layout", "PipelineParallel", "clip_grad_norm_",

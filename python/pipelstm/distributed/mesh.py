@@ -48,8 +48,8 @@ class Mesh:
     backend: str
     timeout: float  # seconds, for every collective and point-to-point operation
     device_mesh: Optional[DeviceMesh] = None  # the (dp, pp) DeviceMesh whose groups these are
-    plan: Any = None  # init_mesh(pp="auto"): the simulator's Plan (layout, prediction, why)
-    plan_costs: Any = None  # and the unit costs it planned with (global rank 0 only)
+    layout_choice: Any = None  # init_mesh(pp="auto"): the simulator's LayoutChoice (layout, prediction, why)
+    layout_costs: Any = None  # and the unit costs it chose with (global rank 0 only)
 
     @property
     def is_first_stage(self) -> bool:
@@ -230,7 +230,7 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
             fastest layout the simulator predicts for ``model`` on this
             world (:func:`pipelstm.distributed.plan_layout`: the units
             calibrated on this machine, the link between ranks measured),
-            planned on rank 0, printed there, and kept as ``mesh.plan`` for
+            planned on rank 0, printed there, and kept as ``mesh.layout_choice`` for
             ``PipelineParallel(chunks="auto", micro_batches="auto")``.
         dp: data-parallel replicas; default ``world_size // pp``.
         model, sample, loss_fn, costs: with ``pp="auto"``: the
@@ -264,7 +264,7 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
     if problem:
         _stop_every_rank(f"pipelstm.distributed.init_mesh: {problem}", rank, world, timeout)
     if auto:
-        pp = 1  # a layout of one stage until the plan replaces it
+        pp = 1  # a layout of one stage until the choice replaces it
     if dp is None:
         dp = world // pp
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -281,12 +281,12 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
         store = dist.PrefixStore(f"pipelstm/attempt-{attempt}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td,
                                 device_id=device if backend == "nccl" else None)
-    plan = plan_costs = None
-    if auto:  # every rank gets rank 0's plan
-        from .plan import plan_with_costs
+    choice = choice_costs = None
+    if auto:  # every rank gets rank 0's layout choice
+        from .auto_layout import choose_with_costs
 
-        plan, plan_costs = plan_with_costs(model, sample, loss_fn=loss_fn, costs=costs, device=device.type)
-        dp, pp = plan.layout.dp, plan.layout.pp
+        choice, choice_costs = choose_with_costs(model, sample, loss_fn=loss_fn, costs=costs, device=device.type)
+        dp, pp = choice.layout.dp, choice.layout.pp
     # Global rank dp_rank * pp + pp_rank: row dp_rank, column pp_rank. Every
     # group gets the backend and timeout asked for (DeviceMesh would reuse the
     # default group for a dimension spanning the world, or use its defaults).
@@ -296,8 +296,8 @@ def init_mesh(pp: Union[int, str] = 1, *, dp: Optional[int] = None, backend: Opt
     return Mesh(rank=rank, world_size=world, local_rank=local_rank, dp=dp, pp=pp, dp_rank=dp_rank,
                 pp_rank=pp_rank, pp_group=device_mesh.get_group("pp"), dp_group=device_mesh.get_group("dp"),
                 pp_ranks=[dp_rank * pp + s for s in range(pp)], dp_ranks=[d * pp + pp_rank for d in range(dp)],
-                device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh, plan=plan,
-                plan_costs=plan_costs)
+                device=device, backend=backend, timeout=float(timeout), device_mesh=device_mesh,
+                layout_choice=choice, layout_costs=choice_costs)
 
 
 def _layout_problem(pp, dp, world: int, timeout: float, auto: bool, model, sample) -> Optional[str]:

@@ -22,7 +22,7 @@ from ..pipeline.prologue import prepare
 from ..timeline import write_timeline
 from .agreement import check_same_everywhere
 from .mesh import Mesh
-from .plan import resolve_auto
+from .auto_layout import resolve_auto
 
 __all__ = ["PipelineParallel"]
 

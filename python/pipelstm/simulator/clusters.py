@@ -90,7 +90,7 @@ def pcie_node(gpus: int = 8) -> Cluster:
 
 class Machine(NamedTuple):
     """What a machine's processes cost each other, as measured
-    (:func:`measure_machine`, ``pipelstm.distributed.plan.measure_job``):
+    (:func:`measure_machine`, ``pipelstm.distributed.auto_layout.measure_job``):
     ``Cluster``'s fields of the same names."""
 
     link: Link

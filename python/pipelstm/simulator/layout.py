@@ -16,7 +16,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from ..pipeline.balance import partition
 from .model import Cluster, Layout, Prediction, UnitCosts
 
-__all__ = ["Plan", "choose_layout", "simplest", "complexity", "search_sizes", "seed_layout", "stage_costs",
+__all__ = ["LayoutChoice", "choose_layout", "simplest", "complexity", "search_sizes", "seed_layout", "stage_costs",
            "LOSS_KINDS", "CHUNKS", "MICRO_BATCHES", "PLAN_MARGIN"]
 
 LOSS_KINDS = ("cross_entropy",)  # units the engine runs inside the last stage, not stages of their own
@@ -31,7 +31,7 @@ GIB, MIB = 2.0 ** 30, 2.0 ** 20
 Predict = Callable[[UnitCosts, Layout, Cluster, int, int], Prediction]
 
 
-class Plan(NamedTuple):
+class LayoutChoice(NamedTuple):
     """What ``choose_layout`` returns: the layout, its prediction, and why it won."""
 
     layout: Layout
@@ -142,7 +142,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
                   pp: Optional[int] = None, balance: Optional[Sequence[int]] = None,
                   chunks: Sequence[int] = CHUNKS, micro_batches: Sequence[int] = MICRO_BATCHES,
                   checkpoints: Sequence[str] = CHECKPOINTS, memory: Optional[float] = None,
-                  in_process: bool = False, predict: Optional[Predict] = None, margin: float = 0.0) -> Plan:
+                  in_process: bool = False, predict: Optional[Predict] = None, margin: float = 0.0) -> LayoutChoice:
     """The fastest predicted layout of the model ``costs`` describes for a
     global batch of ``B`` sequences of ``T`` steps that fits the devices' memory.
 
@@ -171,7 +171,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
             (:func:`simplest`); 0: the fastest predicted.
 
     Returns:
-        A :class:`Plan` ``(layout, prediction, why)``; ``why`` is the
+        A :class:`LayoutChoice` ``(layout, prediction, why)``; ``why`` is the
         printable plan: the predicted step, and the margin over the best
         layout of every other pipeline depth tried.
 
@@ -237,7 +237,7 @@ def choose_layout(costs: UnitCosts, cluster: Union[Cluster, int], T: int, B: int
     if layout != fastest[0]:
         why += (f"\n  taken over the fastest predicted ({_name(fastest[0])}, {fastest[1].step_s * 1e3:.3f} ms): "
                 f"within the margin of {margin:.0%}, with fewer stages or items")
-    return Plan(layout, pred, why)
+    return LayoutChoice(layout, pred, why)
 
 
 def complexity(layout: Layout) -> Tuple[int, int, int, int]:

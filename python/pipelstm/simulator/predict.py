@@ -244,5 +244,6 @@ def _prediction(played, costs: UnitCosts, layout: Layout, cluster: Cluster, unit
     notes = (f"K={K}, M={M} (items of {t_sizes[0]}x{b_sizes[0]} and smaller); replica 0 played; "
              f"the all-reduce after each stage's backward (no overlap); no optimizer step")
     return Prediction(layout=layout, step_s=step, forward_s=f_hi - f_lo, backward_s=backward_done - b_lo,
-                      allreduce_s=done - backward_done, bubble=bubble, stage_peak_bytes=peak, process_peak_bytes=process_peak,
+                      allreduce_s=done - backward_done, bubble=bubble, stage_peak_bytes=peak,
+                      process_peak_bytes=process_peak,
                       events=played.events, notes=notes)

@@ -6,7 +6,7 @@ calibrate``), the link between two ranks, the all-reduce and how much
 ranks computing at once slow each other down are measured over the job's
 own process group, and ``pipelstm.simulator.layout.choose_layout`` picks the
 fastest predicted dp x pp, balance, K x M and recomputation. Global rank 0
-plans and broadcasts the plan, so every rank runs the same one; rank 0
+chooses and broadcasts the choice, so every rank runs the same one; rank 0
 prints it with its predicted step time and why.
 """
 
@@ -113,31 +113,31 @@ def plan_layout(model: nn.Sequential, sample: Tuple[int, int], **options):
         pp, balance, chunks, micro_batches, checkpoint: fix what is not to be
             chosen (``balance`` as the pipeline takes it, without the loss;
             ``chunks``/``micro_batches``: an int, or the candidates).
-        verbose: print the plan (on global rank 0).
+        verbose: print the choice (on global rank 0).
         margin: how much faster a layout with more stages or items must be
             predicted to be taken over a simpler one
             (``pipelstm.simulator.layout.simplest``); default
             ``PLAN_MARGIN`` (10 %), the simulator's error measured on a CPU.
 
     Returns:
-        A :class:`pipelstm.simulator.layout.Plan` (layout, prediction, why),
+        A :class:`pipelstm.simulator.layout.LayoutChoice` (layout, prediction, why),
         the same on every rank; its balance counts the loss (if inside) in
         the last stage (:func:`engine_balance` gives the pipeline's).
 
     Raises:
         ValueError: a bad sample, or no layout for the world (named).
     """
-    return plan_with_costs(model, sample, **options)[0]
+    return choose_with_costs(model, sample, **options)[0]
 
 
-def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: Optional[nn.Module] = None,
+def choose_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: Optional[nn.Module] = None,
                     world_size: Optional[int] = None, cluster=None, costs=None, pp: Optional[int] = None,
                     balance: Optional[Sequence[int]] = None, chunks: Union[int, Sequence[int], None] = None,
                     micro_batches: Union[int, Sequence[int], None] = None, checkpoint: Optional[str] = None,
                     device: str = "cpu", threads: Optional[int] = None, verbose: bool = True,
                     margin: Optional[float] = None):
     """:func:`plan_layout`, and the unit costs it planned with (None on
-    ranks other than 0, which receive the plan)."""
+    ranks other than 0, which receive the choice)."""
     if (not isinstance(sample, (tuple, list)) or len(sample) != 2
             or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sample)):
         raise ValueError(f"plan_layout: sample must be (T, B), two positive ints, got {sample!r}")
@@ -168,9 +168,9 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
     result = [None]
     if not shared or dist.get_rank() == 0:
         try:
-            plan, costs = _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches,
+            choice, costs = _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches,
                                   checkpoint, device, threads, margin)
-            result = [plan]
+            result = [choice]
         except (ValueError, RuntimeError) as e:  # every rank stops with rank 0's reason
             if not shared:
                 raise
@@ -179,16 +179,16 @@ def plan_with_costs(model: nn.Sequential, sample: Tuple[int, int], *, loss_fn: O
         dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], Exception):
         raise type(result[0])(str(result[0]))
-    plan = result[0]
-    logger.info("pipelstm.distributed: %s", plan.why)
+    choice = result[0]
+    logger.info("pipelstm.distributed: %s", choice.why)
     if verbose and (not shared or dist.get_rank() == 0):
-        print(f"pipelstm.distributed: {plan.why}", flush=True)
-    return plan, costs
+        print(f"pipelstm.distributed: {choice.why}", flush=True)
+    return choice, costs
 
 
 def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_batches, checkpoint, device, threads,
             margin):
-    """The plan and the costs it used (calibrated here unless given)."""
+    """The choice and the costs it used (calibrated here unless given)."""
     from ..simulator import layout as search
 
     options = {}
@@ -207,39 +207,40 @@ def _choose(model, T, B, cluster, loss_fn, costs, pp, balance, chunks, micro_bat
         balance = list(balance)
         if costs.units() and costs.units()[-1].kind in search.LOSS_KINDS:
             balance[-1] += 1
-    plan = search.choose_layout(costs, cluster, T, B, pp=pp, balance=balance,
+    choice = search.choose_layout(costs, cluster, T, B, pp=pp, balance=balance,
                                 checkpoints=[checkpoint] if checkpoint else search.CHECKPOINTS,
                                 margin=search.PLAN_MARGIN if margin is None else margin, **options)
-    return plan, costs
+    return choice, costs
 
 
 def resolve_auto(model: nn.Sequential, mesh, chunks, micro_batches, balance, checkpoint: str, loss_fn,
                  sample: Optional[Tuple[int, int]]) -> Tuple[int, int, Union[str, list]]:
     """``PipelineParallel``'s ``chunks="auto"`` / ``micro_batches="auto"``:
-    the plan of ``init_mesh(pp="auto")`` where it is for this mesh and these
+    the choice of ``init_mesh(pp="auto")`` where it is for this mesh and these
     settings, else one planned now for ``mesh.pp`` stages and ``sample``.
     Returns ``(chunks, micro_batches, balance)``, the same on every rank.
 
     Raises:
-        ValueError: no plan to reuse and no ``sample``.
+        ValueError: no choice to reuse and no ``sample``.
     """
     from ..pipeline.units import flatten
 
     fixed = None if isinstance(balance, str) else list(balance)
-    plan = mesh.plan
-    reuse = (plan is not None and (plan.layout.dp, plan.layout.pp) == (mesh.dp, mesh.pp) and fixed is None
-             and plan.layout.checkpoint == checkpoint and chunks in ("auto", plan.layout.chunks)
-             and micro_batches in ("auto", plan.layout.micro_batches))
+    choice = mesh.layout_choice
+    reuse = (choice is not None and (choice.layout.dp, choice.layout.pp) == (mesh.dp, mesh.pp) and fixed is None
+             and choice.layout.checkpoint == checkpoint and chunks in ("auto", choice.layout.chunks)
+             and micro_batches in ("auto", choice.layout.micro_batches))
     if not reuse:
         if sample is None:
             raise ValueError("PipelineParallel: chunks='auto' or micro_batches='auto' needs sample=(T, B), a step's "
                              "length and global batch, or a mesh from init_mesh(pp='auto', ...) to take them from")
-        plan, _ = plan_with_costs(model, sample, loss_fn=loss_fn, costs=mesh.plan_costs, pp=mesh.pp, balance=fixed,
-                                  chunks=None if chunks == "auto" else chunks, checkpoint=checkpoint,
-                                  micro_batches=None if micro_batches == "auto" else micro_batches,
-                                  device=mesh.device.type)
+        choice, _ = choose_with_costs(model, sample, loss_fn=loss_fn, costs=mesh.layout_costs, pp=mesh.pp,
+                                      balance=fixed, chunks=None if chunks == "auto" else chunks,
+                                      checkpoint=checkpoint,
+                                      micro_batches=None if micro_batches == "auto" else micro_batches,
+                                      device=mesh.device.type)
     units = len(flatten(model.named_children()))
-    split = fixed or engine_balance(plan.layout.balance, sum(plan.layout.balance) > units)
-    return (plan.layout.chunks if chunks == "auto" else chunks,
-            plan.layout.micro_batches if micro_batches == "auto" else micro_batches, split)
+    split = fixed or engine_balance(choice.layout.balance, sum(choice.layout.balance) > units)
+    return (choice.layout.chunks if chunks == "auto" else chunks,
+            choice.layout.micro_batches if micro_batches == "auto" else micro_batches, split)
 
