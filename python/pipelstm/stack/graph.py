@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .. import _C
+from ..backends import cuda as switches
 
 __all__ = ["call_key", "StackGraphs", "graphed_stack", "graph_memory", "MAX_GRAPHS"]
 
@@ -63,8 +63,7 @@ def call_key(inputs: Sequence[Tensor], params: Sequence[Tensor], *extra: Hashabl
     return (tuple(describe(t, False) for t in inputs), tuple(describe(p, True) for p in params),
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
             torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
-            _C._get_switch("PIPELSTM_PERSISTENT")[0],
-            _C._get_switch("PIPELSTM_PERSISTENT_KERNEL")[0]) + tuple(extra)
+            switches.persistent, switches.persistent_kernel) + tuple(extra)
 
 
 class Captured:
