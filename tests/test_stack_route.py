@@ -1,4 +1,4 @@
-"""python/pipelstm/stack_route.py: which way a call runs its stack, decided
+"""python/pipelstm/stack/route.py: which way a call runs its stack, decided
 in one place from the call's facts and pipelstm.backends.cuda's switches.
 The decision needs no GPU: CPU tensors are taken for CUDA ones."""
 
@@ -34,7 +34,16 @@ def as_cuda(monkeypatch):
 ])
 def test_the_switches_pick_the_route(as_cuda, switches, layers, bidirectional, T, want):
     with cuda_switches.flags(**switches):
-        assert stack_route(torch.zeros(T, 2, 3), layers, bidirectional, packed=False) == want
+        got = stack_route(torch.zeros(T, 2, 3), layers, bidirectional, packed=False)
+    assert (got.kind, got.chunks) == (want.kind, want.chunks)
+
+
+def test_a_stack_graph_route_carries_the_kernel_switches_its_capture_records(as_cuda):
+    x = torch.zeros(60, 2, 3)
+    with cuda_switches.flags(stack_graph=8):
+        assert stack_route(x, 4, False, packed=False).kernels == (None, "grid")
+        with cuda_switches.flags(persistent=True, persistent_kernel="cluster"):
+            assert stack_route(x, 4, False, packed=False).kernels == (True, "cluster")
 
 
 def test_what_keeps_the_layers_one_after_another(as_cuda):

@@ -283,7 +283,8 @@ class LSTM(nn.RNNBase):
         if route.kind == "stack_graph":  # the whole stack as one CUDA graph each way (stack/graph.py)
             params = self._stack_weights()
             dropout = self.dropout if self.training else 0.0
-            key = call_key([data, h0, c0], params, route.chunks, dropout, self.num_layers, self.bidirectional)
+            key = call_key([data, h0, c0], params, route.chunks, dropout, self.num_layers, self.bidirectional,
+                           *route.kernels)
             return graphed_stack(key, lambda x, h, c, *_: self._layers(x, None, h, c, route.chunks),
                                  [data, h0, c0], params)
         return self._layers(data, batch_sizes, h0, c0, route.chunks)

@@ -35,6 +35,7 @@ import sys
 from typing import Tuple
 
 from .. import _C
+from ..stack import graph as stack_graph_module
 from ._switch import Switch, SwitchModule, choice, chunk_count, stack_chunks, tristate
 
 __all__ = ["graphs", "persistent", "persistent_kernel", "layer_wavefront", "stack_graph", "graph_counts", "graph_memory",
@@ -67,8 +68,6 @@ def graph_counts() -> Tuple[int, int]:
 def graph_memory() -> int:
     """Bytes of device memory the CUDA graphs pipelstm keeps hold now: the
     layer ops' and the stacks'."""
-    from ..stack import graph as stack_graph_module  # it reads these switches
-
     return int(_C._graph_memory()) + stack_graph_module.graph_memory()
 
 

@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..backends import cuda as switches
 
 __all__ = ["call_key", "StackGraphs", "graphed_stack", "graph_memory", "MAX_GRAPHS"]
 
@@ -56,14 +55,14 @@ def call_key(inputs: Sequence[Tensor], params: Sequence[Tensor], *extra: Hashabl
     """What a capture depends on: the inputs' shapes, strides, dtypes,
     devices and whether they require grad, the parameters' addresses too
     (the graph reads them in place), the precision switches the GEMMs
-    follow, and ``extra`` (the module's own: chunks, dropout, layers)."""
+    follow, and ``extra`` (the caller's: chunks, dropout, layers, and the
+    kernel switches of its route, ``StackRoute.kernels``)."""
     def describe(t: Tensor, address: bool) -> tuple:
         return (t.data_ptr() if address else None, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
 
     return (tuple(describe(t, False) for t in inputs), tuple(describe(p, True) for p in params),
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-            torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
-            switches.persistent, switches.persistent_kernel) + tuple(extra)
+            torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()) + tuple(extra)
 
 
 class Captured:

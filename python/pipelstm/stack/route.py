@@ -32,6 +32,7 @@ __all__ = ["StackRoute", "stack_route"]
 class StackRoute:
     kind: str  # "layers", "wavefront" or "stack_graph"
     chunks: int = 0  # time chunks of a wavefront (0: none)
+    kernels: tuple = ()  # the stack graph's: the kernel switches its capture records
 
 
 LAYERS = StackRoute("layers")
@@ -55,7 +56,8 @@ def stack_route(x: Tensor, num_layers: int, bidirectional: bool, packed: bool,
     wavefront_ok = num_layers >= 2 and not bidirectional
     graph = cuda_switches.stack_graph
     if graph and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
-        return StackRoute("stack_graph", _chunks(graph, x) if wavefront_ok else 0)
+        return StackRoute("stack_graph", _chunks(graph, x) if wavefront_ok else 0,
+                          (cuda_switches.persistent, cuda_switches.persistent_kernel))
     wave = cuda_switches.layer_wavefront
     if wave and wavefront_ok and _chunks(wave, x):
         return StackRoute("wavefront", _chunks(wave, x))
