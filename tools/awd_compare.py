@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-batches", type=int, default=None, help="each epoch's training batches at most")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     meta = report.metadata("awd", sys.argv[1:] if argv is None else argv)
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
                        str(seed), "--epochs", str(args.epochs), "--threads", str(args.threads), "--json", out]
                 if args.data:
                     cmd += ["--data", args.data]
+                if args.max_batches:
+                    cmd += ["--max-batches", str(args.max_batches)]
                 subprocess.run(cmd, check=True)
                 run = json.load(open(out))
                 rows.append(dict(seed=seed, lstm=kind, valid_ppl=run["epochs"][-1]["valid_ppl"],
@@ -60,8 +63,11 @@ def main(argv=None) -> int:
                      f"{peer['epoch_seconds'] / ours['epoch_seconds']:.2f}x faster")
     for row in summary:
         print(row)
+    corpus = os.path.basename(os.path.normpath(args.data)) if args.data else "its embedded corpus"
     report.write_json(args.json, meta, COLUMNS, rows, tables=[dict(title="Summary", columns=SUMMARY, rows=summary)],
-                      notes=[f"examples/awd_lstm.py, {args.epochs} epochs, {args.threads} threads, seeds "
+                      notes=[f"examples/awd_lstm.py on {corpus}, {args.epochs} epochs"
+                             f"{f' of {args.max_batches} batches' if args.max_batches else ''}, {args.threads} threads, "
+                             f"seeds "
                              f"{args.seeds}; nn: nn.LSTM layers each with the weight-drop wrapper, locked dropout "
                              "between them; both from the same initial weights per seed."])
     return 0
