@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "cpu/cpu_identity.h"
+#include "cpu/cpu_path.h"
 #include "cpu/fma_peak.h"
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
@@ -57,10 +59,32 @@ PYBIND11_MODULE(_C, m) {
         "Whether the CUDA kernels were compiled into this build.");
   m.def("_built_torch_version", &pipelstm::built_torch_version,
         "The version of the torch headers this build was compiled against (major.minor.patch).");
-  m.def("cpu_isa", [] { return pipelstm::cpu::kernels_under(pipelstm::settings::cpu_isa()).isa; },
+  m.def("cpu_isa", [] { return pipelstm::cpu::kernels_for_cap(pipelstm::settings::cpu_isa()).isa; },
         "The instruction set of the fused CPU kernels: avx512, avx2 or generic (the widest this "
         "CPU runs, capped by PIPELSTM_CPU_ISA); before the first call that runs them, the one it "
         "will choose.");
+  m.def("_cpu_identity", [] {
+    const auto& id = pipelstm::cpu::cpu_identity();
+    py::dict d;
+    d["vendor"] = id.vendor;
+    d["family"] = id.family;
+    d["model"] = id.model;
+    d["microarchitecture"] = id.microarchitecture;
+    d["vector_datapath_bits"] = id.vector_datapath_bits;
+    return d;
+  }, "This CPU: vendor, family, model, microarchitecture class, FMA datapath width (cpu/cpu_identity.h).");
+  m.def("_cpu_chosen_paths", [] {
+    py::list out;
+    for (const auto& c : pipelstm::cpu::chosen_paths()) {
+      py::dict seconds;
+      for (const auto& [name, s] : c.seconds) seconds[py::str(name)] = s;
+      out.append(py::dict(py::arg("shape") = c.shape, py::arg("path") = c.path, py::arg("seconds") = seconds,
+                          py::arg("from_cache") = c.from_cache));
+    }
+    return out;
+  }, "The CPU paths chosen by timing so far (cpu/cpu_path.h).");
+  m.def("_cpu_forget_chosen_paths", &pipelstm::cpu::forget_chosen_paths,
+        "Forgets the CPU paths chosen by timing, and their trials (tests).");
   m.def("_cpu_isa_chosen", &pipelstm::settings::cpu_isa_frozen,
         "Whether a call has chosen the CPU kernels (the ISA cap is then fixed for the process).");
   m.def("_switch_names", &pipelstm::settings::names,

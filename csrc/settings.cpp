@@ -51,6 +51,8 @@ std::optional<std::string> isa(const std::string& raw) {
 }
 std::optional<std::string> gemm(const std::string& raw) { return one_of(raw, {"auto", "own", "aten"}); }
 std::optional<std::string> on_off_auto(const std::string& raw) { return one_of(raw, {"0", "1", "auto"}); }
+std::optional<std::string> on_off(const std::string& raw) { return one_of(raw, {"0", "1"}); }
+std::optional<std::string> any_text(const std::string& raw) { return raw; }
 std::optional<std::string> persistent_kernel(const std::string& raw) {
   return one_of(raw, {"grid", "cluster", "cluster_async"});
 }
@@ -92,13 +94,16 @@ std::optional<std::string> microseconds_or_off(const std::string& raw) {
   return without_leading_zeros(raw);
 }
 
-enum Index { kCpuIsa, kCpuGemm, kBufferCacheMb, kCudaGraphs, kPersistent, kPersistentKernel, kLayerWavefront,
+enum Index { kCpuIsa, kCpuGemm, kCpuBenchmark, kCpuBenchmarkCache, kBufferCacheMb, kCudaGraphs, kPersistent, kPersistentKernel, kLayerWavefront,
              kStackGraph, kSplitDepth, kRowSplit, kInputInSteps, kHostCopyStream, kCount };
 
 constexpr std::array<Switch, kCount> kSwitches{{
     {"PIPELSTM_CPU_ISA", "native",
      "one of avx512, avx2, generic (or native, the default: the widest this CPU runs)", &isa},
     {"PIPELSTM_CPU_GEMM", "auto", "one of aten, own, auto (the default)", &gemm},
+    {"PIPELSTM_CPU_BENCHMARK", "0",
+     "one of 0 (the default: the CPU's default path), 1 (each call shape's path chosen by timing)", &on_off},
+    {"PIPELSTM_CPU_BENCHMARK_CACHE", "", "a file path, or empty (the default: no file)", &any_text},
     {"PIPELSTM_BUFFER_CACHE_MB", "1024",
      "a whole number of MiB, 0 or more (the default 1024; 0 keeps no freed buffer)", &mebibytes},
     {"PIPELSTM_CUDA_GRAPHS", "auto",
@@ -252,6 +257,10 @@ bool cpu_isa_frozen() {
 }
 
 std::string cpu_gemm() { return lookup(kCpuGemm).value; }
+
+bool cpu_benchmark() { return lookup(kCpuBenchmark).value == "1"; }
+
+std::string cpu_benchmark_cache() { return lookup(kCpuBenchmarkCache).value; }
 
 size_t buffer_cache_bytes() { return static_cast<size_t>(std::stoull(lookup(kBufferCacheMb).value)) << 20; }
 

@@ -58,6 +58,12 @@ bool cpu_isa_frozen();
 // PIPELSTM_CPU_GEMM: "auto", "own" or "aten".
 std::string cpu_gemm();
 
+// PIPELSTM_CPU_BENCHMARK: each float32 call shape's CPU path chosen by
+// timing its first calls (cpu/cpu_path.h); PIPELSTM_CPU_BENCHMARK_CACHE: a
+// file that keeps those choices between processes (empty: none).
+bool cpu_benchmark();
+std::string cpu_benchmark_cache();
+
 // PIPELSTM_BUFFER_CACHE_MB in bytes: at most this much of freed buffers is
 // kept. buffer_cache_bytes_or_none() never raises (a free cannot): a bad
 // value keeps none.

@@ -52,7 +52,8 @@ def _no_overrides(monkeypatch):
 
 
 def test_every_switch_has_a_lookup_and_no_variable_is_read_elsewhere():
-    assert SWITCHES == ["PIPELSTM_CPU_ISA", "PIPELSTM_CPU_GEMM", "PIPELSTM_BUFFER_CACHE_MB", "PIPELSTM_CUDA_GRAPHS",
+    assert SWITCHES == ["PIPELSTM_CPU_ISA", "PIPELSTM_CPU_GEMM", "PIPELSTM_CPU_BENCHMARK", "PIPELSTM_CPU_BENCHMARK_CACHE",
+                        "PIPELSTM_BUFFER_CACHE_MB", "PIPELSTM_CUDA_GRAPHS",
                         "PIPELSTM_PERSISTENT", "PIPELSTM_PERSISTENT_KERNEL", "PIPELSTM_LAYER_WAVEFRONT",
                         "PIPELSTM_STACK_GRAPH",
                         "PIPELSTM_SPLIT_DEPTH", "PIPELSTM_ROW_SPLIT",
@@ -137,6 +138,8 @@ def test_the_gemm_switch_picks_what_runs_the_gemms():
 def test_the_knobs_for_measurements_are_environment_only_and_still_read_per_call(monkeypatch):
     assert pipelstm.backends.attributes() == {
         "PIPELSTM_CPU_ISA": "pipelstm.backends.cpu.isa", "PIPELSTM_CPU_GEMM": "pipelstm.backends.cpu.gemm",
+        "PIPELSTM_CPU_BENCHMARK": "pipelstm.backends.cpu.benchmark",
+        "PIPELSTM_CPU_BENCHMARK_CACHE": "pipelstm.backends.cpu.benchmark_cache",
         "PIPELSTM_BUFFER_CACHE_MB": "pipelstm.backends.cpu.buffer_cache_mb",
         "PIPELSTM_CUDA_GRAPHS": "pipelstm.backends.cuda.graphs",
         "PIPELSTM_PERSISTENT": "pipelstm.backends.cuda.persistent",

@@ -17,14 +17,6 @@ namespace cpu {
 
 namespace {
 
-bool intel_cpu() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_is("intel");
-#else
-  return false;
-#endif
-}
-
 // Below this many rows packing b (one pass over it) costs more than the
 // faster kernel saves: a single row is a matrix-vector product that reads b
 // once (docs/cpu.md, "GEMM backend").
@@ -36,18 +28,14 @@ constexpr int64_t kBlockBytes = int64_t{4} << 20;
 // "own", "aten" or "auto" (checked).
 std::string gemm_setting() { return settings::cpu_gemm(); }  // read per call: cheap beside a GEMM
 
-// Whether the kernels' vector builds run on a CPU that is not Intel's. On
-// AMD CPUs MKL runs its AVX2 code, below the kernels' avx512 and avx2
-// builds; on Intel CPUs MKL is at its best and keeps the GEMMs (docs/cpu.md,
-// "GEMM backend").
-bool own_by_cpu(const char* isa) {
-  return (std::strcmp(isa, "avx512") == 0 || std::strcmp(isa, "avx2") == 0) && !intel_cpu();
-}
-
+// By the call's path (cpu_path.h), else by default: on AMD CPUs MKL runs
+// its AVX2 code, below the kernels' avx512 and avx2 builds; on Intel CPUs
+// MKL is at its best and keeps the GEMMs (docs/cpu.md, "GEMM backend").
 bool use_own_gemm(int64_t rows) {
   const std::string v = gemm_setting();
   if (v != "auto") return v == "own";
-  return own_by_cpu(step_kernels().isa) && rows >= kMinOwnRows;
+  const CpuPath* path = scoped_path();
+  return (path != nullptr ? path->own_gemm : own_gemm_by_default(default_kernels())) && rows >= kMinOwnRows;
 }
 
 bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
@@ -75,7 +63,9 @@ void depth_split_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Te
                         bool accumulate, int64_t threads) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   const at::Tensor partial = empty_huge({threads - 1, M, N}, out.options());
+  const CpuPath* path = scoped_path();
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    const PathScope scope(path);  // the call's path on this thread too
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t k0 = K * t / threads, k1 = K * (t + 1) / threads;
       const at::Tensor a_part = a.narrow(1, k0, k1 - k0), b_part = b.narrow(0, k0, k1 - k0);
@@ -92,7 +82,7 @@ const char* gemm_backend() {
   const std::string v = gemm_setting();
   if (v != "auto") return v == "own" ? "own" : "aten";
   // Before the first call, by the kernels it will choose, without choosing them.
-  return own_by_cpu(kernels_under(settings::cpu_isa()).isa) ? "own" : "aten";
+  return own_gemm_by_default(kernels_for_cap(settings::cpu_isa())) ? "own" : "aten";
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {

@@ -11,6 +11,7 @@
 // kept in float32 (see "bfloat16 and float16" below).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -20,6 +21,7 @@
 #include "../float32_upcast.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
+#include "cpu_path.h"
 #include "fused_loops_cpu.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
@@ -57,6 +59,12 @@ struct CpuLayer {
     return true;
   }
 
+  // The facts a call's path is chosen by (cpu_path.h).
+  static cpu::CallShape shape(const char* pass, const LayerSteps& steps, const LayerGeometry& s) {
+    return {pass, steps.steps(), steps.max_batch, steps.rows, s.input, s.hidden, s.out,
+            at::in_parallel_region() ? 1 : at::get_num_threads()};
+  }
+
   static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
                                const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                                const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
@@ -65,6 +73,15 @@ struct CpuLayer {
       return step_loop_forward<CpuLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                                          reverse);
     }
+    return cpu::on_chosen_path(shape("forward", steps, s), [&] {
+      return fused_forward(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+    });
+  }
+
+  static ForwardResult fused_forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
+                                     const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                     const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+                                     const OptTensor& w_hr, bool reverse) {
     ForwardResult r = new_forward_result(steps, s, x.options(), kMath);
     if (steps.rows == 0) return r;
     Workspace ws(r.workspace, steps.rows, s);
@@ -91,6 +108,17 @@ struct CpuLayer {
       return step_loop_backward_data<CpuLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0,
                                                c0, w_ih, w_hh, w_hr, workspace, reverse);
     }
+    return cpu::on_chosen_path(shape("backward_data", steps, s), [&] {
+      return fused_backward_data(steps, s, grad_output, grad_h_n, grad_c_n, x, c0, w_ih, w_hh, w_hr,
+                                 workspace, reverse);
+    });
+  }
+
+  static LayerDataGrads fused_backward_data(const LayerSteps& steps, const LayerGeometry& s,
+                                            const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                            const OptTensor& grad_c_n, const Tensor& x, const Tensor& c0,
+                                            const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
+                                            const Tensor& workspace, bool reverse) {
     const Workspace ws(workspace.contiguous(), steps.rows, s);
     const Tensor c_init = c0.contiguous();
     cpu::FusedBackward f = cpu::fused_backward_loop(
@@ -110,9 +138,13 @@ struct CpuLayer {
     return r;
   }
 
+  // The whole backward (data and weights) on one path where it is fused.
   template <typename... Args>
-  static BackwardResult backward(const Args&... args) {
-    return backward_in_two_parts<CpuLayer>(args...);
+  static BackwardResult backward(const LayerSteps& steps, const LayerGeometry& s, const Args&... args) {
+    const auto both = [&] { return backward_in_two_parts<CpuLayer>(steps, s, args...); };
+    const Tensor& x = std::get<3>(std::forward_as_tuple(args...));
+    if (x.scalar_type() != at::kFloat) return both();
+    return cpu::on_chosen_path(shape("backward", steps, s), both);
   }
 };
 

@@ -11,26 +11,20 @@
 #include <string>
 
 #include "../settings.h"
+#include "cpu_path.h"
 #include "huge_pages.h"
 #include "pipelstm/kernels/cpu_recurrent.h"
 
 namespace pipelstm {
 namespace cpu {
 
-// The kernels under the ISA cap `cap` (settings.h).
-inline const kernels::cpu::RecurrentKernels& kernels_under(const std::string& cap) {
-  std::string error;
-  const kernels::cpu::RecurrentKernels* k = kernels::cpu::widest_kernels(cap, &error);
-  TORCH_CHECK(k != nullptr, "pipelstm: ", error);
-  return *k;
-}
-
-// The kernels in use, chosen at the first call under the ISA cap, which is
-// then kept for the process (settings.h). Raises if PIPELSTM_CPU_ISA names
-// no known ISA.
+// The kernels in use: those of the call's path on this thread
+// (cpu_path.h), else the default ones, chosen at the first call under the
+// ISA cap, which is then kept for the process (settings.h). Raises if
+// PIPELSTM_CPU_ISA names no known ISA.
 inline const kernels::cpu::RecurrentKernels& step_kernels() {
-  static const kernels::cpu::RecurrentKernels& chosen = kernels_under(settings::freeze_cpu_isa());
-  return chosen;
+  const CpuPath* path = scoped_path();
+  return path != nullptr ? *path->kernels : default_kernels();
 }
 
 // A fresh buffer of `panels` panels of depth k, filled by one of the

@@ -36,7 +36,10 @@ def config_info() -> Dict[str, Any]:
         version of the torch built against), ``cpu_isa`` (the fused CPU
         kernels' ISA), ``cpu_isa_chosen`` (whether a call has chosen it;
         the ISA switch is then fixed), ``cpu_gemm`` (what runs the CPU
-        GEMMs now), and ``switches``: for each switch by environment
+        GEMMs now), ``cpu`` (the CPU's vendor, family, model and class:
+        ``pipelstm.backends.cpu.current_cpu()``), ``cpu_paths`` (the paths
+        chosen by timing so far: ``pipelstm.backends.cpu.chosen_paths()``),
+        and ``switches``: for each switch by environment
         variable, ``value``, ``source`` (``python``, ``env`` or
         ``default``) and ``attribute`` (its name in pipelstm.backends, None
         for the ones set by the variable only). A value that cannot be read
@@ -60,6 +63,8 @@ def config_info() -> Dict[str, Any]:
         cpu_isa=_or_error(_C.cpu_isa),
         cpu_isa_chosen=_C._cpu_isa_chosen(),
         cpu_gemm=_or_error(_C.cpu_gemm),
+        cpu=backends.cpu.current_cpu(),
+        cpu_paths=backends.cpu.chosen_paths(),
         switches=switches,
     )
 
@@ -67,15 +72,21 @@ def config_info() -> Dict[str, Any]:
 def _render(info: Dict[str, Any]) -> str:
     cuda = f"yes ({', '.join(info['cuda_archs']) or 'archs not recorded'})" if info["cuda_built"] else "no"
     isa = info["cpu_isa"] + ("" if info["cpu_isa_chosen"] else " (what the first call will choose)")
+    cpu = info["cpu"]
     lines = [
         f"pipelstm {info['version']}",
         f"  torch built against: {info['torch_built'] or 'not recorded'}",
         f"  torch running:       {info['torch_running']}",
         f"  CUDA kernels:        {cuda}",
+        f"  CPU:                 {cpu['vendor']} family {cpu['family']} model {cpu['model']} "
+        f"({cpu['microarchitecture']}, {cpu['vector_datapath_bits']}-bit FMA units)",
         f"  CPU kernels' ISA:    {isa}",
         f"  CPU GEMMs:           {info['cpu_gemm']}",
-        "  switches (value, from where; Python attribute):",
     ]
+    if info["cpu_paths"]:
+        lines.append("  CPU paths chosen by timing (pipelstm.backends.cpu.benchmark):")
+        lines += [f"    {p['shape'].split(' paths=')[0]}: {p['path']}" for p in info["cpu_paths"]]
+    lines.append("  switches (value, from where; Python attribute):")
     width = max(len(name) for name in info["switches"])
     for name, s in info["switches"].items():
         where = f"; {s['attribute']}" if s["attribute"] else "; environment only"

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator
 
 from .. import _C
 
-__all__ = ["Switch", "SwitchModule", "choice", "mebibytes", "chunk_count", "stack_chunks", "tristate"]
+__all__ = ["Switch", "SwitchModule", "choice", "flag", "file_path", "mebibytes", "chunk_count", "stack_chunks", "tristate"]
 
 logger = logging.getLogger("pipelstm")
 
@@ -36,6 +36,9 @@ def _whole(v: Any):
     return str(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+flag = Converter("True or False", lambda v: ("1" if v else "0") if isinstance(v, bool) else None,
+                 lambda t: t == "1")
+file_path = Converter('a str (a file path, or "" for none)', lambda v: v if isinstance(v, str) else None, str)
 mebibytes = Converter("an int (MiB, 0 or more)", _whole, int)
 chunk_count = Converter("an int: 0 (off), or 2 to 4096 time chunks", _whole, int)
 stack_chunks = Converter("an int: 0 (off), 1 (the layers one after another), or 2 to 4096 time chunks", _whole, int)

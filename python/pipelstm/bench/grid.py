@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
+from ..backends import cpu as cpu_backend
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, markdown, row_line
@@ -137,6 +138,12 @@ def _inputs(case: Case, train: bool):
     return seq, x.requires_grad_(train), int(lengths.sum())
 
 
+# Calls enough for every layer call shape's trials with
+# pipelstm.backends.cpu.benchmark on: one untimed, then two on each of up
+# to four paths.
+CHOICE_CALLS = 1 + 2 * 4
+
+
 def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None, min_run: float = 0.0) -> dict:
     """Times one row at the current thread count: ours, nn.LSTM on the same
     input and, for packed input, nn.LSTM on the padded batch; with
@@ -170,12 +177,17 @@ def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None, 
     if mm_size is not None:
         a, b = torch.randn(mm_size, mm_size), torch.randn(mm_size, mm_size)
         fns["mm"] = lambda: torch.mm(a, b)
+    before = {p["shape"] for p in cpu_backend.chosen_paths()}
+    if cpu_backend.benchmark:  # its timed trials before the timed runs
+        for _ in range(CHOICE_CALLS):
+            fns["ours"]()
     times = interleaved_times(fns, repeats, min_run_seconds=min_run)
     med = {k: statistics.median(v) for k, v in times.items()}
+    chosen = sorted({p["path"] for p in cpu_backend.chosen_paths() if p["shape"] not in before})
     row = dict(asdict(case), proj_size=case.proj_size, mode=mode, tokens=tokens, ours=med["ours"], peer=med["peer"],
                ratio=med["peer"] / med["ours"], padded=med.get("padded"),
                ratio_padded=med["padded"] / med["ours"] if "padded" in med else None,
-               samples={k: v for k, v in times.items()})
+               samples={k: v for k, v in times.items()}, cpu_paths=", ".join(chosen) or None)
     row["gflops"] = flops(case, tokens, mode) / med["ours"] / 1e9
     if mm_size is not None:
         row["gemm"] = 2 * mm_size**3 / med["mm"] / 1e9
@@ -213,6 +225,7 @@ COLUMNS = [
     Column("ratio", "nn/ours", "{:.2f}x"),
     Column("padded", "nn.LSTM padded ms", "{:.2f}", 1e3), Column("ratio_padded", "padded/ours", "{:.2f}x"),
     Column("of_mm", "of mm", "{:.2f}"),
+    Column("cpu_paths", "paths chosen"),
 ]
 SUMMARY_COLUMNS = [
     Column("threads", "threads"), Column("mode", "mode"), Column("rows", "rows"),

@@ -50,7 +50,7 @@ __all__ = [
 # Environment variables that cap or pick the instruction set of oneDNN, MKL,
 # ATen's own kernels and pipelstm's kernels (and what runs its GEMMs).
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "PIPELSTM_CPU_ISA",
-           "PIPELSTM_CPU_GEMM")
+           "PIPELSTM_CPU_GEMM", "PIPELSTM_CPU_BENCHMARK")
 # glibc's cap on malloc's per-thread arenas and the cap of pipelstm's cache
 # of kept mappings (docs/cpu.md, "Memory"): they change the resident-set
 # figures of `bench distributed` (docs/benchmarks.md) and the speed of every
@@ -110,9 +110,22 @@ def isa_label(info: Optional[Mapping] = None) -> str:
     return text
 
 
+def cpu_class() -> Optional[Dict[str, object]]:
+    """The CPU's vendor, family/model and microarchitecture class as the
+    kernels see them (``pipelstm.backends.cpu.current_cpu()``), where this
+    build has it."""
+    try:
+        from ..backends import cpu
+
+        return cpu.current_cpu()
+    except (ImportError, AttributeError):
+        return None
+
+
 def machine() -> Dict[str, object]:
-    """CPU model, ISA, logical cores and torch's intra-op threads now."""
-    return dict(cpu=cpu_model(), isa=isa(), cores=os.cpu_count(), threads=torch.get_num_threads())
+    """CPU model and class, ISA, logical cores and torch's intra-op threads now."""
+    return dict(cpu=cpu_model(), cpu_class=cpu_class(), isa=isa(), cores=os.cpu_count(),
+                threads=torch.get_num_threads())
 
 
 def versions() -> Dict[str, str]:

@@ -1,0 +1,159 @@
+"""The CPU path of a float32 layer call (csrc/cpu/cpu_path.h,
+cpu_identity.h): the CPU's identity as cpuid gives it (checked against
+/proc/cpuinfo), and the choice by timing (pipelstm.backends.cpu.benchmark):
+every candidate path computes the float64 results, the shape keeps the
+fastest trial, the kept path is the one that runs afterwards (bit for bit
+its trial's output), a cache file carries the choice to a fresh chooser, and
+the switches restrict the candidates."""
+
+import torch
+
+import pipelstm
+from pipelstm import _C
+from pipelstm.backends import cpu
+from reference import layer, rel_error
+from test_cpu_fused_loops import GRADS, _args, _float64, _reference_grads, _weights
+
+forward = torch.ops.pipelstm.lstm_layer_forward
+backward = torch.ops.pipelstm.lstm_layer_backward
+
+
+def _cpuinfo() -> dict:
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if ":" in line:
+                key, value = (part.strip() for part in line.split(":", 1))
+                info.setdefault(key, value)
+    return info
+
+
+def test_identity_is_the_one_proc_cpuinfo_reports():
+    info, me = _cpuinfo(), cpu.current_cpu()
+    vendor = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(info["vendor_id"], info["vendor_id"])
+    assert (me["vendor"], me["family"], me["model"]) == (vendor, int(info["cpu family"]), int(info["model"]))
+    flags = info["flags"].split()
+    if me["vendor"] == "AMD" and me["family"] == 0x19:
+        assert me["microarchitecture"] == ("zen4" if "avx512f" in flags else "zen3")
+        assert me["vector_datapath_bits"] == 256
+    assert me["vector_datapath_bits"] in (128, 256, 512)
+
+
+def _case(T=6, B=8, I=24, H=16, seed=3):
+    torch.manual_seed(seed)
+    w = _weights(I, H, 0, seed=seed)
+    return w, torch.randn(T, B, I), torch.randn(B, H), torch.randn(B, H)
+
+
+def test_each_trial_computes_float64_results_and_the_fastest_is_kept(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)
+    _C._cpu_forget_chosen_paths()
+    w, x, h0, c0 = _case()
+    w64 = _float64(w)
+    want = layer(x.double(), h0.double(), c0.double(), **w64)[0]
+    outputs = []
+    while not cpu.chosen_paths():
+        out = forward(x, h0, c0, *_args(w), False)[0]
+        assert rel_error(out.double(), want) < 1e-5
+        outputs.append(out)
+        assert len(outputs) <= 1 + 2 * 4, "no choice after every candidate's trials"
+    (chosen,) = cpu.chosen_paths()
+    assert chosen["shape"].startswith("forward T=6 B=8 rows=48 I=24 H=16 P=16 ")
+    seconds = chosen["seconds"]
+    assert chosen["path"] == min(seconds, key=seconds.get)
+    assert len(outputs) == 1 + 2 * len(seconds)
+    # The trials ran the candidates in turn after one untimed call: the
+    # call of the kept path gives the bits of its trial.
+    order = list(seconds)
+    trial_of = {order[i % len(order)]: outputs[1 + i] for i in range(len(order))}
+    again = forward(x, h0, c0, *_args(w), False)[0]
+    assert torch.equal(again, trial_of[chosen["path"]])
+    assert torch.equal(again, forward(x, h0, c0, *_args(w), False)[0])
+    _C._cpu_forget_chosen_paths()
+
+
+def test_the_backward_is_chosen_apart_and_matches_float64(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    _C._cpu_forget_chosen_paths()
+    w, x, h0, c0 = _case(T=5, B=4, I=12, H=8, seed=5)
+    seeds = [torch.randn(5, 4, 8), torch.randn(4, 8), torch.randn(4, 8)]
+    out, _, _, ws = forward(x, h0, c0, *_args(w), False)
+    x64, h064, c064 = (v.double().requires_grad_() for v in (x, h0, c0))
+    w64 = _float64(w)
+    want = _reference_grads(lambda: layer(x64, h064, c064, **w64), [x64, h064, c064], w64, seeds)
+    for _ in range(1 + 2 * 4):
+        got = backward(*seeds, x, h0, c0, w["w_ih"], w["w_hh"], w["w_hr"], out, ws, False)
+        for name, g, ref in zip(GRADS, got, want):
+            assert g.numel() == 0 if ref is None else rel_error(g.double(), ref) < 1e-5, name
+    passes = {p["shape"].split()[0] for p in cpu.chosen_paths()}
+    assert "backward" in passes
+    _C._cpu_forget_chosen_paths()
+
+
+def test_a_cache_file_carries_the_choice_and_the_chosen_path_runs(monkeypatch, tmp_path):
+    cache = tmp_path / "paths.tsv"
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK_CACHE", str(cache))
+    _C._cpu_forget_chosen_paths()
+    w, x, h0, c0 = _case(I=300, seed=7)  # I = 300: the input projection's GEMM rounds apart by path
+    outputs = []
+    while not cpu.chosen_paths():
+        outputs.append(forward(x, h0, c0, *_args(w), False)[0])
+    (chosen,) = cpu.chosen_paths()
+    (line,) = cache.read_text().splitlines()
+    me = cpu.current_cpu()["microarchitecture"]
+    assert line.split("\t") == [me, chosen["shape"], chosen["path"]]
+    # A path whose bits differ from the default path's (the untimed first call).
+    order = list(chosen["seconds"])
+    trial_of = {order[i % len(order)]: outputs[1 + i] for i in range(len(order))}
+    other = [p for p, out in trial_of.items() if not torch.equal(out, outputs[0])]
+    assert other, "every path gave the default path's bits: nothing to tell them apart by"
+    # Another CPU class's line is passed over; this one's decides at once,
+    # and its path runs.
+    cache.write_text("\t".join(["some-other-cpu", chosen["shape"], order[0]]) + "\n" +
+                     "\t".join([me, chosen["shape"], other[0]]) + "\n")
+    _C._cpu_forget_chosen_paths()
+    out = forward(x, h0, c0, *_args(w), False)[0]
+    (read,) = cpu.chosen_paths()
+    assert read["from_cache"] and read["path"] == other[0] and read["shape"] == chosen["shape"]
+    assert torch.equal(out, trial_of[other[0]])
+    _C._cpu_forget_chosen_paths()
+
+
+def test_switches_restrict_the_candidates_and_off_times_nothing(monkeypatch):
+    _C._cpu_forget_chosen_paths()
+    monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)
+    w, x, h0, c0 = _case(seed=9)
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "0")
+    for _ in range(12):
+        forward(x, h0, c0, *_args(w), False)
+    assert cpu.chosen_paths() == []
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    monkeypatch.setenv("PIPELSTM_CPU_GEMM", "aten")
+    while not cpu.chosen_paths():
+        forward(x, h0, c0, *_args(w), False)
+    (chosen,) = cpu.chosen_paths()
+    assert all(p.endswith("/aten") for p in chosen["seconds"]) and chosen["path"].endswith("/aten")
+    _C._cpu_forget_chosen_paths()
+
+
+def test_the_switches_read_and_refuse_as_the_others(monkeypatch):
+    with cpu.flags(benchmark=True, benchmark_cache="x.tsv"):
+        assert cpu.benchmark is True and cpu.benchmark_cache == "x.tsv"
+    assert cpu.benchmark is False and cpu.benchmark_cache == ""
+    for bad in ("yes", 1):
+        try:
+            cpu.benchmark = bad
+        except TypeError as e:
+            assert "pipelstm.backends.cpu.benchmark" in str(e) and "True or False" in str(e)
+        else:
+            raise AssertionError(f"benchmark = {bad!r} was taken")
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "maybe")
+    try:
+        cpu.benchmark
+    except RuntimeError as e:
+        assert "PIPELSTM_CPU_BENCHMARK=maybe is not one of 0" in str(e)
+    else:
+        raise AssertionError("a bad PIPELSTM_CPU_BENCHMARK was read")
+    assert pipelstm.LSTM  # the module imported for the ops
