@@ -113,3 +113,24 @@ def test_the_mesh_is_a_dp_by_pp_device_mesh_whose_groups_it_uses():
         assert info["coordinate"] == (dp_rank, pp_rank) and (info["dp_rank"], info["pp_rank"]) == (dp_rank, pp_rank)
         # each group's collectives reach exactly its members (its timeout: tests/test_distributed_timeouts.py)
         assert info["sums"] == [float(4 * dp_rank + 1), float(2 * pp_rank + 2)], (rank, info["sums"])
+
+
+def test_a_collective_returns_once_nothing_else_holds_its_tensors():
+    """What a collective waits for before returning (Mesh.waiting_for's
+    ``holding``): no other holder of its tensors, as gloo's worker thread is
+    one until it drops its work. Here the other holder is a view dropped by
+    a thread 50 ms later; a holder that never lets go is waited for only
+    until the timeout."""
+    import threading
+    import time
+
+    t = torch.zeros(())
+    held = [t.view(())]
+    threading.Timer(0.05, held.clear).start()
+    start = time.monotonic()
+    mesh._released_by_the_backend([t], timeout=5.0)
+    assert t._use_count() == 1 and time.monotonic() - start >= 0.045
+    kept = t.view(())
+    start = time.monotonic()
+    mesh._released_by_the_backend([t], timeout=0.1)
+    assert 0.09 <= time.monotonic() - start < 2.0 and kept is not None

@@ -32,13 +32,13 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         local = max((g.detach().abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64))
         total = local.to(mesh.device).reshape(())
         if mesh.pp > 1:
-            with mesh.waiting_for("the gradient norm all-reduce with", mesh.others(mesh.pp_ranks)):
+            with mesh.waiting_for("the gradient norm all-reduce with", mesh.others(mesh.pp_ranks), holding=[total]):
                 dist.all_reduce(total, op=dist.ReduceOp.MAX, group=mesh.pp_group)
     else:
         local = sum((g.detach().double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64))
         total = local.to(mesh.device).reshape(())
         if mesh.pp > 1:
-            with mesh.waiting_for("the gradient norm all-reduce with", mesh.others(mesh.pp_ranks)):
+            with mesh.waiting_for("the gradient norm all-reduce with", mesh.others(mesh.pp_ranks), holding=[total]):
                 dist.all_reduce(total, group=mesh.pp_group)
         total = total.sqrt()
     total = total.to(dtype)

@@ -10,6 +10,7 @@ import ctypes
 import datetime
 import inspect
 import os
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
@@ -79,12 +80,16 @@ class Mesh:
         return f"stage {rank % self.pp} (rank {rank})"
 
     @contextlib.contextmanager
-    def waiting_for(self, what: str, peers: Sequence[int]) -> Iterator[None]:
+    def waiting_for(self, what: str, peers: Sequence[int], holding: Sequence[torch.Tensor] = ()) -> Iterator[None]:
         """Runs a collective (the ``with`` body) that waits on the global
         ranks ``peers``; its failure becomes an error naming this stage, the
         operation, the peers and the timeout, as the pipeline's point-to-point
         transfers name theirs. E.g. ``with mesh.waiting_for("the loss broadcast
-        from", [1]): dist.broadcast(...)``.
+        from", [1], holding=[t]): dist.broadcast(t, ...)``.
+
+        ``holding``: the collective's tensors, which Python alone holds
+        before it. It returns only once the backend has let go of them too
+        (see ``_released_by_the_backend``).
 
         Raises:
             RuntimeError: the collective failed (a dead peer) or timed out (a
@@ -94,6 +99,7 @@ class Mesh:
         """
         try:
             yield
+            _released_by_the_backend(holding, self.timeout)
         except RuntimeError as e:
             _outlive_the_backend(e.__traceback__)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -118,10 +124,10 @@ class Mesh:
         if self.pp > 1:
             last = self.pp_ranks[-1]
             what = "the loss broadcast to" if self.is_last_stage else "the loss broadcast from"
-            with self.waiting_for(what, self.others(self.pp_ranks) if self.is_last_stage else [last]):
+            with self.waiting_for(what, self.others(self.pp_ranks) if self.is_last_stage else [last], holding=[t]):
                 dist.broadcast(t, src=last, group=self.pp_group)
         if self.dp > 1:
-            with self.waiting_for("the loss all-reduce with", self.others(self.dp_ranks)):
+            with self.waiting_for("the loss all-reduce with", self.others(self.dp_ranks), holding=[t]):
                 dist.all_reduce(t, group=self.dp_group)
             t /= self.dp
         return t.cpu()
@@ -160,6 +166,25 @@ class Mesh:
     def __str__(self) -> str:
         return (f"rank {self.rank}/{self.world_size}: stage {self.pp_rank} of {self.pp}, replica {self.dp_rank} "
                 f"of {self.dp} ({self.backend}, {self.device})")
+
+
+def _released_by_the_backend(tensors: Sequence[torch.Tensor], timeout: float) -> None:
+    """Waits (up to ``timeout`` seconds) until no backend thread holds any
+    of ``tensors``, which Python alone held before the collective.
+
+    gloo's worker thread drops its reference to a collective's tensors
+    after the collective has returned to Python, and dropping a reference
+    to a tensor Python knows takes the interpreter's lock. Once Python has
+    begun to shut down, that thread cannot take it and the process aborts
+    (``terminate called without an active exception``) after a run that
+    succeeded, if the thread had not been scheduled since the job's last
+    collective: on a loaded machine it may not have been for milliseconds.
+    Waiting here, with the lock released, lets it finish first.
+    """
+    deadline = time.monotonic() + timeout
+    for t in tensors:
+        while t._use_count() > 1 and time.monotonic() < deadline:
+            time.sleep(1e-4)
 
 
 def _outlive_the_backend(tb: Optional[TracebackType]) -> None:
