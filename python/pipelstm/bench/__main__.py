@@ -7,14 +7,15 @@ pipelstm.bench <command> --help`` gives a command's options.
 import sys
 from typing import List, Optional
 
-from . import (allocators, cluster, distributed, docs, floors, gpu, grid, layer, layout, lm, module, packed, peak,
-               pipeline, pipelining_peer, regularisation, simulator, wavefront)
+from . import (allocators, cluster, cpu_paths, distributed, docs, floors, gpu, grid, layer, layout, lm, module, packed,
+               peak, pipeline, pipelining_peer, regularisation, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
     "layer": (layer.main, "the layer op against torch.nn.LSTM, forward + backward"),
     "module": (module.main, "pipelstm.LSTM against torch.nn.LSTM, the whole module"),
     "grid": (grid.main, "pipelstm.LSTM against torch.nn.LSTM over a grid of sizes"),
+    "cpu_paths": (cpu_paths.main, "the CPU path chosen by timing: the fastest?, and its cost over a run"),
     "wavefront": (wavefront.main, "where the layer wavefront beats intra-op threads"),
     "peak": (peak.main, "the cores' FMA peak, the ceiling of every rate"),
     "pipeline": (pipeline.main, "the in-process pipeline on the CPU"),

@@ -50,8 +50,12 @@ def _cpu(data: Mapping) -> str:
     m = data["machine"]
     isa = m.get("isa") or {}
     name = ISA_NAMES.get(isa.get("pipelstm"), isa.get("aten") or "unknown ISA")
-    capped = " (capped)" if (isa.get("env") or {}).get("PIPELSTM_CPU_ISA") else ""
-    return f"{m.get('cpu') or 'unknown CPU'}, {name}{capped}"
+    env = isa.get("env") or {}
+    capped = " (capped)" if env.get("PIPELSTM_CPU_ISA") else ""
+    timed = ", paths chosen by timing" if env.get("PIPELSTM_CPU_BENCHMARK") == "1" else ""
+    c = m.get("cpu_class")
+    cls = f" ({c['microarchitecture']}, family {c['family']} model {c['model']})" if c else ""
+    return f"{m.get('cpu') or 'unknown CPU'}{cls}, {name}{capped}{timed}"
 
 
 def _threads(rows: Sequence[Mapping], data: Mapping) -> str:
@@ -76,8 +80,10 @@ def grid(data: Mapping) -> List[Row]:
     summary = data["tables"][0]["rows"]
     rows = sum(s["rows"] for s in summary)
     at_least = sum(s["at_least_1"] for s in summary)
-    return [dict(what=f"`pipelstm.LSTM` vs `nn.LSTM`, CPU grid of {rows} rows (sizes, layers, bidirectional, "
-                      "projection, packed; forward and forward + backward)",
+    variants = [v for v in ("bidirectional", "proj", "packed") if any(r.get("variant") == v for r in data["rows"])]
+    kinds = ", ".join(["sizes", "layers"] + [dict(proj="projection").get(v, v) for v in variants])
+    return [dict(what=f"`pipelstm.LSTM` vs `nn.LSTM`, CPU grid of {rows} rows ({kinds}; forward and forward + "
+                      "backward)",
                  result=f"geometric mean {_span([s['geomean'] for s in summary])} per threads × mode; "
                         f"{at_least} of {rows} rows ≥ 1.0× (lowest {_x(min(s['worst'] for s in summary))})",
                  setup=f"{_cpu(data)}, fp32, {_threads(data['rows'], data)}")]

@@ -1,0 +1,149 @@
+"""``python -m pipelstm.bench cpu_paths``: the CPU path chosen by timing
+(``pipelstm.backends.cpu.benchmark``): whether it picks the fastest path,
+and what choosing costs a short training run.
+
+For each shape, a ``pipelstm.LSTM`` of ``layers`` layers, forward and
+backward in float32:
+
+* every candidate path (the kernels' ISA builds, each with its own GEMM or
+  ``at::mm``) forced on every layer call through a cache file, its training
+  step timed, the candidates run alternately: ``fastest`` is the quickest,
+  ``chosen`` what timing picked from a fresh start, ``chosen / fastest``
+  its step time over the fastest's (1.00: it picked the fastest);
+* ``steps`` training steps from a fresh start with the switch on (the
+  trials inside) against the same steps on the chosen path from the first,
+  run alternately: ``cost`` is the first over the second, less 1.
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import torch
+
+from .. import _C
+from ..backends import cpu
+from ..lstm import LSTM
+from . import report
+from .table import Column, header, row_line
+from .timing import interleaved_times
+
+__all__ = ["main"]
+
+COLUMNS = [
+    Column("threads", "threads"), Column("layers", "layers"), Column("T", "T"), Column("B", "B"), Column("H", "I=H"),
+    Column("chosen", "chosen"), Column("fastest", "fastest"), Column("chosen_over_fastest", "chosen / fastest",
+                                                                     "{:.2f}x"),
+    Column("step_chosen", "step on chosen ms", "{:.2f}", 1e3), Column("step_default", "step on default ms",
+                                                                      "{:.2f}", 1e3),
+    Column("cost", "cost over the run", "{:+.1%}"),
+]
+# (T, B, H, layers)
+SHAPES = [(32, 8, 64, 1), (32, 16, 256, 1), (64, 16, 256, 2), (32, 1, 512, 1), (32, 32, 512, 1)]
+QUICK_SHAPES = [(8, 4, 16, 1)]
+
+
+def _model(T: int, B: int, H: int, layers: int):
+    torch.manual_seed(0)
+    model = LSTM(H, H, num_layers=layers)
+    x = torch.randn(T, B, H, requires_grad=True)
+
+    def step():
+        model(x)[0].sum().backward()
+    return step
+
+
+def _forced(cache: str, keys: List[str], path: str) -> None:
+    """Every call shape in `keys` on `path` from the next call: a cache
+    file naming it, read by a fresh chooser."""
+    me = cpu.current_cpu()["microarchitecture"]
+    with open(cache, "w") as f:
+        f.writelines(f"{me}\t{key}\t{path}\n" for key in keys)
+    _C._cpu_forget_chosen_paths()
+
+
+def run(T: int, B: int, H: int, layers: int, threads: int, steps: int, repeats: int, cache: str) -> dict:
+    torch.set_num_threads(threads)
+    step = _model(T, B, H, layers)
+    with cpu.flags(benchmark=True, benchmark_cache=""):
+        _C._cpu_forget_chosen_paths()
+        for _ in range(20):  # every layer call shape decided
+            step()
+        chosen = cpu.chosen_paths()
+    keys = [c["shape"] for c in chosen]
+    picked = sorted({c["path"] for c in chosen})
+    candidates = list(chosen[0]["seconds"])
+
+    def on(path: str):
+        def one():
+            _forced(cache, keys, path)
+            step()  # the cache read, the buffers mapped
+            start = time.perf_counter()
+            for _ in range(5):
+                step()
+            return (time.perf_counter() - start) / 5
+        return one
+
+    with cpu.flags(benchmark=True, benchmark_cache=cache):
+        times = interleaved_times({p: on(p) for p in candidates}, repeats)
+    per_step = {p: statistics.median(v) for p, v in times.items()}
+    fastest = min(per_step, key=per_step.get)
+    # The cost: a fresh start with trials against the chosen path from the first step.
+    main_path = max(picked, key=lambda p: sum(c["path"] == p for c in chosen))
+
+    def from_scratch():
+        with cpu.flags(benchmark=True, benchmark_cache=""):
+            _C._cpu_forget_chosen_paths()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            return time.perf_counter() - start
+
+    def already_chosen():
+        with cpu.flags(benchmark=True, benchmark_cache=cache):
+            _forced(cache, keys, main_path)
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            return time.perf_counter() - start
+
+    runs = interleaved_times({"scratch": from_scratch, "chosen": already_chosen}, repeats)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    default = cpu.current_isa() + ("/own" if cpu.current_gemm() == "own" else "/aten")
+    return dict(threads=threads, layers=layers, T=T, B=B, H=H, chosen=", ".join(picked), fastest=fastest,
+                chosen_over_fastest=per_step[main_path] / per_step[fastest], step_chosen=per_step[main_path],
+                step_default=per_step.get(default), default=default, candidates=per_step,
+                run_from_scratch=med["scratch"], run_on_chosen=med["chosen"], cost=med["scratch"] / med["chosen"] - 1,
+                samples=dict(candidates=times, runs=runs))
+
+
+def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = report.argument_parser("cpu_paths", __doc__, threads=(1, 2), repeats=5)
+    p.add_argument("--steps", type=int, default=100, help="training steps of a run (default 100)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    args = report.parse_arguments(p, argv)
+    meta = report.metadata("cpu_paths", argv)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    steps = 10 if args.quick else args.steps
+    me = cpu.current_cpu()
+    print(f"torch {torch.__version__}, float32 CPU, {me['vendor']} family {me['family']} model {me['model']} "
+          f"({me['microarchitecture']}), {report.isa_label()}; forward + backward; medians of {args.repeats} "
+          f"alternating runs; a run of the cost {steps} steps", flush=True)
+    print(header(COLUMNS), flush=True)
+    rows: List[Dict] = []
+    with tempfile.TemporaryDirectory() as d:
+        cache = os.path.join(d, "paths.tsv")
+        for threads in args.threads:
+            for T, B, H, layers in shapes:
+                rows.append(run(T, B, H, layers, threads, steps, args.repeats, cache))
+                print(row_line(COLUMNS, rows[-1]), flush=True)
+    _C._cpu_forget_chosen_paths()
+    report.write_json(args.json, meta, COLUMNS, rows, notes=[
+        f"A run of the cost: {steps} training steps from a fresh chooser (its trials inside) against as many on "
+        "the chosen path from the first step. chosen / fastest compares per-step medians of every candidate forced "
+        "through a cache file; 1.00x: timing picked the fastest."])
+    return rows
