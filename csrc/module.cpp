@@ -65,13 +65,9 @@ PYBIND11_MODULE(_C, m) {
         "will choose.");
   m.def("_cpu_identity", [] {
     const auto& id = pipelstm::cpu::cpu_identity();
-    py::dict d;
-    d["vendor"] = id.vendor;
-    d["family"] = id.family;
-    d["model"] = id.model;
-    d["microarchitecture"] = id.microarchitecture;
-    d["vector_datapath_bits"] = id.vector_datapath_bits;
-    return d;
+    return py::dict(py::arg("vendor") = id.vendor, py::arg("family") = id.family, py::arg("model") = id.model,
+                    py::arg("microarchitecture") = id.microarchitecture,
+                    py::arg("vector_datapath_bits") = id.vector_datapath_bits);
   }, "This CPU: vendor, family, model, microarchitecture class, FMA datapath width (cpu/cpu_identity.h).");
   m.def("_cpu_chosen_paths", [] {
     py::list out;
