@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distributed_utils import ROOT, TRAIN_LM, env
-from pipelstm.distributed import mesh
+from pipelstm.distributed import backend_threads, mesh
 
 
 @pytest.fixture
@@ -128,9 +128,9 @@ def test_a_collective_returns_once_nothing_else_holds_its_tensors():
     held = [t.view(())]
     threading.Timer(0.05, held.clear).start()
     start = time.monotonic()
-    mesh._released_by_the_backend([t], timeout=5.0)
+    backend_threads.released_by_the_backend([t], timeout=5.0)
     assert t._use_count() == 1 and time.monotonic() - start >= 0.045
     kept = t.view(())
     start = time.monotonic()
-    mesh._released_by_the_backend([t], timeout=0.1)
+    backend_threads.released_by_the_backend([t], timeout=0.1)
     assert 0.09 <= time.monotonic() - start < 2.0 and kept is not None

@@ -6,18 +6,17 @@ pipelines, its ``"dp"`` groups the replicas of each stage.
 """
 
 import contextlib
-import ctypes
 import datetime
 import inspect
 import os
-import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .backend_threads import outlive_the_backend, released_by_the_backend
 
 __all__ = ["Mesh", "init_mesh"]
 
@@ -89,7 +88,7 @@ class Mesh:
 
         ``holding``: the collective's tensors, which Python alone holds
         before it. It returns only once the backend has let go of them too
-        (see ``_released_by_the_backend``).
+        (see ``backend_threads.released_by_the_backend``).
 
         Raises:
             RuntimeError: the collective failed (a dead peer) or timed out (a
@@ -99,9 +98,9 @@ class Mesh:
         """
         try:
             yield
-            _released_by_the_backend(holding, self.timeout)
+            released_by_the_backend(holding, self.timeout)
         except RuntimeError as e:
-            _outlive_the_backend(e.__traceback__)
+            outlive_the_backend(e.__traceback__)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             peers_named = ", ".join(self.peer_name(r) for r in peers)
             head = f"pipelstm.distributed: {self.peer_name(self.rank)} "
@@ -166,47 +165,6 @@ class Mesh:
     def __str__(self) -> str:
         return (f"rank {self.rank}/{self.world_size}: stage {self.pp_rank} of {self.pp}, replica {self.dp_rank} "
                 f"of {self.dp} ({self.backend}, {self.device})")
-
-
-def _released_by_the_backend(tensors: Sequence[torch.Tensor], timeout: float) -> None:
-    """Waits (up to ``timeout`` seconds) until no backend thread holds any
-    of ``tensors``, which Python alone held before the collective.
-
-    gloo's worker thread drops its reference to a collective's tensors
-    after the collective has returned to Python, and dropping a reference
-    to a tensor Python knows takes the interpreter's lock. Once Python has
-    begun to shut down, that thread cannot take it and the process aborts
-    (``terminate called without an active exception``) after a run that
-    succeeded, if the thread had not been scheduled since the job's last
-    collective: on a loaded machine it may not have been for milliseconds.
-    Waiting here, with the lock released, lets it finish first.
-    """
-    deadline = time.monotonic() + timeout
-    for t in tensors:
-        while t._use_count() > 1 and time.monotonic() < deadline:
-            time.sleep(1e-4)
-
-
-def _outlive_the_backend(tb: Optional[TracebackType]) -> None:
-    """Keeps the tensors of a failed collective's frames alive for the rest
-    of the process.
-
-    The backend's own thread may still hold them after the error reached
-    Python (gloo finishes a timed-out collective on its worker thread). A
-    tensor Python has let go of is then owned by that thread, which must
-    take the interpreter's lock to free it; once Python has begun to shut
-    down it cannot, and the process aborts (``terminate called without an
-    active exception``) after printing the error. With a reference of
-    Python's own that is never dropped, the thread's is never the last.
-    """
-    seen = set()
-    while tb is not None:
-        for value in tb.tb_frame.f_locals.values():
-            for t in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(t, torch.Tensor) and id(t) not in seen:
-                    seen.add(id(t))
-                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
-        tb = tb.tb_next
 
 
 def _env_int(name: str, default: Optional[int] = None) -> int:
