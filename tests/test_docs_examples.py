@@ -28,8 +28,23 @@ def _skip_marked(block: Block) -> None:
         pytest.skip(f"{block.id}: not run: {block.marker[1]}")
 
 
-@pytest.mark.parametrize("block", all_blocks("python"), ids=lambda b: b.id)
+def _torchrun(block: Block) -> bool:
+    return bool(block.marker) and block.marker[0] == "run" and block.marker[1].startswith("torchrun ")
+
+
+# The blocks run under torchrun start processes that talk to each other: a
+# test of their own, which `make stress` runs many times.
+@pytest.mark.parametrize("block", [b for b in all_blocks("python") if _torchrun(b)], ids=lambda b: b.id)
+def test_torchrun_block_runs_as_written(block, tmp_path):
+    _run_block(block, tmp_path)
+
+
+@pytest.mark.parametrize("block", [b for b in all_blocks("python") if not _torchrun(b)], ids=lambda b: b.id)
 def test_python_block_runs_as_written(block, tmp_path):
+    _run_block(block, tmp_path)
+
+
+def _run_block(block: Block, tmp_path) -> None:
     _skip_marked(block)
     how = block.marker[1] if block.marker and block.marker[0] == "run" else ""
     code = block.code

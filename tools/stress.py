@@ -29,6 +29,7 @@ DEFAULT_TESTS = [
     "tests/test_distributed_auto_layout.py",
     "tests/test_distributed_mesh.py",
     "tests/test_distributed_timeouts.py",
+    "tests/test_docs_examples.py::test_torchrun_block_runs_as_written",
     "tests/test_module_ddp.py",
     "tests/test_pipeline_remote.py",
 ]
