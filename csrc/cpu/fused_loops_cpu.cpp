@@ -97,33 +97,24 @@ int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
   return blocks == threads && weights <= max_weights ? blocks : 1;
 }
 
-// A weight [rows, cols] packed for the kernels: as gate panels (four gate
-// rows interleaved, depth cols), plain panels of its rows, or of its columns
-// (the transposed product, depth rows).
-Tensor packed_gate_rows(const Tensor& weight) {
-  const auto& K = kernels();
-  const Tensor w = weight.contiguous();
-  const int64_t H = w.size(0) / 4, depth = w.size(1);
-  return packed_panels(K.gate_panels(H), depth, w, [&](float* out, int64_t b, int64_t e) {
-    K.pack_gates(cptr(w), H, depth, out, b, e);
-  });
-}
+// How a weight [rows, cols] is packed for the kernels: as gate panels
+// (four gate rows interleaved, depth cols), plain panels of its rows (depth
+// cols), or of its columns (the transposed product, depth rows).
+enum class Packing { kGateRows, kRows, kCols };
 
-Tensor packed_rows(const Tensor& weight) {
+Tensor packed(const Tensor& weight, Packing how) {
   const auto& K = kernels();
   const Tensor w = weight.contiguous();
-  const int64_t rows = w.size(0), depth = w.size(1);
-  return packed_panels(K.plain_panels(rows), depth, w, [&](float* out, int64_t b, int64_t e) {
-    K.pack_rows(cptr(w), rows, depth, out, b, e);
-  });
-}
-
-Tensor packed_cols(const Tensor& weight) {
-  const auto& K = kernels();
-  const Tensor w = weight.contiguous();
-  const int64_t depth = w.size(0), cols = w.size(1);
-  return packed_panels(K.plain_panels(cols), depth, w, [&](float* out, int64_t b, int64_t e) {
-    K.pack_cols(cptr(w), depth, cols, out, b, e);
+  const int64_t rows = w.size(0), cols = w.size(1);
+  const int64_t panels = how == Packing::kGateRows ? K.gate_panels(rows / 4)
+                         : how == Packing::kRows  ? K.plain_panels(rows)
+                                                  : K.plain_panels(cols);
+  return packed_panels(panels, how == Packing::kCols ? rows : cols, w, [&](float* out, int64_t b, int64_t e) {
+    switch (how) {
+      case Packing::kGateRows: K.pack_gates(cptr(w), rows / 4, cols, out, b, e); break;
+      case Packing::kRows: K.pack_rows(cptr(w), rows, cols, out, b, e); break;
+      case Packing::kCols: K.pack_cols(cptr(w), rows, cols, out, b, e); break;
+    }
   });
 }
 
@@ -263,13 +254,13 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
   const int64_t T = steps.steps(), H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
   const Tensor w = w_hh.contiguous();
-  const Tensor packed_hh = packed_gate_rows(w);
-  const Tensor packed_hr = projected ? packed_rows(*w_hr) : Tensor();
+  const Tensor packed_hh = packed(w, Packing::kGateRows);
+  const Tensor packed_hr = projected ? packed(*w_hr, Packing::kRows) : Tensor();
   // With the input projection in the steps, w_ih packed like w_hh.
   const bool in_step = x.defined();
   const int64_t I = geometry.input;
   const Tensor xs = in_step ? x.contiguous() : Tensor();
-  const Tensor packed_ih = in_step ? packed_gate_rows(w_ih) : Tensor();
+  const Tensor packed_ih = in_step ? packed(w_ih, Packing::kGateRows) : Tensor();
   float* g = ptr(gates);
   float* c = ptr(cells);
   float* out = ptr(output);
@@ -353,8 +344,8 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   FusedBackward r = new_backward_result(steps, geometry, in);
   const Tensor grad_out = dense_rows(in.grad_output);
   const Tensor grad_h_last = in.grad_h_n.has_value() ? in.grad_h_n->contiguous() : Tensor();
-  const Tensor packed_hh = packed_cols(in.w_hh);
-  const Tensor packed_hr = projected ? packed_cols(*in.w_hr) : Tensor();
+  const Tensor packed_hh = packed(in.w_hh, Packing::kCols);
+  const Tensor packed_hr = projected ? packed(*in.w_hr, Packing::kCols) : Tensor();
   float* dg = ptr(r.grad_gates);
   float* dc = ptr(r.grad_c0);  // per-sequence: grad of the c each row's next step started from
   float* dh = projected ? ptr(r.grad_h) : nullptr;
