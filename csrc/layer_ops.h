@@ -28,6 +28,7 @@
 #include "layer_weight_grads.h"
 #include "layer_workspace.h"
 #include "lstm_ops.h"
+#include "zoneout_layer_ops.h"
 
 namespace pipelstm {
 
@@ -162,6 +163,8 @@ struct LayerOps {
   static constexpr auto packed_layer_forward = &pipelstm::packed_layer_forward<Backend>;
   static constexpr auto packed_layer_backward = &pipelstm::packed_layer_backward<Backend>;
   static constexpr auto packed_layer_backward_data = &pipelstm::packed_layer_backward_data<Backend>;
+  static constexpr auto zoneout_layer_forward = &pipelstm::zoneout_layer_forward<Backend>;
+  static constexpr auto zoneout_layer_backward = &pipelstm::zoneout_layer_backward<Backend>;
 };
 
 // The one list of the layer ops a backend implements (their schemas are in
@@ -177,6 +180,8 @@ void register_lstm_ops(torch::Library& m) {
   m.impl("lstm_packed_layer_forward", Ops::packed_layer_forward);
   m.impl("lstm_packed_layer_backward", Ops::packed_layer_backward);
   m.impl("lstm_packed_layer_backward_data", Ops::packed_layer_backward_data);
+  m.impl("lstm_zoneout_layer_forward", Ops::zoneout_layer_forward);
+  m.impl("lstm_zoneout_layer_backward", Ops::zoneout_layer_backward);
 }
 
 }  // namespace pipelstm

@@ -66,6 +66,22 @@ struct SequenceBackward {
   at::Tensor &grad_gates, &grad_h0, &grad_c0;
 };
 
+// Zoneout's keep weights for every row of a layer (gate_math.h's zoned):
+// keep_c and keep_h [N, H] with contiguous columns, row r at r * stride
+// (0: one row for every r). The step loop applies them in its pointwise
+// steps; no projection.
+struct Zoneout {
+  at::Tensor keep_c, keep_h;
+  int64_t stride = 0;
+
+  template <typename T, class Args>
+  void set(Args& step, int64_t row) const {
+    step.keep_c = keep_c.const_data_ptr<T>() + row * stride;
+    step.keep_h = keep_h.const_data_ptr<T>() + row * stride;
+    step.keep_stride = stride;
+  }
+};
+
 // gates [N, 4H] = every step's input projection x @ w_ih^T with both
 // biases added.
 inline void input_gates_into(const at::Tensor& gates, const at::Tensor& x, const at::Tensor& w_ih,
@@ -83,7 +99,8 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
                                 const at::Tensor& w_ih, const at::Tensor& w_hh,
                                 const std::optional<at::Tensor>& b_ih,
                                 const std::optional<at::Tensor>& b_hh,
-                                const std::optional<at::Tensor>& w_hr, bool reverse) {
+                                const std::optional<at::Tensor>& w_hr, bool reverse,
+                                const Zoneout* zoneout = nullptr) {
   using at::Tensor;
   const LayerMath& math = Backend::kMath;
   ForwardResult r = new_forward_result(steps, s, x.options(), math);
@@ -97,7 +114,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    if (steps.dense && !s.projected &&
+    if (steps.dense && !s.projected && zoneout == nullptr &&
         Backend::sequence_forward(SequenceForward<scalar_t>{steps, s, input_gates, h_init, c_init,
                                                             w_hh, reverse, ws, r})) {
       return;
@@ -131,6 +148,11 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
                                    : row_of<scalar_t>(c_init, begin, H);
         step.c = mutable_row_of<scalar_t>(ws.cells, row0 + begin, H);
         step.h = mutable_row_of<scalar_t>(h_out, row0 + begin, h_width);
+        if (zoneout) {
+          step.h_prev = begin < cont ? row_of<scalar_t>(r.output, steps.offset[prev] + begin, P)
+                                     : row_of<scalar_t>(h_init, begin, P);
+          zoneout->template set<scalar_t>(step, row0 + begin);
+        }
         Backend::step_forward(step);
       }
       if (s.projected) {
@@ -160,7 +182,8 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
                                        const at::Tensor& c0, const at::Tensor& w_ih,
                                        const at::Tensor& w_hh,
                                        const std::optional<at::Tensor>& w_hr,
-                                       const at::Tensor& workspace, bool reverse) {
+                                       const at::Tensor& workspace, bool reverse,
+                                       const Zoneout* zoneout = nullptr) {
   using at::Tensor;
   const int64_t T = steps.steps(), N = steps.rows, B = steps.max_batch, H = s.hidden, P = s.out;
   const auto opts = x.options();
@@ -194,7 +217,7 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
 
   Backend::dispatch_types(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    if (steps.dense && !s.projected && N > 0 &&
+    if (steps.dense && !s.projected && N > 0 && zoneout == nullptr &&
         Backend::sequence_backward(SequenceBackward<scalar_t>{steps, s, grad_output, grad_h_n,
                                                               grad_c_n, c_init, w_hh, reverse, ws,
                                                               grad_gates, grad_h_state,
@@ -239,9 +262,16 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
         step.c = row_of<scalar_t>(ws.cells, row0 + begin, H);
         step.grad_gates = mutable_row_of<scalar_t>(grad_gates, row0 + begin, 4 * H);
         step.grad_c_prev = mutable_row_of<scalar_t>(grad_c_state, begin, H);
+        if (zoneout) {
+          // The part of h's gradient that goes straight to the previous h,
+          // in place: the recurrent GEMM below adds onto it.
+          step.grad_h_prev = mutable_row_of<scalar_t>(grad_raw, begin, H);
+          zoneout->template set<scalar_t>(step, row0 + begin);
+        }
         Backend::step_backward(step);
       }
-      Backend::kMath.mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh, /*accumulate=*/false);
+      Backend::kMath.mm_out(grad_h_rec, grad_gates.narrow(0, row0, rows), w_hh,
+                            /*accumulate=*/zoneout != nullptr);
     }
   });
 

@@ -47,6 +47,19 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor? w_hr, Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, "
       "Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
       "Tensor grad_w_hr)");
+  // One direction of one layer under zoneout: dense input [T, B, I], or
+  // packed rows with batch_sizes; keep_c/keep_h the keep weights of each
+  // output element (zoneout_layer_ops.h). No projection.
+  m.def(
+      "lstm_zoneout_layer_forward(Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor keep_c, Tensor keep_h, "
+      "bool reverse) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor workspace)");
+  m.def(
+      "lstm_zoneout_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor keep_c, Tensor keep_h, Tensor output, Tensor workspace, bool reverse) -> "
+      "(Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
+      "Tensor grad_bias)");
   m.def(
       "lstm_cell_composite(Tensor input_gates, Tensor hidden_gates, Tensor cx, Tensor? b_ih, "
       "Tensor? b_hh) -> (Tensor hy, Tensor cy)");

@@ -69,7 +69,7 @@ def test_lstm_signature_is_nn_lstms_then_the_pipeline_keywords():
         ("device", None), ("dtype", None)]
     assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[:10])
     assert [p.name for p in params[10:]] == ["devices", "chunks", "micro_batches", "balance", "threads", "checkpoint",
-                                             "weight_dropout", "dropout_mode"]
+                                             "weight_dropout", "dropout_mode", "zoneout"]
     assert all(p.kind is p.KEYWORD_ONLY for p in params[10:])
     heading = next(h for h in _headings() if h.startswith("### `pipelstm.LSTM("))
     assert heading.startswith("### `pipelstm.LSTM(input_size: int, hidden_size: int, num_layers: int = 1, ")

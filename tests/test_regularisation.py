@@ -175,7 +175,7 @@ def test_evaluation_is_nn_lstm():
     (dict(weight_dropout="0.1"), r"weight_dropout must be a probability in \[0, 1\), got '0\.1'"),
     (dict(dropout_mode="locked"), r"dropout_mode must be one of 'element', 'variational', got 'locked'"),
     (dict(num_layers=2, dropout=0.2, dropout_mode="variational", devices=["cpu", "cpu"]),
-     r"^LSTM: dropout_mode='variational' is not supported with devices="),
+     r"^LSTM with devices= draws its dropout between layers once per sequence \(dropout_mode='variational'\)"),
 ])
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

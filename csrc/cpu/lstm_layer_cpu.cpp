@@ -324,6 +324,26 @@ std::tuple<Tensor, Tensor> cell_backward_cpu(const OptTensor& grad_hy, const Opt
                                  workspace.narrow(1, 4 * H, H), workspace.narrow(1, 0, 4 * H));
 }
 
+// Zoneout on the CPU: float32 and float64 (the step loop's types).
+void check_zoneout_dtype(const char* op, const Tensor& input) {
+  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble,
+              "pipelstm::", op, ": zoneout on the CPU computes in float32 or float64, got an `input` of ",
+              input.scalar_type(), "; convert the module with .float() (or use a CUDA device)");
+}
+
+template <typename... Args>
+auto zoneout_layer_forward_cpu(const Tensor& input, const Args&... rest) {
+  check_zoneout_dtype("lstm_zoneout_layer_forward", input);
+  return zoneout_layer_forward<CpuLayer>(input, rest...);
+}
+
+template <typename... Args>
+auto zoneout_layer_backward_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                const OptTensor& grad_c_n, const Tensor& input, const Args&... rest) {
+  check_zoneout_dtype("lstm_zoneout_layer_backward", input);
+  return zoneout_layer_backward<CpuLayer>(grad_output, grad_h_n, grad_c_n, input, rest...);
+}
+
 // The layer ops on the CPU: float16 and bfloat16 computed in float32.
 struct CpuOps {
   static constexpr auto cell_forward = &cell_forward_cpu;
@@ -334,6 +354,12 @@ struct CpuOps {
   static constexpr auto packed_layer_forward = &packed_layer_forward_cpu;
   static constexpr auto packed_layer_backward = &packed_layer_backward_cpu;
   static constexpr auto packed_layer_backward_data = &packed_layer_backward_data_cpu;
+  static constexpr auto zoneout_layer_forward =
+      &zoneout_layer_forward_cpu<OptTensor, Tensor, Tensor, Tensor, Tensor, OptTensor, OptTensor,
+                                 Tensor, Tensor, bool>;
+  static constexpr auto zoneout_layer_backward =
+      &zoneout_layer_backward_cpu<OptTensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                  Tensor, bool>;
 };
 
 }  // namespace

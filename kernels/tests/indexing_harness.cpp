@@ -113,6 +113,7 @@ template <typename T, int VEC>
 void forward_grid(const PointwiseForwardArgs<T>& a, int64_t max_blocks) {
   const bool hid = a.hidden_gates, bih = a.bias_ih, bhh = a.bias_hh;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
+  if (a.keep_c) return run([&](int64_t i) { indexing::forward_item_zoneout<T, VEC>(a, i); });
 #define PIPELSTM_FWD(X, Y, Z) \
   if (hid == X && bih == Y && bhh == Z) \
     return run([&](int64_t i) { indexing::forward_item<T, VEC, X, Y, Z>(a, i); });
@@ -128,6 +129,8 @@ void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
   const bool gh = a.grad_h, go = a.grad_out, gc = a.grad_c;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
 #define PIPELSTM_BWD(X, Y, Z) \
+  if (gh == X && go == Y && gc == Z && a.keep_c) \
+    return run([&](int64_t i) { indexing::backward_item_zoneout<T, VEC, X, Y, Z>(a, i); }); \
   if (gh == X && go == Y && gc == Z) \
     return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z>(a, i); });
   PIPELSTM_BWD(false, false, false) PIPELSTM_BWD(false, false, true)
@@ -188,6 +191,8 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
   Buf<T> act(B * 4 * H, misalign), c(B * H, misalign), h(B * H, misalign);
   Buf<T> ref_act(B * 4 * H, 0), ref_c(B * H, 0), ref_h(B * H, 0);
   act.fill_nan(), c.fill_nan(), h.fill_nan();
+  Buf<T> h_prev(B * H, misalign), keep_c(B * H, misalign), keep_h(B * H, misalign);
+  h_prev.random(-1, 1), keep_c.random(0, 1), keep_h.random(0, 1);
 
   PointwiseForwardArgs<T> a;
   a.gates = gates.p;
@@ -196,6 +201,10 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
   a.bias_hh = (mask & 4) ? bhh.p : nullptr;
   a.c_prev = c_prev.p;
   a.batch = B, a.hidden = H;
+  if (mask & 8) {  // zoneout (16: one row of keep weights for every batch row)
+    a.h_prev = h_prev.p, a.keep_c = keep_c.p, a.keep_h = keep_h.p;
+    a.keep_stride = (mask & 16) ? 0 : H;
+  }
 
   PointwiseForwardArgs<T> ref = a;
   ref.act_gates = ref_act.p, ref.c = ref_c.p, ref.h = ref_h.p;
@@ -215,7 +224,7 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
 }
 
 // mask: 1 grad_h, 2 grad_c, 4 grad_out (8: one row for every batch row,
-// else rows H apart).
+// else rows H apart), 16 zoneout (32: one row of keep weights).
 template <typename T, int VEC>
 void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias,
                     int64_t max_blocks) {
@@ -227,6 +236,10 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
   Buf<T> dg(B * 4 * H, misalign), dcp(B * H, misalign);
   Buf<T> ref_dg(B * 4 * H, 0), ref_dcp(B * H, 0);
   dg.fill_nan(), dcp.fill_nan();
+  Buf<T> keep_c(B * H, misalign), keep_h(B * H, misalign), dhp(B * H, misalign), ref_dhp(B * H, 0);
+  keep_c.random(0, 1), keep_h.random(0, 1);
+  dhp.fill_nan();
+  const bool zone = mask & 16;
 
   PointwiseBackwardArgs<T> a;
   a.grad_h = (mask & 1) ? grad_h.p : nullptr;
@@ -235,6 +248,7 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
   a.grad_out_stride = (mask & 8) ? 0 : H;
   a.act_gates = act.p, a.c_prev = c_prev.p, a.c = c.p;
   a.batch = B, a.hidden = H;
+  if (zone) a.keep_c = keep_c.p, a.keep_h = keep_h.p, a.keep_stride = (mask & 32) ? 0 : H;
 
   // The reference gets grad_out already added into grad_h (as one tensor
   // op did before the step took it), not the CPU loop's own grad_out.
@@ -247,7 +261,13 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
     ref.grad_h = summed.p, ref.grad_out = nullptr;
   }
   ref.grad_gates = ref_dg.p, ref.grad_c_prev = ref_dcp.p;
+  if (zone) ref.grad_h_prev = ref_dhp.p;
   pointwise_backward_cpu(ref, 0, B);
+  if (zone && alias && a.grad_h) {  // grad_h_prev overwrites grad_h in place
+    dhp.copy_from(grad_h);
+    a.grad_h = dhp.p;
+  }
+  if (zone) a.grad_h_prev = dhp.p;
 
   if (alias && a.grad_c) {  // grad_c_prev overwrites grad_c in place
     dcp.copy_from(grad_c);
@@ -257,7 +277,8 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
   const bool vec = launch<T, VEC>(a, max_blocks);
   report_case<T, VEC>("backward", B, H, misalign, mask, alias, max_blocks, vec,
                       [&](std::string* why) {
-                        return close(dg, ref_dg, why) && close(dcp, ref_dcp, why);
+                        return close(dg, ref_dg, why) && close(dcp, ref_dcp, why) &&
+                               (!zone || close(dhp, ref_dhp, why));
                       });
 }
 
@@ -270,10 +291,11 @@ void check_all() {
       for (int misalign : {0, 1})
         for (bool alias : {false, true})
           for (int64_t max_blocks : {indexing::kMaxBlocks, int64_t(1)}) {
-            for (unsigned mask = 0; mask < 8; ++mask)
+            for (unsigned mask : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 24u})
               check_forward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
-            for (unsigned mask = 0; mask < 16; ++mask)
-              if ((mask & 12) != 8) check_backward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
+            for (unsigned mask = 0; mask < 64; ++mask)
+              if ((mask & 12) != 8 && (mask & 48) != 32)
+                check_backward<T, VEC>(B, H, misalign, mask, alias, max_blocks);
           }
 }
 

@@ -72,13 +72,17 @@ class LSTM(nn.RNNBase):
     (only the real steps of each sequence are computed), with an optional
     ``(h_0, c_0)``; returns ``output, (h_n, c_n)``.
 
-    Regularisation beyond ``nn.LSTM`` (keyword-only; training only; see
+    Regularisation beyond ``nn.LSTM`` (keyword-only; see
     ``pipelstm.regularisation``):
         weight_dropout: DropConnect on each layer's ``weight_hh``, one mask
-            per forward call (AWD-LSTM). Default 0.
+            per forward call (AWD-LSTM); training only. Default 0.
         dropout_mode: ``"element"`` (``nn.LSTM``'s ``dropout`` between
             layers, the default) or ``"variational"`` (one mask per
             sequence, the same at every step).
+        zoneout: ``p`` or ``(p_c, p_h)``: each unit of each step's cell
+            (hidden) state keeps its previous value with probability
+            ``p_c`` (``p_h``) while training; in evaluation the expected
+            blend. Not with ``proj_size`` or ``devices``. Default 0.
 
     Pipelined over devices (keyword-only, after nn.LSTM's arguments):
         devices: one device per pipeline stage, e.g. ``["cpu", "cpu"]`` or
@@ -123,10 +127,12 @@ class LSTM(nn.RNNBase):
         checkpoint: str = "never",
         weight_dropout: float = 0.0,
         dropout_mode: str = "element",
+        zoneout: Union[float, Tuple[float, float]] = 0.0,
         **kwargs,
     ) -> None:
         super().__init__("LSTM", *args, **kwargs)
-        self._regularisation = Regularisation(weight_dropout, dropout_mode)
+        self._regularisation = Regularisation(weight_dropout, dropout_mode, zoneout)
+        self._regularisation.check_module(self.proj_size)
         if devices is None:
             if (chunks, micro_batches, balance, threads, checkpoint) != (1, 1, "auto", None, "never"):
                 raise ValueError("LSTM: chunks, micro_batches, balance, threads and checkpoint only apply with "
@@ -152,6 +158,7 @@ class LSTM(nn.RNNBase):
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
         if export.in_onnx_export():  # ONNX has no form for the fused ops: nn.LSTM's own path
+            self._require_plain_recurrence("torch.onnx.export")
             return export.lstm_forward(self, input, hx)
         if self._pipeline is not None:
             return self._forward_pipelined(input, hx)
@@ -181,7 +188,14 @@ class LSTM(nn.RNNBase):
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script compiles torch's nn.LSTM on these parameters
         # (export.as_torch_module).
+        self._require_plain_recurrence("torch.jit.script")
         return export.as_torch_module(self)
+
+    def _require_plain_recurrence(self, what: str) -> None:
+        # Zoneout changes the recurrence in evaluation too: nn.LSTM's would be a different model.
+        if self._regularisation.zoned:
+            raise RuntimeError(f"LSTM: {what} runs torch's nn.LSTM in place of pipelstm's, which has no zoneout "
+                               f"(zoneout={self._regularisation.zoneout}); use torch.export or torch.compile")
 
     # --- devices=: the layers as a pipeline ------------------------------------
     # balance, chunks, micro_batches, threads, checkpoint, saved_activation_bytes:
@@ -308,7 +322,11 @@ class LSTM(nn.RNNBase):
             for d in range(directions):
                 k = layer * directions + d
                 w = self._regularisation.layer_weights(self._layer_weights(layer, d == 1), self.training)
-                if batch_sizes is None:
+                if self._regularisation.zoned:
+                    shape = (*x.shape[:-1], self.hidden_size)
+                    keep = self._regularisation.keep_weights(shape, self.training, x)
+                    out, h, c = ops.lstm_zoneout_layer(x, batch_sizes, h0[k], c0[k], *w[:4], *keep, reverse=d == 1)
+                elif batch_sizes is None:
                     out, h, c = ops.lstm_layer(x, h0[k], c0[k], *w, reverse=d == 1)
                 else:
                     out, h, c = ops.lstm_packed_layer(x, batch_sizes, h0[k], c0[k], *w, reverse=d == 1)

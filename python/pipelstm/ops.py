@@ -16,7 +16,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 
-__all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer"]
+__all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer", "lstm_zoneout_layer"]
 
 _ops = torch.ops.pipelstm
 
@@ -132,6 +132,26 @@ def lstm_packed_layer(input: Tensor, batch_sizes: Tensor, h0: Tensor, c0: Tensor
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
         input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
+    return output, h_n, c_n
+
+
+def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor, w_ih: Tensor,
+                       w_hh: Tensor, b_ih: Optional[Tensor], b_hh: Optional[Tensor], keep_c: Tensor, keep_h: Tensor,
+                       reverse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`lstm_layer` (``batch_sizes`` None) or :func:`lstm_packed_layer`
+    under zoneout, without projection: each step's ``c`` and ``h`` are
+    ``keep * previous + (1 - keep) * new``, with ``keep_c``/``keep_h`` of the
+    output's shape (0/1 masks while training, probabilities in evaluation;
+    they are not differentiated).
+
+    Returns:
+        ``(output, h_n, c_n)`` as :func:`lstm_layer` or :func:`lstm_packed_layer`.
+    """
+    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        raise RuntimeError("pipelstm: zoneout has no torch.func transform or forward-mode AD yet (its fused op has a "
+                           "reverse-mode formula only); use zoneout=0 under torch.func")
+    output, h_n, c_n, _ = _ops.lstm_zoneout_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh,
+                                                          keep_c, keep_h, reverse)
     return output, h_n, c_n
 
 
@@ -258,6 +278,28 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
 
 
 
+def _zoneout_setup_context(ctx, inputs, output):
+    input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse = inputs
+    out, _, _, workspace = output
+    _no_zero_fill_for_unused_outputs(ctx, workspace)
+    ctx.save_for_backward(input, h0, c0, w_ih, w_hh, keep_c, keep_h, out, workspace)
+    ctx.batch_sizes = batch_sizes
+    ctx.reverse = reverse
+    ctx.has_b_ih = b_ih is not None
+    ctx.has_b_hh = b_hh is not None
+
+
+def _zoneout_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
+    if _gradient_is_differentiated():
+        raise RuntimeError("pipelstm: double backward (create_graph=True) through zoneout is not supported yet")
+    input, h0, c0, w_ih, w_hh, keep_c, keep_h, out, workspace = ctx.saved_tensors
+    grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias = _ops.lstm_zoneout_layer_backward(
+        grad_output, grad_h_n, grad_c_n, input, ctx.batch_sizes, h0, c0, w_ih, w_hh, keep_c, keep_h, out,
+        workspace, ctx.reverse)
+    return (grad_input, None, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias if ctx.has_b_ih else None,
+            grad_bias if ctx.has_b_hh else None, None, None, None)
+
+
 # --- double backward -----------------------------------------------------------
 # With create_graph=True the forward ops' backward differentiates their
 # composition (_composed_backward), so the backward ops below never end up
@@ -283,7 +325,10 @@ def register() -> None:
                                     setup_context=_cell_setup_context)
     for name in ("pipelstm::lstm_layer_forward", "pipelstm::lstm_packed_layer_forward"):
         torch.library.register_autograd(name, _layer_backward, setup_context=_layer_setup_context)
-    for name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward"):
+    torch.library.register_autograd("pipelstm::lstm_zoneout_layer_forward", _zoneout_backward,
+                                    setup_context=_zoneout_setup_context)
+    for name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward",
+                 "lstm_zoneout_layer_backward"):
         torch.library.register_autograd(f"pipelstm::{name}", _no_double_backward,
                                         setup_context=lambda ctx, inputs, output: None)
     _registered = True

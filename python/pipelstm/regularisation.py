@@ -12,20 +12,27 @@
   (Gal & Ghahramani 2016), where ``"element"`` (``nn.LSTM``'s, the
   default) draws one per element.
 
+* ``zoneout=(p_c, p_h)`` (or one ``p`` for both): zoneout (Krueger et al.
+  2016): while training, each unit of each step's cell and hidden state
+  keeps its previous value with probability ``p_c`` (``p_h``), drawn per
+  element and step; in evaluation each is the expectation,
+  ``p * previous + (1 - p) * new``. Applied inside the step kernels
+  (``pipelstm::lstm_zoneout_layer_forward``); not with ``proj_size``.
+
 Masks come from torch's generator (``torch.manual_seed`` reproduces a run)
 and are part of the autograd graph: the backward reads the ones the forward
-drew. In evaluation mode both are off: the expectation of the dropped
+drew. In evaluation mode the dropouts are off: the expectation of the dropped
 weights is the weights, and of the masks one.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask"]
+__all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask", "zoneout_mask"]
 
 DROPOUT_MODES = ("element", "variational")
 
@@ -49,30 +56,85 @@ def sequence_mask(batch: int, features: int, p: float, like: Tensor) -> Tensor:
     return _mask((batch, features), p, like)
 
 
+def zoneout_mask(shape: Sequence[int], p: float, like: Tensor) -> Tensor:
+    """Zoneout's keep weights for a training step: 1 (the previous value
+    kept) with probability ``p``, else 0, in ``like``'s dtype and device."""
+    return torch.rand(tuple(shape), dtype=torch.float32, device=like.device).lt_(p).to(like.dtype)
+
+
+def _probability(name: str, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"LSTM: {name} must be a probability in [0, 1), got {p!r}")
+    return float(p)
+
+
+def _zoneout_pair(zoneout) -> Tuple[float, float]:
+    """``zoneout`` as ``(p_c, p_h)``: one probability for both, or a pair."""
+    if isinstance(zoneout, (tuple, list)):
+        if len(zoneout) != 2:
+            raise ValueError(f"LSTM: zoneout must be a probability or a pair (p_c, p_h), got {zoneout!r}")
+        return _probability("zoneout's p_c", zoneout[0]), _probability("zoneout's p_h", zoneout[1])
+    p = _probability("zoneout", zoneout)
+    return p, p
+
+
 @dataclass(frozen=True)
 class Regularisation:
     """What an LSTM does beyond ``nn.LSTM`` while training (checked on construction)."""
 
     weight_dropout: float = 0.0
     dropout_mode: str = "element"
+    zoneout: Union[float, Tuple[float, float]] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
-        p = self.weight_dropout
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise ValueError(f"LSTM: weight_dropout must be a probability in [0, 1), got {p!r}")
+        _probability("weight_dropout", self.weight_dropout)
         if self.dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"LSTM: dropout_mode must be one of {', '.join(map(repr, DROPOUT_MODES))}, "
                              f"got {self.dropout_mode!r}")
+        object.__setattr__(self, "zoneout", _zoneout_pair(self.zoneout))
 
     @property
     def is_plain(self) -> bool:
         """Whether it is ``nn.LSTM``'s own (nothing beyond)."""
-        return self.weight_dropout == 0.0 and self.dropout_mode == "element"
+        return self.weight_dropout == 0.0 and self.dropout_mode == "element" and not self.zoned
+
+    @property
+    def zoned(self) -> bool:
+        """Whether the layers run under zoneout (in training and evaluation)."""
+        return self.zoneout != (0.0, 0.0)
 
     def layer_by_layer(self, training: bool, dropout: float) -> bool:
         """Whether a call must run the layers one after another (the CUDA
         stack graph and wavefront draw no such masks)."""
-        return training and (self.weight_dropout > 0.0 or (self.dropout_mode == "variational" and dropout > 0.0))
+        return self.zoned or training and (
+            self.weight_dropout > 0.0 or (self.dropout_mode == "variational" and dropout > 0.0))
+
+    def check_module(self, proj_size: int) -> None:
+        """Raises where the LSTM's own arguments exclude an option."""
+        if self.zoned and proj_size > 0:
+            raise ValueError(f"LSTM: zoneout={self.zoneout} with proj_size={proj_size} is not supported (the state "
+                             "zoned would be the projected h); use proj_size=0")
+
+    def check_pipelinable(self, who: str, dropout: float) -> None:
+        """Raises what a pipeline's units do not do (``who``: the message's start)."""
+        if self.dropout_mode == "variational" and dropout > 0:
+            raise ValueError(f"{who} draws its dropout between layers once per sequence "
+                             "(dropout_mode='variational'), which the pipeline's dropout units do not do yet; "
+                             "use dropout_mode='element' in a pipeline")
+        if self.zoned:
+            raise ValueError(f"{who} has zoneout={self.zoneout}, which the pipeline's LSTM units do not run yet; "
+                             "use zoneout=0 in a pipeline")
+
+    def keep_weights(self, shape: Sequence[int], training: bool, like: Tensor) -> Tuple[Tensor, Tensor]:
+        """Zoneout's keep weights ``(keep_c, keep_h)`` for a layer direction
+        whose output (without projection) has ``shape``: masks while
+        training (none drawn for a probability of 0), else the probabilities."""
+        def keep(p: float) -> Tensor:
+            if training and p > 0.0:
+                return zoneout_mask(shape, p, like)
+            return like.new_full((shape[-1],), p).expand(*shape)
+        p_c, p_h = self.zoneout
+        return keep(p_c), keep(p_h)
 
     def layer_weights(self, weights: List[Optional[Tensor]], training: bool) -> List[Optional[Tensor]]:
         """``[w_ih, w_hh, b_ih, b_hh, w_hr]`` of one layer and direction for
@@ -102,4 +164,6 @@ class Regularisation:
             parts.append(f"weight_dropout={self.weight_dropout}")
         if self.dropout_mode != "element":
             parts.append(f"dropout_mode={self.dropout_mode!r}")
+        if self.zoned:
+            parts.append(f"zoneout={self.zoneout}")
         return ", ".join(parts)

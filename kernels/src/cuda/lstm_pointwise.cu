@@ -48,6 +48,10 @@ void with_flag(bool b, F&& f) {
 
 template <typename T, int VEC>
 void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
+  if (a.keep_c != nullptr) {
+    launch_items<&indexing::forward_item_zoneout<T, VEC>, VEC>(a, stream);
+    return;
+  }
   with_flag(a.hidden_gates != nullptr, [&](auto hid) {
     with_flag(a.bias_ih != nullptr, [&](auto bih) {
       with_flag(a.bias_hh != nullptr, [&](auto bhh) {
@@ -64,6 +68,12 @@ void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
   with_flag(a.grad_h != nullptr, [&](auto gh) {
     with_flag(a.grad_out != nullptr, [&](auto go) {
       with_flag(a.grad_c != nullptr, [&](auto gc) {
+        if (a.keep_c != nullptr) {
+          launch_items<&indexing::backward_item_zoneout<T, VEC, decltype(gh)::value,
+                                                        decltype(go)::value, decltype(gc)::value>,
+                       VEC>(a, stream);
+          return;
+        }
         launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(go)::value,
                                               decltype(gc)::value>,
                      VEC>(a, stream);

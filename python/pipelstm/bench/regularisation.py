@@ -7,13 +7,18 @@ on the CPU, each side with the same weights and input, run alternately:
 * ``weight``: with ``weight_dropout`` (DropConnect on ``weight_hh``);
 * ``variational``: with ``dropout_mode="variational"``;
 * ``both``: the two together, as AWD-LSTM trains;
+* ``zoneout``: with ``zoneout=(p_c, p_h)`` (and ``nn.LSTM``'s dropout);
+* ``cell_loop``: zoneout as users write it today: a Python loop over
+  ``nn.LSTMCell`` per layer, blending each step's state with the previous
+  one by masks drawn per step (as fairseq's ``LSTMCellWithZoneOut``);
 * ``peer``: what a user writes today: ``nn.LSTM`` with a weight-drop
   wrapper (the raw weight kept as a parameter of its own, the dropped copy
   set on the module before each forward, as fastai's ``WeightDropout``).
 
 A row gives each side's median time, the overheads (weight, variational,
 both over plain: the cost of the options) and ``peer / both`` (> 1: the
-fused options faster than the wrapper).
+fused options faster than the wrapper), ``zoneout / plain`` and
+``cell_loop / zoneout`` (> 1: the fused zoneout faster than the loop).
 """
 
 import statistics
@@ -38,8 +43,10 @@ COLUMNS = [
     Column("peer", "nn.LSTM + weight drop ms", "{:.1f}", 1e3),
     Column("weight_cost", "weight / plain", "{:.3f}x"), Column("variational_cost", "variational / plain", "{:.3f}x"),
     Column("both_cost", "both / plain", "{:.3f}x"), Column("speedup", "peer / both", "{:.2f}x"),
+    Column("zoneout", "zoneout ms", "{:.1f}", 1e3), Column("cell_loop", "LSTMCell loop ms", "{:.1f}", 1e3),
+    Column("zoneout_cost", "zoneout / plain", "{:.3f}x"), Column("zoneout_speedup", "loop / zoneout", "{:.1f}x"),
 ]
-LAYERS, P_WEIGHT, P_BETWEEN = 3, 0.5, 0.3
+LAYERS, P_WEIGHT, P_BETWEEN, ZONEOUT = 3, 0.5, 0.3, (0.5, 0.05)
 
 
 class WeightDropLSTM(nn.Module):
@@ -66,6 +73,39 @@ class WeightDropLSTM(nn.Module):
         return self.lstm(x)
 
 
+class ZoneoutCellLoop(nn.Module):
+    """Zoneout the way users write it without a fused layer: per layer an
+    ``nn.LSTMCell`` stepped in Python, each step's (h, c) blended with the
+    previous ones by masks drawn per step, dropout between layers."""
+
+    def __init__(self, lstm: nn.LSTM, zoneout) -> None:
+        super().__init__()
+        self.cells = nn.ModuleList()
+        for layer in range(lstm.num_layers):
+            cell = nn.LSTMCell(lstm.input_size if layer == 0 else lstm.hidden_size, lstm.hidden_size)
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(cell, name).data.copy_(getattr(lstm, f"{name}_l{layer}"))
+            self.cells.append(cell)
+        self.p_c, self.p_h = zoneout
+        self.dropout = lstm.dropout
+
+    def forward(self, x):
+        for layer, cell in enumerate(self.cells):
+            h = c = x.new_zeros(x.size(1), cell.hidden_size)
+            out = []
+            for t in range(x.size(0)):
+                new_h, new_c = cell(x[t], (h, c))
+                keep_c = torch.rand_like(c).lt_(self.p_c).to(c.dtype)
+                keep_h = torch.rand_like(h).lt_(self.p_h).to(h.dtype)
+                c = keep_c * c + (1 - keep_c) * new_c
+                h = keep_h * h + (1 - keep_h) * new_h
+                out.append(h)
+            x = torch.stack(out)
+            if layer < len(self.cells) - 1:
+                x = F.dropout(x, self.dropout, self.training)
+        return x, None
+
+
 def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
     rows = []
     for n_threads in threads:
@@ -73,7 +113,7 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
         torch.manual_seed(0)
         base = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
         options = dict(plain={}, weight=dict(weight_dropout=P_WEIGHT), variational=dict(dropout_mode="variational"),
-                       both=dict(weight_dropout=P_WEIGHT, dropout_mode="variational"))
+                       both=dict(weight_dropout=P_WEIGHT, dropout_mode="variational"), zoneout=dict(zoneout=ZONEOUT))
         models = {}
         for name, kw in options.items():
             models[name] = LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN, **kw)
@@ -81,6 +121,7 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
         peer = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
         peer.load_state_dict(base.state_dict())
         models["peer"] = WeightDropLSTM(peer, P_WEIGHT)
+        models["cell_loop"] = ZoneoutCellLoop(base, ZONEOUT)
         x = torch.randn(T, B, H, requires_grad=True)
 
         def step(model):
@@ -90,7 +131,8 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
         t = {k: statistics.median(v) for k, v in times.items()}
         rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
                          variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
-                         speedup=t["peer"] / t["both"], samples=times))
+                         speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],
+                         zoneout_speedup=t["cell_loop"] / t["zoneout"], samples=times))
         print(row_line(COLUMNS, rows[-1]), flush=True)
     return rows
 
@@ -107,10 +149,11 @@ def main(argv=None) -> List[dict]:
     T, B, sizes = (6, 2, [8]) if args.quick else (args.T, args.B, args.H)
     print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {LAYERS} layers, forward+backward in "
           f"training, T={T} B={B}, weight_dropout={P_WEIGHT}, dropout={P_BETWEEN}, median of {args.repeats} "
-          f"interleaved runs")
+          f"interleaved runs, zoneout={ZONEOUT}")
     print(header(COLUMNS))
     rows = [r for H in sizes for r in run(T, B, H, args.threads, args.repeats)]
     report.write_json(args.json, meta, COLUMNS, rows, notes=[
         f"{LAYERS} layers, I = H, dropout {P_BETWEEN} between layers, weight_dropout {P_WEIGHT}. peer: nn.LSTM "
-        "with the weight-drop wrapper users write (the dropped weight_hh set on the module before each forward)."])
+        "with the weight-drop wrapper users write (the dropped weight_hh set on the module before each forward). "
+        f"zoneout={ZONEOUT} (p_c, p_h); cell_loop: nn.LSTMCell stepped in Python with zoneout masks per step."])
     return rows

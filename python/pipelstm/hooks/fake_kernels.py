@@ -238,6 +238,43 @@ def _fake_lstm_packed_layer_backward(grad_output, grad_h_n, grad_c_n, input, bat
     return _layer_grads(input, h0, c0, w_ih, w_hh, w_hr, g.hidden_size)
 
 
+def _zoneout_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h):
+    """csrc/zoneout_layer_ops.h's checks: -> (geometry, rows, output shape)."""
+    if batch_sizes is None:
+        _check_dim(op, "input", input, 3, "[T, B, I]")
+        T, B, _ = input.shape
+        torch._check(T > 0, lambda: f"pipelstm::{op}: expected `input` with at least one time step, got {list(input.shape)}")
+        rows = T * B
+    else:
+        _check_batch_sizes(op, input, batch_sizes)
+        rows, B = input.shape[0], h0.shape[0]
+    torch._check(not _computed_in_float32(input), lambda: f"pipelstm::{op}: zoneout on the CPU computes in float32 "
+                 f"or float64, got an `input` of {input.dtype}")
+    g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, None, b_ih, b_hh)
+    _check_same_kind(op, "input", input, keep_c=keep_c, keep_h=keep_h)
+    for name, keep in (("keep_c", keep_c), ("keep_h", keep_h)):
+        torch._check(keep.dim() >= 1 and keep.shape[-1] == g.hidden_size and keep.numel() == rows * g.hidden_size,
+                     lambda: f"pipelstm::{op}: expected `{name}` with {rows} rows of {g.hidden_size} keep weights")
+    return g, rows, ((T, B, g.hidden_size) if batch_sizes is None else (rows, g.hidden_size))
+
+
+def _fake_lstm_zoneout_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse):
+    g, rows, out_shape = _zoneout_geometry("lstm_zoneout_layer_forward", input, batch_sizes, h0, c0, w_ih, w_hh,
+                                           b_ih, b_hh, keep_c, keep_h)
+    B = h0.shape[0]
+    return (input.new_empty(out_shape), input.new_empty(B, g.hidden_size), input.new_empty(B, g.hidden_size),
+            input.new_empty(g.workspace_numel(rows)))
+
+
+def _fake_lstm_zoneout_layer_backward(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh,
+                                      keep_c, keep_h, output, workspace, reverse):
+    op = "lstm_zoneout_layer_backward"
+    g, rows, out_shape = _zoneout_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, None, None, keep_c, keep_h)
+    _check_shape(op, "output", output, out_shape)
+    _check_layer_grads(op, input, g, rows, h0.shape[0], output, grad_output, grad_h_n, grad_c_n, workspace)
+    return _layer_grads(input, h0, c0, w_ih, w_hh, None, g.hidden_size)[:6]
+
+
 _FAKE_KERNELS = {
     "pipelstm::lstm_cell_forward": _fake_lstm_cell_forward,
     "pipelstm::lstm_cell_backward": _fake_lstm_cell_backward,
@@ -245,6 +282,8 @@ _FAKE_KERNELS = {
     "pipelstm::lstm_layer_backward": _fake_lstm_layer_backward,
     "pipelstm::lstm_packed_layer_forward": _fake_lstm_packed_layer_forward,
     "pipelstm::lstm_packed_layer_backward": _fake_lstm_packed_layer_backward,
+    "pipelstm::lstm_zoneout_layer_forward": _fake_lstm_zoneout_layer_forward,
+    "pipelstm::lstm_zoneout_layer_backward": _fake_lstm_zoneout_layer_backward,
 }
 
 

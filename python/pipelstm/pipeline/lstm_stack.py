@@ -47,10 +47,8 @@ class LSTMPipeline:
                 "unidirectional LSTM or drop devices="
             )
         regularisation = getattr(lstm, "_regularisation", None)
-        if regularisation is not None and regularisation.dropout_mode == "variational" and lstm.dropout > 0:
-            raise ValueError("LSTM: dropout_mode='variational' is not supported with devices= yet (the pipeline's "
-                             "dropout between layers draws one mask per element); use dropout_mode='element' "
-                             "or drop devices=")
+        if regularisation is not None:
+            regularisation.check_pipelinable("LSTM with devices=", lstm.dropout)
         model = prepare("LSTM", [("", lstm)], devices, chunks=chunks, micro_batches=micro_batches,
                         checkpoint=checkpoint)
         self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,

@@ -208,10 +208,8 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
             "use unidirectional LSTMs"
         )
     regularisation = getattr(child, "_regularisation", None)
-    if regularisation is not None and regularisation.dropout_mode == "variational" and child.dropout > 0:
-        raise ValueError(f"Pipeline: module {name!r} draws its dropout between layers once per sequence "
-                         "(dropout_mode='variational'), which the pipeline's dropout units do not do yet; "
-                         "use dropout_mode='element' in a pipeline")
+    if regularisation is not None:
+        regularisation.check_pipelinable(f"Pipeline: module {name!r}", child.dropout)
     prefix = f"{name}." if name else ""
     first = sum(u.kind == "lstm" for u in before)
     H, P = child.hidden_size, child.proj_size

@@ -155,5 +155,28 @@ PIPELSTM_HD CellBackward<T> cell_backward(T grad_h, T grad_c, T i, T f, T g, T o
   return r;
 }
 
+// Zoneout (Krueger et al. 2016): each unit of c and h keeps its previous
+// value with weight `keep` (a 0/1 mask while training, the probability in
+// evaluation) and takes the new one with 1 - keep. h is computed from the
+// new cell before it is blended, as in the paper.
+template <typename T>
+PIPELSTM_HD T zoned(T fresh, T prev, T keep) {
+  return fresh + keep * (prev - fresh);
+}
+
+// Backward step of one element under zoneout with keep weights keep_c,
+// keep_h: grad_h and grad_c are the gradients of the blended h and c. The
+// new (unblended) cell is recomputed from the gates. The part of grad_h
+// that flows straight to the previous h is keep_h * grad_h (the caller's).
+template <typename T>
+PIPELSTM_HD CellBackward<T> cell_backward_zoneout(T grad_h, T grad_c, T i, T f, T g, T o,
+                                                  T c_prev, T keep_c, T keep_h) {
+  const T fresh_c = f * c_prev + i * g;
+  CellBackward<T> r = cell_backward((T(1) - keep_h) * grad_h, (T(1) - keep_c) * grad_c, i, f, g,
+                                    o, c_prev, fresh_c);
+  r.d_c_prev += keep_c * grad_c;
+  return r;
+}
+
 }  // namespace math
 }  // namespace pipelstm

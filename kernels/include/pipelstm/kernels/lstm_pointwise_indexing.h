@@ -129,7 +129,9 @@ inline bool can_vectorize(const PointwiseForwardArgs<T>& a) {
          aligned_for<T, VEC>(a.hidden_gates) && aligned_for<T, VEC>(a.bias_ih) &&
          aligned_for<T, VEC>(a.bias_hh) && aligned_for<T, VEC>(a.c_prev) &&
          aligned_for<T, VEC>(a.act_gates) && aligned_for<T, VEC>(a.c) &&
-         aligned_for<T, VEC>(a.h);
+         aligned_for<T, VEC>(a.h) && aligned_for<T, VEC>(a.h_prev) &&
+         aligned_for<T, VEC>(a.keep_c) && aligned_for<T, VEC>(a.keep_h) &&
+         a.keep_stride % VEC == 0;
 }
 
 template <typename T, int VEC>
@@ -138,7 +140,9 @@ inline bool can_vectorize(const PointwiseBackwardArgs<T>& a) {
          aligned_for<T, VEC>(a.grad_out) && a.grad_out_stride % VEC == 0 &&
          aligned_for<T, VEC>(a.grad_c) && aligned_for<T, VEC>(a.act_gates) &&
          aligned_for<T, VEC>(a.c_prev) && aligned_for<T, VEC>(a.c) &&
-         aligned_for<T, VEC>(a.grad_gates) && aligned_for<T, VEC>(a.grad_c_prev);
+         aligned_for<T, VEC>(a.grad_gates) && aligned_for<T, VEC>(a.grad_c_prev) &&
+         aligned_for<T, VEC>(a.keep_c) && aligned_for<T, VEC>(a.keep_h) &&
+         a.keep_stride % VEC == 0 && aligned_for<T, VEC>(a.grad_h_prev);
 }
 
 // Same formulas and summation order as the CPU loops. act_gates may alias
@@ -231,6 +235,89 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   PIPELSTM_UNROLL
   for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
   store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
+}
+
+// The step under zoneout (the layer step: no hidden_gates, no biases), as
+// the CPU's forward_rows_zoneout.
+template <typename T, int VEC>
+PIPELSTM_HD void forward_item_zoneout(const PointwiseForwardArgs<T>& a, int64_t idx) {
+  using S = Storage<T>;
+  using P = Pack<T, VEC>;
+  const int64_t H = a.hidden;
+  const ItemIndex it = item_index<VEC>(idx, H);
+  const int64_t g0 = it.row * 4 * H + it.col;
+  const int64_t s0 = it.row * H + it.col;
+  const int64_t k0 = it.row * a.keep_stride + it.col;
+  P pre[4];
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) pre[k] = load_pack<T, VEC>(a.gates + g0 + k * H);
+  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  const P hp = load_pack<T, VEC>(a.h_prev + s0);
+  const P kc = load_pack<T, VEC>(a.keep_c + k0);
+  const P kh = load_pack<T, VEC>(a.keep_h + k0);
+  P act[4], c, h;
+  PIPELSTM_UNROLL
+  for (int e = 0; e < VEC; ++e) {
+    const auto r = math::cell_forward(S::load(pre[0].v[e]), S::load(pre[1].v[e]),
+                                      S::load(pre[2].v[e]), S::load(pre[3].v[e]),
+                                      S::load(cp.v[e]));
+    act[0].v[e] = S::store(r.i);
+    act[1].v[e] = S::store(r.f);
+    act[2].v[e] = S::store(r.g);
+    act[3].v[e] = S::store(r.o);
+    c.v[e] = S::store(math::zoned(r.c, S::load(cp.v[e]), S::load(kc.v[e])));
+    h.v[e] = S::store(math::zoned(r.h, S::load(hp.v[e]), S::load(kh.v[e])));
+  }
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.act_gates + g0 + k * H, act[k]);
+  store_pack<T, VEC>(a.c + s0, c);
+  store_pack<T, VEC>(a.h + s0, h);
+}
+
+// grad_h_prev may alias grad_h, and grad_c_prev grad_c.
+template <typename T, int VEC, bool kGradH, bool kGradOut, bool kGradC>
+PIPELSTM_HD void backward_item_zoneout(const PointwiseBackwardArgs<T>& a, int64_t idx) {
+  using S = Storage<T>;
+  using C = typename S::compute_t;
+  using P = Pack<T, VEC>;
+  const int64_t H = a.hidden;
+  const ItemIndex it = item_index<VEC>(idx, H);
+  const int64_t g0 = it.row * 4 * H + it.col;
+  const int64_t s0 = it.row * H + it.col;
+  const int64_t k0 = it.row * a.keep_stride + it.col;
+
+  P gh{}, go{}, gc{};
+  if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
+  if constexpr (kGradOut) go = load_pack<T, VEC>(a.grad_out + it.row * a.grad_out_stride + it.col);
+  if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + s0);
+  P act[4];
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + g0 + k * H);
+  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  const P kc = load_pack<T, VEC>(a.keep_c + k0);
+  const P kh = load_pack<T, VEC>(a.keep_h + k0);
+
+  P dg[4], dcp, dhp;
+  PIPELSTM_UNROLL
+  for (int e = 0; e < VEC; ++e) {
+    const C grad_h = kGradH ? (kGradOut ? S::load(gh.v[e]) + S::load(go.v[e]) : S::load(gh.v[e]))
+                            : (kGradOut ? S::load(go.v[e]) : C(0));
+    const C grad_c = kGradC ? S::load(gc.v[e]) : C(0);
+    const C keep_h = S::load(kh.v[e]);
+    const auto r = math::cell_backward_zoneout(
+        grad_h, grad_c, S::load(act[0].v[e]), S::load(act[1].v[e]), S::load(act[2].v[e]),
+        S::load(act[3].v[e]), S::load(cp.v[e]), S::load(kc.v[e]), keep_h);
+    dg[0].v[e] = S::store(r.d_i);
+    dg[1].v[e] = S::store(r.d_f);
+    dg[2].v[e] = S::store(r.d_g);
+    dg[3].v[e] = S::store(r.d_o);
+    dcp.v[e] = S::store(r.d_c_prev);
+    dhp.v[e] = S::store(keep_h * grad_h);
+  }
+  PIPELSTM_UNROLL
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
+  store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
+  store_pack<T, VEC>(a.grad_h_prev + s0, dhp);
 }
 
 }  // namespace indexing
