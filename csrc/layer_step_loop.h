@@ -35,6 +35,7 @@
 #include "layer_workspace.h"
 #include "lstm_ops.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
+#include "zoneout_keeps.h"
 
 namespace pipelstm {
 
@@ -64,22 +65,6 @@ struct SequenceBackward {
   bool reverse;
   const Workspace& ws;
   at::Tensor &grad_gates, &grad_h0, &grad_c0;
-};
-
-// Zoneout's keep weights for every row of a layer (gate_math.h's zoned):
-// keep_c and keep_h [N, H] with contiguous columns, row r at r * stride
-// (0: one row for every r). The step loop applies them in its pointwise
-// steps; no projection.
-struct Zoneout {
-  at::Tensor keep_c, keep_h;
-  int64_t stride = 0;
-
-  template <typename T, class Args>
-  void set(Args& step, int64_t row) const {
-    step.keep_c = keep_c.const_data_ptr<T>() + row * stride;
-    step.keep_h = keep_h.const_data_ptr<T>() + row * stride;
-    step.keep_stride = stride;
-  }
 };
 
 // gates [N, 4H] = every step's input projection x @ w_ih^T with both

@@ -281,3 +281,44 @@ def test_exported_evaluation_matches_eager():
     program = torch.export.export(lstm, (x,))
     assert any("lstm_zoneout_layer_forward" in str(n.target) for n in program.graph.nodes)
     torch.testing.assert_close(program.module()(x)[0], lstm(x)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("hidden", [5, 37])
+@pytest.mark.parametrize("packed, bidirectional", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("in_steps", ["0", "1"])
+def test_float32_fused_loops_match_float64_with_the_same_masks(recorded, monkeypatch, hidden, packed,
+                                                               bidirectional, in_steps):
+    # float32 runs the CPU's fused loops (both ways of projecting the input),
+    # float64 the step loop: the same masks, outputs and gradients within
+    # float32's error.
+    monkeypatch.setenv("PIPELSTM_INPUT_IN_STEPS", in_steps)
+    torch.manual_seed(2)
+    lstm = pipelstm.LSTM(I, hidden, num_layers=2, bidirectional=bidirectional, zoneout=(0.4, 0.3))
+    ref = pipelstm.LSTM(I, hidden, num_layers=2, bidirectional=bidirectional, zoneout=(0.4, 0.3),
+                        dtype=torch.float64)
+    ref.load_state_dict(lstm.state_dict())
+    lengths = [7, 7, 5, 2] if packed else [7] * 4
+    seqs = [torch.randn(n, I) for n in lengths]
+    make = (lambda s: pack_sequence(s)) if packed else (lambda s: torch.stack(s, 1))  # noqa: E731
+    D = 2 if bidirectional else 1
+    hx = [torch.randn(2 * D, len(lengths), hidden) for _ in range(2)]
+    hx32 = [t.clone().requires_grad_() for t in hx]
+    hx64 = [t.double().requires_grad_() for t in hx]
+    x32 = make([s.clone().requires_grad_() for s in seqs])
+    out32, (h32, c32) = lstm(x32, tuple(hx32))
+    drawn = list(recorded)
+    recorded.clear()
+    recorded.extend(m.double() for m in drawn)
+    it = iter(recorded)
+    monkeypatch.setattr(regularisation, "zoneout_mask", lambda shape, p, like: next(it))
+    out64, (h64, c64) = ref(make([s.double() for s in seqs]), tuple(hx64))
+    data = (lambda o: o.data) if packed else (lambda o: o)  # noqa: E731
+    for a, b in ((data(out32), data(out64)), (h32, h64), (c32, c64)):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5)
+    w = torch.randn_like(data(out64))
+    (data(out32) * w.float()).sum().backward()
+    (data(out64) * w).sum().backward()
+    for a, b in zip(lstm.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-4)
+    for a, b in zip(hx32, hx64):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-4)

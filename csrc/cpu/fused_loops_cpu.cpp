@@ -249,7 +249,8 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
                         const Tensor& x, const Tensor& w_ih, const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
-                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n) {
+                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n,
+                        const Zoneout* zoneout) {
   const auto& K = kernels();
   const int64_t T = steps.steps(), H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
@@ -301,6 +302,11 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     f.c = c + row0 * H;
     f.h = projected ? raw + row0 * H : out + row0 * P;
     f.ldh = projected ? H : P;
+    if (zoneout) {
+      f.keep_c = cptr(zoneout->keep_c) + row0 * zoneout->stride;
+      f.keep_h = cptr(zoneout->keep_h) + row0 * zoneout->stride;
+      f.keep_ld = zoneout->stride;
+    }
     K.forward_step(f, pb, pe);
   };
   auto projection = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
@@ -355,6 +361,10 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   const float* a = cptr(in.act);
   const float* c = cptr(in.cells);
   const float* c_init = cptr(in.c0);
+  // Zoneout: per sequence, the part of its h's gradient sent straight back
+  // from the step after (grad_h0's own part at the end).
+  const Zoneout* zoneout = in.zoneout;
+  const Tensor carry = zoneout ? at::zeros({B, H}, in.act.options()) : Tensor();
 
   const int64_t cell_panels = K.plain_panels(H), proj_panels = K.plain_panels(P);
   const int64_t panel_width = 4 * K.vec;
@@ -429,6 +439,12 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     b.c = c + row0 * H;
     b.grad_c = dc + r0 * H;
     b.grad_gates = dg + row0 * 4 * H;
+    if (zoneout) {
+      b.keep_c = cptr(zoneout->keep_c) + row0 * zoneout->stride;
+      b.keep_h = cptr(zoneout->keep_h) + row0 * zoneout->stride;
+      b.keep_ld = zoneout->stride;
+      b.carry = ptr(carry) + r0 * H;
+    }
     K.backward_step(b, pb, pe);
   };
   // As in the forward, dense input (every step has all B rows) may run
@@ -449,6 +465,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
             });
 
   grad_h0_from_gates(steps, reverse, dg, cptr(packed_hh), H, P, ptr(r.grad_h0));
+  if (zoneout) r.grad_h0.add_(carry);
   return r;
 }
 

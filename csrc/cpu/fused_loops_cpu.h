@@ -12,6 +12,7 @@
 
 #include "../layer_geometry.h"
 #include "../layer_steps.h"
+#include "../zoneout_keeps.h"
 
 namespace pipelstm {
 namespace cpu {
@@ -39,12 +40,14 @@ bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& 
 // (optional [4H], both biases summed) is added to them. Out: gates the
 // activated gates, cells [N, H], raw_h [N, H] (with w_hr only: h before
 // the projection), output [N, P], h_n [B, P] and c_n [B, H]. h0/c0
-// contiguous [B, P]/[B, H].
+// contiguous [B, P]/[B, H]. With `zoneout`, each step's c and h are blended
+// with the previous ones by its keep weights (no projection).
 void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
                         const Tensor& x, const Tensor& w_ih, const Tensor& h0, const Tensor& c0,
                         const Tensor& w_hh, const std::optional<Tensor>& w_hr,
                         const Tensor& bias, Tensor& gates,
-                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n);
+                        Tensor& cells, Tensor& raw_h, Tensor& output, Tensor& h_n, Tensor& c_n,
+                        const Zoneout* zoneout = nullptr);
 
 struct FusedBackward {
   Tensor grad_gates;  // [N, 4H]
@@ -64,6 +67,7 @@ struct FusedBackwardInputs {
   const std::optional<Tensor>& w_hr;
   const Tensor& act;
   const Tensor& cells;
+  const Zoneout* zoneout = nullptr;  // the forward's keep weights, if it had them
 };
 
 // Backward of all steps.

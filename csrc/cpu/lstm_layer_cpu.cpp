@@ -118,13 +118,14 @@ struct CpuLayer {
                                             const OptTensor& grad_output, const OptTensor& grad_h_n,
                                             const OptTensor& grad_c_n, const Tensor& x, const Tensor& c0,
                                             const Tensor& w_ih, const Tensor& w_hh, const OptTensor& w_hr,
-                                            const Tensor& workspace, bool reverse) {
+                                            const Tensor& workspace, bool reverse,
+                                            const Zoneout* zoneout = nullptr) {
     const Workspace ws(workspace.contiguous(), steps.rows, s);
     const Tensor c_init = c0.contiguous();
     cpu::FusedBackward f = cpu::fused_backward_loop(
         steps, s, reverse,
         {.grad_output = grad_output, .grad_h_n = grad_h_n, .grad_c_n = grad_c_n, .c0 = c_init,
-         .w_hh = w_hh, .w_hr = w_hr, .act = ws.gates, .cells = ws.cells});
+         .w_hh = w_hh, .w_hr = w_hr, .act = ws.gates, .cells = ws.cells, .zoneout = zoneout});
     LayerDataGrads r;
     r.grad_input = cpu::empty_huge({steps.rows, s.input}, x.options());
     cpu::layer_mm_out(r.grad_input, f.grad_gates, w_ih);
@@ -136,6 +137,42 @@ struct CpuLayer {
       r.raw_h = ws.raw_h;
     }
     return r;
+  }
+
+  // Zoneout (zoneout_layer_ops.h): float32 on the fused loops, float64 on
+  // the step loop, the keep weights applied inside the steps.
+  static ForwardResult zoneout_forward(const LayerSteps& steps, const LayerGeometry& s,
+                                       const Tensor& x, const Tensor& h0, const Tensor& c0,
+                                       const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
+                                       const OptTensor& b_hh, bool reverse, const Zoneout& z) {
+    if (!fused(x)) {
+      return step_loop_forward<CpuLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, std::nullopt,
+                                         reverse, &z);
+    }
+    ForwardResult r = new_forward_result(steps, s, x.options(), kMath);
+    if (steps.rows == 0) return r;
+    Workspace ws(r.workspace, steps.rows, s);
+    const bool in_steps = cpu::input_projection_in_steps(s, steps);
+    if (!in_steps) cpu::layer_mm_out(ws.gates, x, w_ih.t());
+    Tensor none;
+    cpu::fused_forward_loop(steps, s, reverse, in_steps ? x : Tensor(), w_ih, h0.contiguous(),
+                            c0.contiguous(), w_hh, std::nullopt, summed_bias(b_ih, b_hh), ws.gates,
+                            ws.cells, none, r.output, r.h_n, r.c_n, &z);
+    return r;
+  }
+
+  static LayerDataGrads zoneout_backward_data(const LayerSteps& steps, const LayerGeometry& s,
+                                              const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                              const OptTensor& grad_c_n, const Tensor& x,
+                                              const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+                                              const Tensor& w_hh, const Tensor& workspace,
+                                              bool reverse, const Zoneout& z) {
+    if (!fused(x)) {
+      return step_loop_backward_data<CpuLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
+                                               w_ih, w_hh, std::nullopt, workspace, reverse, &z);
+    }
+    return fused_backward_data(steps, s, grad_output, grad_h_n, grad_c_n, x, c0, w_ih, w_hh,
+                               std::nullopt, workspace, reverse, &z);
   }
 
   // The whole backward (data and weights) on one path where it is fused.

@@ -74,12 +74,18 @@ inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, cons
   const vf f = vsigmoid(pre_f);
   const vf gg = vtanh(pre_g);
   const vf o = vsigmoid(pre_o);
-  const vf c = f * c_prev + i * gg;
-  const vf h = o * vtanh(c);
+  vf c = f * c_prev + i * gg;
+  vf h = o * vtanh(c);
   store_n<kFull>(g, i, n);
   store_n<kFull>(g + H, f, n);
   store_n<kFull>(g + 2 * H, gg, n);
   store_n<kFull>(g + 3 * H, o, n);
+  if (s.keep_c) {  // zoneout: h from the new cell, then both blended
+    const vf keep_c = load_n<kFull>(s.keep_c + r * s.keep_ld + j, n);
+    const vf keep_h = load_n<kFull>(s.keep_h + r * s.keep_ld + j, n);
+    c += keep_c * (c_prev - c);
+    h += keep_h * (load_n<kFull>(s.h_prev.row(r) + j, n) - h);
+  }
   store_n<kFull>(s.c + r * H + j, c, n);
   store_n<kFull>(s.h + r * s.ldh + j, h, n);
 }
@@ -140,6 +146,30 @@ void forward_step(const ForwardStep& s, int64_t panel_begin, int64_t panel_end) 
 
 // ---- backward ---------------------------------------------------------
 
+// The cell's backward under zoneout (gate_math.h's cell_backward_zoneout):
+// grad_h is the gradient of the blended h without the carry yet.
+template <bool kFull>
+inline void backward_cell_zoneout(const BackwardStep& s, int64_t r, int64_t j, int n, vf grad_h,
+                                  vf i, vf f, vf g, vf o, vf c_prev) {
+  const int64_t H = s.hidden;
+  float* carry = s.carry + r * H + j;
+  float* grad_c = s.grad_c + r * H + j;
+  grad_h += load_n<kFull>(carry, n);
+  const vf keep_c = load_n<kFull>(s.keep_c + r * s.keep_ld + j, n);
+  const vf keep_h = load_n<kFull>(s.keep_h + r * s.keep_ld + j, n);
+  const vf gc = load_n<kFull>(grad_c, n);
+  const vf fresh_h = (1.0f - keep_h) * grad_h;
+  const vf tanh_c = vtanh(f * c_prev + i * g);
+  const vf dc = (1.0f - keep_c) * gc + fresh_h * o * (1.0f - tanh_c * tanh_c);
+  float* dg = s.grad_gates + r * 4 * H + j;
+  store_n<kFull>(dg, dc * g * i * (1.0f - i), n);
+  store_n<kFull>(dg + H, dc * c_prev * f * (1.0f - f), n);
+  store_n<kFull>(dg + 2 * H, dc * i * (1.0f - g * g), n);
+  store_n<kFull>(dg + 3 * H, fresh_h * tanh_c * o * (1.0f - o), n);
+  store_n<kFull>(grad_c, dc * f + keep_c * gc, n);
+  store_n<kFull>(carry, keep_h * grad_h, n);
+}
+
 template <bool kFull>
 inline void backward_cell(const BackwardStep& s, int64_t r, int64_t j, int n, vf grad_h) {
   const int64_t H = s.hidden;
@@ -152,6 +182,10 @@ inline void backward_cell(const BackwardStep& s, int64_t r, int64_t j, int n, vf
   const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
   const vf c = load_n<kFull>(s.c + r * H + j, n);
   float* grad_c = s.grad_c + r * H + j;
+  if (s.keep_c) {
+    backward_cell_zoneout<kFull>(s, r, j, n, grad_h, i, f, g, o, c_prev);
+    return;
+  }
   const vf tanh_c = vtanh(c);
   const vf dc = load_n<kFull>(grad_c, n) + grad_h * o * (1.0f - tanh_c * tanh_c);
   float* dg = s.grad_gates + r * 4 * H + j;
