@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include <torch/library.h>
 
@@ -172,6 +173,10 @@ struct LayerOps {
 // its own dispatch key with its `Ops` (LayerOps<ItsLayer> or its own).
 template <class Ops>
 void register_lstm_ops(torch::Library& m) {
+  static_assert(std::is_same_v<std::remove_const_t<decltype(Ops::zoneout_layer_forward)>, ZoneoutForwardKernel> &&
+                    std::is_same_v<std::remove_const_t<decltype(Ops::zoneout_layer_backward)>,
+                                   ZoneoutBackwardKernel>,
+                "a zoneout kernel's C++ signature differs from zoneout_layer_ops.h's");
   m.impl("lstm_cell_forward", Ops::cell_forward);
   m.impl("lstm_cell_backward", Ops::cell_backward);
   m.impl("lstm_layer_forward", Ops::layer_forward);

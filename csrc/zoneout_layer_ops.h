@@ -62,6 +62,16 @@ inline LayerSteps zoneout_steps(const char* op, const Tensor& input,
   return dense_steps(input.size(0), input.size(1));
 }
 
+// The kernels' C++ signatures, which every backend's must have (the
+// dispatcher refuses a second kernel of another; register_lstm_ops checks).
+using ZoneoutForwardKernel = std::tuple<Tensor, Tensor, Tensor, Tensor> (*)(
+    const Tensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, bool);
+using ZoneoutBackwardKernel = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> (*)(
+    const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const OptTensor&,
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    const Tensor&, const Tensor&, bool);
+
 template <class Backend>
 std::tuple<Tensor, Tensor, Tensor, Tensor> zoneout_layer_forward(
     const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,

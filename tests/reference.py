@@ -17,9 +17,11 @@ def cell(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
-          b_hh: Optional[Tensor] = None, w_hr: Optional[Tensor] = None,
-          reverse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
-    """One direction of one layer, step by step: (output, h_n, c_n)."""
+          b_hh: Optional[Tensor] = None, w_hr: Optional[Tensor] = None, reverse: bool = False,
+          keep_c: Optional[Tensor] = None, keep_h: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """One direction of one layer, step by step: (output, h_n, c_n). With
+    zoneout's keep weights keep_c, keep_h [T, B, H], each step's c and h
+    are keep * previous + (1 - keep) * new."""
     h, c = h0, c0
     outputs = [None] * x.shape[0]
     steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
@@ -29,7 +31,11 @@ def layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: O
             gates = gates + b_ih
         if b_hh is not None:
             gates = gates + b_hh
-        h, c = cell(gates, c)
+        new_h, new_c = cell(gates, c)
+        if keep_c is not None:
+            new_c = keep_c[t] * c + (1 - keep_c[t]) * new_c
+            new_h = keep_h[t] * h + (1 - keep_h[t]) * new_h
+        h, c = new_h, new_c
         if w_hr is not None:
             h = h @ w_hr.t()
         outputs[t] = h

@@ -16,23 +16,9 @@ from torch.nn.utils.rnn import pack_sequence
 import pipelstm
 from pipelstm import ops, regularisation
 
+import reference
+
 I, H = 3, 5
-
-
-def ref_layer(x, h, c, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse):
-    """One layer direction over x [T, B, I] with keep weights [T, B, H]."""
-    out = [None] * x.size(0)
-    for t in (reversed(range(x.size(0))) if reverse else range(x.size(0))):
-        gates = x[t] @ w_ih.T + h @ w_hh.T
-        if b_ih is not None:
-            gates = gates + b_ih + b_hh
-        i, f, g, o = gates.chunk(4, dim=1)
-        new_c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        new_h = torch.sigmoid(o) * torch.tanh(new_c)
-        c = keep_c[t] * c + (1 - keep_c[t]) * new_c
-        h = keep_h[t] * h + (1 - keep_h[t]) * new_h
-        out[t] = h
-    return torch.stack(out), h, c
 
 
 def ref_stack(lstm, x, h0, c0, keeps):
@@ -45,8 +31,8 @@ def ref_stack(lstm, x, h0, c0, keeps):
         for d in range(D):
             k = layer * D + d
             get = lambda n: getattr(lstm, n + f"_l{layer}" + ("_reverse" if d else ""), None)  # noqa: E731
-            out, h, c = ref_layer(x, h0[k], c0[k], get("weight_ih"), get("weight_hh"), get("bias_ih"),
-                                  get("bias_hh"), *keeps[k], d == 1)
+            out, h, c = reference.layer(x, h0[k], c0[k], get("weight_ih"), get("weight_hh"), get("bias_ih"),
+                                        get("bias_hh"), None, d == 1, *keeps[k])
             outs.append(out)
             hs.append(h)
             cs.append(c)

@@ -81,7 +81,8 @@ struct CpuLayer {
   static ForwardResult fused_forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
                                      const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
                                      const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
-                                     const OptTensor& w_hr, bool reverse) {
+                                     const OptTensor& w_hr, bool reverse,
+                                     const Zoneout* zoneout = nullptr) {
     ForwardResult r = new_forward_result(steps, s, x.options(), kMath);
     if (steps.rows == 0) return r;
     Workspace ws(r.workspace, steps.rows, s);
@@ -94,7 +95,7 @@ struct CpuLayer {
     if (!in_steps) cpu::layer_mm_out(ws.gates, x, w_ih.t());
     cpu::fused_forward_loop(steps, s, reverse, in_steps ? x : Tensor(), w_ih, h0.contiguous(),
                             c0.contiguous(), w_hh, w_hr, summed_bias(b_ih, b_hh), ws.gates,
-                            ws.cells, ws.raw_h, r.output, r.h_n, r.c_n);
+                            ws.cells, ws.raw_h, r.output, r.h_n, r.c_n, zoneout);
     return r;
   }
 
@@ -149,16 +150,7 @@ struct CpuLayer {
       return step_loop_forward<CpuLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, std::nullopt,
                                          reverse, &z);
     }
-    ForwardResult r = new_forward_result(steps, s, x.options(), kMath);
-    if (steps.rows == 0) return r;
-    Workspace ws(r.workspace, steps.rows, s);
-    const bool in_steps = cpu::input_projection_in_steps(s, steps);
-    if (!in_steps) cpu::layer_mm_out(ws.gates, x, w_ih.t());
-    Tensor none;
-    cpu::fused_forward_loop(steps, s, reverse, in_steps ? x : Tensor(), w_ih, h0.contiguous(),
-                            c0.contiguous(), w_hh, std::nullopt, summed_bias(b_ih, b_hh), ws.gates,
-                            ws.cells, none, r.output, r.h_n, r.c_n, &z);
-    return r;
+    return fused_forward(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, std::nullopt, reverse, &z);
   }
 
   static LayerDataGrads zoneout_backward_data(const LayerSteps& steps, const LayerGeometry& s,
@@ -368,17 +360,25 @@ void check_zoneout_dtype(const char* op, const Tensor& input) {
               input.scalar_type(), "; convert the module with .float() (or use a CUDA device)");
 }
 
-template <typename... Args>
-auto zoneout_layer_forward_cpu(const Tensor& input, const Args&... rest) {
+// The signatures are zoneout_layer_ops.h's: every backend's kernel of an op
+// must have the same C++ signature.
+std::tuple<Tensor, Tensor, Tensor, Tensor> zoneout_layer_forward_cpu(
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const Tensor& keep_c, const Tensor& keep_h, bool reverse) {
   check_zoneout_dtype("lstm_zoneout_layer_forward", input);
-  return zoneout_layer_forward<CpuLayer>(input, rest...);
+  return zoneout_layer_forward<CpuLayer>(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c,
+                                         keep_h, reverse);
 }
 
-template <typename... Args>
-auto zoneout_layer_backward_cpu(const OptTensor& grad_output, const OptTensor& grad_h_n,
-                                const OptTensor& grad_c_n, const Tensor& input, const Args&... rest) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> zoneout_layer_backward_cpu(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const Tensor& keep_c, const Tensor& keep_h,
+    const Tensor& output, const Tensor& workspace, bool reverse) {
   check_zoneout_dtype("lstm_zoneout_layer_backward", input);
-  return zoneout_layer_backward<CpuLayer>(grad_output, grad_h_n, grad_c_n, input, rest...);
+  return zoneout_layer_backward<CpuLayer>(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0,
+                                          w_ih, w_hh, keep_c, keep_h, output, workspace, reverse);
 }
 
 // The layer ops on the CPU: float16 and bfloat16 computed in float32.
@@ -391,12 +391,8 @@ struct CpuOps {
   static constexpr auto packed_layer_forward = &packed_layer_forward_cpu;
   static constexpr auto packed_layer_backward = &packed_layer_backward_cpu;
   static constexpr auto packed_layer_backward_data = &packed_layer_backward_data_cpu;
-  static constexpr auto zoneout_layer_forward =
-      &zoneout_layer_forward_cpu<OptTensor, Tensor, Tensor, Tensor, Tensor, OptTensor, OptTensor,
-                                 Tensor, Tensor, bool>;
-  static constexpr auto zoneout_layer_backward =
-      &zoneout_layer_backward_cpu<OptTensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                  Tensor, bool>;
+  static constexpr auto zoneout_layer_forward = &zoneout_layer_forward_cpu;
+  static constexpr auto zoneout_layer_backward = &zoneout_layer_backward_cpu;
 };
 
 }  // namespace

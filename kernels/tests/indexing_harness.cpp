@@ -113,7 +113,9 @@ template <typename T, int VEC>
 void forward_grid(const PointwiseForwardArgs<T>& a, int64_t max_blocks) {
   const bool hid = a.hidden_gates, bih = a.bias_ih, bhh = a.bias_hh;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
-  if (a.keep_c) return run([&](int64_t i) { indexing::forward_item_zoneout<T, VEC>(a, i); });
+  if (a.keep_c) {
+    return run([&](int64_t i) { indexing::forward_item<T, VEC, false, false, false, true>(a, i); });
+  }
 #define PIPELSTM_FWD(X, Y, Z) \
   if (hid == X && bih == Y && bhh == Z) \
     return run([&](int64_t i) { indexing::forward_item<T, VEC, X, Y, Z>(a, i); });
@@ -130,7 +132,7 @@ void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
 #define PIPELSTM_BWD(X, Y, Z) \
   if (gh == X && go == Y && gc == Z && a.keep_c) \
-    return run([&](int64_t i) { indexing::backward_item_zoneout<T, VEC, X, Y, Z>(a, i); }); \
+    return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z, true>(a, i); }); \
   if (gh == X && go == Y && gc == Z) \
     return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z>(a, i); });
   PIPELSTM_BWD(false, false, false) PIPELSTM_BWD(false, false, true)

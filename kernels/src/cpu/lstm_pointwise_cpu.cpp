@@ -19,7 +19,9 @@ namespace {
 #define PIPELSTM_CPU_CLONES
 #endif
 
-template <typename T, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
+// kZoneout: c and h blended by the keep weights (only without hidden gates
+// and biases, as the layers call it).
+template <typename T, bool kHiddenGates, bool kBiasIh, bool kBiasHh, bool kZoneout = false>
 PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begin,
                               int64_t row_end) {
   const int64_t H = a.hidden;
@@ -30,6 +32,9 @@ PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begi
     T* act = a.act_gates + b * 4 * H;  // may alias `pre`: read before write
     T* __restrict__ c = a.c + b * H;
     T* __restrict__ h = a.h + b * H;
+    const T* __restrict__ h_prev = kZoneout ? a.h_prev + b * H : nullptr;
+    const T* __restrict__ keep_c = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
+    const T* __restrict__ keep_h = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
       T p[4];
@@ -40,7 +45,11 @@ PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begi
         if constexpr (kBiasHh) v += a.bias_hh[k * H + j];
         p[k] = v;
       }
-      const auto r = math::cell_forward(p[0], p[1], p[2], p[3], c_prev[j]);
+      auto r = math::cell_forward(p[0], p[1], p[2], p[3], c_prev[j]);
+      if constexpr (kZoneout) {  // h from the new cell, then both blended
+        r.h = math::zoned(r.h, h_prev[j], keep_h[j]);
+        r.c = math::zoned(r.c, c_prev[j], keep_c[j]);
+      }
       act[j] = r.i;
       act[H + j] = r.f;
       act[2 * H + j] = r.g;
@@ -51,64 +60,10 @@ PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begi
   }
 }
 
-// The step under zoneout (the layer step: no hidden_gates, no biases).
-template <typename T>
-PIPELSTM_HD void forward_rows_zoneout(const PointwiseForwardArgs<T>& a, int64_t row_begin,
-                                      int64_t row_end) {
-  const int64_t H = a.hidden;
-  for (int64_t b = row_begin; b < row_end; ++b) {
-    const T* __restrict__ c_prev = a.c_prev + b * H;
-    const T* __restrict__ h_prev = a.h_prev + b * H;
-    const T* __restrict__ keep_c = a.keep_c + b * a.keep_stride;
-    const T* __restrict__ keep_h = a.keep_h + b * a.keep_stride;
-    T* act = a.act_gates + b * 4 * H;  // may alias a.gates: read before write
-    const T* pre = a.gates + b * 4 * H;
-    T* __restrict__ c = a.c + b * H;
-    T* __restrict__ h = a.h + b * H;
-#pragma omp simd
-    for (int64_t j = 0; j < H; ++j) {
-      const auto r = math::cell_forward(pre[j], pre[H + j], pre[2 * H + j], pre[3 * H + j], c_prev[j]);
-      act[j] = r.i;
-      act[H + j] = r.f;
-      act[2 * H + j] = r.g;
-      act[3 * H + j] = r.o;
-      c[j] = math::zoned(r.c, c_prev[j], keep_c[j]);
-      h[j] = math::zoned(r.h, h_prev[j], keep_h[j]);
-    }
-  }
-}
-
-template <typename T, bool kGradH, bool kGradOut, bool kGradC>
+// kZoneout: the backward of forward_rows' (grad_h_prev may alias grad_h).
+template <typename T, bool kGradH, bool kGradOut, bool kGradC, bool kZoneout = false>
 PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_begin,
                                int64_t row_end) {
-  const int64_t H = a.hidden;
-  for (int64_t b = row_begin; b < row_end; ++b) {
-    const T* __restrict__ gh = kGradH ? a.grad_h + b * H : nullptr;
-    const T* __restrict__ go = kGradOut ? a.grad_out + b * a.grad_out_stride : nullptr;
-    const T* gc = kGradC ? a.grad_c + b * H : nullptr;  // may alias grad_c_prev
-    const T* __restrict__ act = a.act_gates + b * 4 * H;
-    const T* __restrict__ c_prev = a.c_prev + b * H;
-    const T* __restrict__ c = a.c + b * H;
-    T* __restrict__ dg = a.grad_gates + b * 4 * H;
-    T* dc_prev = a.grad_c_prev + b * H;
-#pragma omp simd
-    for (int64_t j = 0; j < H; ++j) {
-      const T grad_h = kGradH ? (kGradOut ? gh[j] + go[j] : gh[j]) : (kGradOut ? go[j] : T(0));
-      const T grad_c = kGradC ? gc[j] : T(0);
-      const auto r = math::cell_backward(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
-                                         act[3 * H + j], c_prev[j], c[j]);
-      dg[j] = r.d_i;
-      dg[H + j] = r.d_f;
-      dg[2 * H + j] = r.d_g;
-      dg[3 * H + j] = r.d_o;
-      dc_prev[j] = r.d_c_prev;
-    }
-  }
-}
-
-template <typename T, bool kGradH, bool kGradOut, bool kGradC>
-PIPELSTM_HD void backward_rows_zoneout(const PointwiseBackwardArgs<T>& a, int64_t row_begin,
-                                       int64_t row_end) {
   const int64_t H = a.hidden;
   for (int64_t b = row_begin; b < row_end; ++b) {
     const T* gh = kGradH ? a.grad_h + b * H : nullptr;  // may alias grad_h_prev
@@ -116,23 +71,30 @@ PIPELSTM_HD void backward_rows_zoneout(const PointwiseBackwardArgs<T>& a, int64_
     const T* gc = kGradC ? a.grad_c + b * H : nullptr;  // may alias grad_c_prev
     const T* __restrict__ act = a.act_gates + b * 4 * H;
     const T* __restrict__ c_prev = a.c_prev + b * H;
-    const T* __restrict__ keep_c = a.keep_c + b * a.keep_stride;
-    const T* __restrict__ keep_h = a.keep_h + b * a.keep_stride;
+    const T* __restrict__ c = a.c + b * H;
     T* __restrict__ dg = a.grad_gates + b * 4 * H;
     T* dc_prev = a.grad_c_prev + b * H;
-    T* dh_prev = a.grad_h_prev + b * H;
+    T* dh_prev = kZoneout ? a.grad_h_prev + b * H : nullptr;
+    const T* __restrict__ keep_c = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
+    const T* __restrict__ keep_h = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
       const T grad_h = kGradH ? (kGradOut ? gh[j] + go[j] : gh[j]) : (kGradOut ? go[j] : T(0));
       const T grad_c = kGradC ? gc[j] : T(0);
-      const auto r = math::cell_backward_zoneout(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
-                                                 act[3 * H + j], c_prev[j], keep_c[j], keep_h[j]);
+      math::CellBackward<T> r;
+      if constexpr (kZoneout) {
+        r = math::cell_backward_zoneout(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
+                                        act[3 * H + j], c_prev[j], keep_c[j], keep_h[j]);
+        dh_prev[j] = keep_h[j] * grad_h;
+      } else {
+        r = math::cell_backward(grad_h, grad_c, act[j], act[H + j], act[2 * H + j],
+                                act[3 * H + j], c_prev[j], c[j]);
+      }
       dg[j] = r.d_i;
       dg[H + j] = r.d_f;
       dg[2 * H + j] = r.d_g;
       dg[3 * H + j] = r.d_o;
       dc_prev[j] = r.d_c_prev;
-      dh_prev[j] = keep_h[j] * grad_h;
     }
   }
 }
@@ -143,7 +105,7 @@ PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, 
   const bool hid = a.hidden_gates != nullptr;
   const bool bih = a.bias_ih != nullptr;
   const bool bhh = a.bias_hh != nullptr;
-  if (a.keep_c != nullptr) return forward_rows_zoneout<T>(a, b0, b1);
+  if (a.keep_c != nullptr) return forward_rows<T, false, false, false, true>(a, b0, b1);
   if (hid && bih && bhh) return forward_rows<T, true, true, true>(a, b0, b1);
   if (hid && !bih && !bhh) return forward_rows<T, true, false, false>(a, b0, b1);
   if (!hid && bih && bhh) return forward_rows<T, false, true, true>(a, b0, b1);
@@ -160,10 +122,10 @@ PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0
   const bool gh = a.grad_h != nullptr;
   const bool gc = a.grad_c != nullptr;
   if (a.keep_c != nullptr) {
-    if (gh && gc) return backward_rows_zoneout<T, true, kGradOut, true>(a, b0, b1);
-    if (gh) return backward_rows_zoneout<T, true, kGradOut, false>(a, b0, b1);
-    if (gc) return backward_rows_zoneout<T, false, kGradOut, true>(a, b0, b1);
-    return backward_rows_zoneout<T, false, kGradOut, false>(a, b0, b1);
+    if (gh && gc) return backward_rows<T, true, kGradOut, true, true>(a, b0, b1);
+    if (gh) return backward_rows<T, true, kGradOut, false, true>(a, b0, b1);
+    if (gc) return backward_rows<T, false, kGradOut, true, true>(a, b0, b1);
+    return backward_rows<T, false, kGradOut, false, true>(a, b0, b1);
   }
   if (gh && gc) return backward_rows<T, true, kGradOut, true>(a, b0, b1);
   if (gh) return backward_rows<T, true, kGradOut, false>(a, b0, b1);

@@ -49,7 +49,7 @@ void with_flag(bool b, F&& f) {
 template <typename T, int VEC>
 void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
   if (a.keep_c != nullptr) {
-    launch_items<&indexing::forward_item_zoneout<T, VEC>, VEC>(a, stream);
+    launch_items<&indexing::forward_item<T, VEC, false, false, false, true>, VEC>(a, stream);
     return;
   }
   with_flag(a.hidden_gates != nullptr, [&](auto hid) {
@@ -69,8 +69,8 @@ void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
     with_flag(a.grad_out != nullptr, [&](auto go) {
       with_flag(a.grad_c != nullptr, [&](auto gc) {
         if (a.keep_c != nullptr) {
-          launch_items<&indexing::backward_item_zoneout<T, VEC, decltype(gh)::value,
-                                                        decltype(go)::value, decltype(gc)::value>,
+          launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(go)::value,
+                                                decltype(gc)::value, true>,
                        VEC>(a, stream);
           return;
         }

@@ -147,8 +147,9 @@ inline bool can_vectorize(const PointwiseBackwardArgs<T>& a) {
 
 // Same formulas and summation order as the CPU loops. act_gates may alias
 // gates: the item reads all its inputs before its first store, and no other
-// item touches the same elements.
-template <typename T, int VEC, bool kHiddenGates, bool kBiasIh, bool kBiasHh>
+// item touches the same elements. kZoneout: c and h blended by the keep
+// weights (only without hidden gates and biases, as the layers call it).
+template <typename T, int VEC, bool kHiddenGates, bool kBiasIh, bool kBiasHh, bool kZoneout = false>
 PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
   using S = Storage<T>;
   using C = typename S::compute_t;
@@ -176,12 +177,22 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
     }
   }
   const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  P hp{}, kc{}, kh{};
+  if constexpr (kZoneout) {
+    const int64_t k0 = it.row * a.keep_stride + it.col;
+    hp = load_pack<T, VEC>(a.h_prev + s0);
+    kc = load_pack<T, VEC>(a.keep_c + k0);
+    kh = load_pack<T, VEC>(a.keep_h + k0);
+  }
 
   P act[4], c, h;
   PIPELSTM_UNROLL
   for (int e = 0; e < VEC; ++e) {
-    const auto r = math::cell_forward(pre[0][e], pre[1][e], pre[2][e], pre[3][e],
-                                      S::load(cp.v[e]));
+    auto r = math::cell_forward(pre[0][e], pre[1][e], pre[2][e], pre[3][e], S::load(cp.v[e]));
+    if constexpr (kZoneout) {  // h from the new cell, then both blended
+      r.h = math::zoned(r.h, S::load(hp.v[e]), S::load(kh.v[e]));
+      r.c = math::zoned(r.c, S::load(cp.v[e]), S::load(kc.v[e]));
+    }
     act[0].v[e] = S::store(r.i);
     act[1].v[e] = S::store(r.f);
     act[2].v[e] = S::store(r.g);
@@ -195,8 +206,9 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
   store_pack<T, VEC>(a.h + s0, h);
 }
 
-// grad_c_prev may alias grad_c, for the same reason as above.
-template <typename T, int VEC, bool kGradH, bool kGradOut, bool kGradC>
+// grad_c_prev may alias grad_c, and grad_h_prev grad_h, for the same
+// reason as above. kZoneout: the backward of forward_item's.
+template <typename T, int VEC, bool kGradH, bool kGradOut, bool kGradC, bool kZoneout = false>
 PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   using S = Storage<T>;
   using C = typename S::compute_t;
@@ -214,88 +226,14 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   PIPELSTM_UNROLL
   for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + g0 + k * H);
   const P cp = load_pack<T, VEC>(a.c_prev + s0);
-  const P cc = load_pack<T, VEC>(a.c + s0);
-
-  P dg[4], dcp;
-  PIPELSTM_UNROLL
-  for (int e = 0; e < VEC; ++e) {
-    const C grad_h = kGradH ? (kGradOut ? S::load(gh.v[e]) + S::load(go.v[e]) : S::load(gh.v[e]))
-                            : (kGradOut ? S::load(go.v[e]) : C(0));
-    const C grad_c = kGradC ? S::load(gc.v[e]) : C(0);
-    const auto r = math::cell_backward(grad_h, grad_c, S::load(act[0].v[e]),
-                                       S::load(act[1].v[e]), S::load(act[2].v[e]),
-                                       S::load(act[3].v[e]), S::load(cp.v[e]),
-                                       S::load(cc.v[e]));
-    dg[0].v[e] = S::store(r.d_i);
-    dg[1].v[e] = S::store(r.d_f);
-    dg[2].v[e] = S::store(r.d_g);
-    dg[3].v[e] = S::store(r.d_o);
-    dcp.v[e] = S::store(r.d_c_prev);
+  P cc{}, kc{}, kh{};
+  if constexpr (kZoneout) {
+    const int64_t k0 = it.row * a.keep_stride + it.col;
+    kc = load_pack<T, VEC>(a.keep_c + k0);
+    kh = load_pack<T, VEC>(a.keep_h + k0);
+  } else {
+    cc = load_pack<T, VEC>(a.c + s0);
   }
-  PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
-  store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
-}
-
-// The step under zoneout (the layer step: no hidden_gates, no biases), as
-// the CPU's forward_rows_zoneout.
-template <typename T, int VEC>
-PIPELSTM_HD void forward_item_zoneout(const PointwiseForwardArgs<T>& a, int64_t idx) {
-  using S = Storage<T>;
-  using P = Pack<T, VEC>;
-  const int64_t H = a.hidden;
-  const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.row * 4 * H + it.col;
-  const int64_t s0 = it.row * H + it.col;
-  const int64_t k0 = it.row * a.keep_stride + it.col;
-  P pre[4];
-  PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) pre[k] = load_pack<T, VEC>(a.gates + g0 + k * H);
-  const P cp = load_pack<T, VEC>(a.c_prev + s0);
-  const P hp = load_pack<T, VEC>(a.h_prev + s0);
-  const P kc = load_pack<T, VEC>(a.keep_c + k0);
-  const P kh = load_pack<T, VEC>(a.keep_h + k0);
-  P act[4], c, h;
-  PIPELSTM_UNROLL
-  for (int e = 0; e < VEC; ++e) {
-    const auto r = math::cell_forward(S::load(pre[0].v[e]), S::load(pre[1].v[e]),
-                                      S::load(pre[2].v[e]), S::load(pre[3].v[e]),
-                                      S::load(cp.v[e]));
-    act[0].v[e] = S::store(r.i);
-    act[1].v[e] = S::store(r.f);
-    act[2].v[e] = S::store(r.g);
-    act[3].v[e] = S::store(r.o);
-    c.v[e] = S::store(math::zoned(r.c, S::load(cp.v[e]), S::load(kc.v[e])));
-    h.v[e] = S::store(math::zoned(r.h, S::load(hp.v[e]), S::load(kh.v[e])));
-  }
-  PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.act_gates + g0 + k * H, act[k]);
-  store_pack<T, VEC>(a.c + s0, c);
-  store_pack<T, VEC>(a.h + s0, h);
-}
-
-// grad_h_prev may alias grad_h, and grad_c_prev grad_c.
-template <typename T, int VEC, bool kGradH, bool kGradOut, bool kGradC>
-PIPELSTM_HD void backward_item_zoneout(const PointwiseBackwardArgs<T>& a, int64_t idx) {
-  using S = Storage<T>;
-  using C = typename S::compute_t;
-  using P = Pack<T, VEC>;
-  const int64_t H = a.hidden;
-  const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.row * 4 * H + it.col;
-  const int64_t s0 = it.row * H + it.col;
-  const int64_t k0 = it.row * a.keep_stride + it.col;
-
-  P gh{}, go{}, gc{};
-  if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
-  if constexpr (kGradOut) go = load_pack<T, VEC>(a.grad_out + it.row * a.grad_out_stride + it.col);
-  if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + s0);
-  P act[4];
-  PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + g0 + k * H);
-  const P cp = load_pack<T, VEC>(a.c_prev + s0);
-  const P kc = load_pack<T, VEC>(a.keep_c + k0);
-  const P kh = load_pack<T, VEC>(a.keep_h + k0);
 
   P dg[4], dcp, dhp;
   PIPELSTM_UNROLL
@@ -303,21 +241,26 @@ PIPELSTM_HD void backward_item_zoneout(const PointwiseBackwardArgs<T>& a, int64_
     const C grad_h = kGradH ? (kGradOut ? S::load(gh.v[e]) + S::load(go.v[e]) : S::load(gh.v[e]))
                             : (kGradOut ? S::load(go.v[e]) : C(0));
     const C grad_c = kGradC ? S::load(gc.v[e]) : C(0);
-    const C keep_h = S::load(kh.v[e]);
-    const auto r = math::cell_backward_zoneout(
-        grad_h, grad_c, S::load(act[0].v[e]), S::load(act[1].v[e]), S::load(act[2].v[e]),
-        S::load(act[3].v[e]), S::load(cp.v[e]), S::load(kc.v[e]), keep_h);
+    const C i = S::load(act[0].v[e]), f = S::load(act[1].v[e]), g = S::load(act[2].v[e]),
+            o = S::load(act[3].v[e]), c_prev = S::load(cp.v[e]);
+    math::CellBackward<C> r;
+    if constexpr (kZoneout) {
+      r = math::cell_backward_zoneout(grad_h, grad_c, i, f, g, o, c_prev, S::load(kc.v[e]),
+                                      S::load(kh.v[e]));
+      dhp.v[e] = S::store(S::load(kh.v[e]) * grad_h);
+    } else {
+      r = math::cell_backward(grad_h, grad_c, i, f, g, o, c_prev, S::load(cc.v[e]));
+    }
     dg[0].v[e] = S::store(r.d_i);
     dg[1].v[e] = S::store(r.d_f);
     dg[2].v[e] = S::store(r.d_g);
     dg[3].v[e] = S::store(r.d_o);
     dcp.v[e] = S::store(r.d_c_prev);
-    dhp.v[e] = S::store(keep_h * grad_h);
   }
   PIPELSTM_UNROLL
   for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
   store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
-  store_pack<T, VEC>(a.grad_h_prev + s0, dhp);
+  if constexpr (kZoneout) store_pack<T, VEC>(a.grad_h_prev + s0, dhp);
 }
 
 }  // namespace indexing
