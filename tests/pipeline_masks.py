@@ -30,11 +30,13 @@ __all__ = ["pipeline_masks", "run_masked", "run_masked_layers"]
 
 
 def _probe(position: int, p: float, width: int, index_input: bool, in_features: int,
-           dtype: torch.dtype) -> nn.Sequential:
+           dtype: torch.dtype, variational: bool = False) -> nn.Sequential:
     """Units that turn the input into ones of ``width`` features, with a
-    dropout of ``p`` as unit ``position`` (the probe's output is its mask)."""
+    dropout of ``p`` (per sequence if ``variational``) as unit ``position``
+    (the probe's output is its mask)."""
+    dropout = pipelstm.LockedDropout(p) if variational else nn.Dropout(p)
     if position == 0:  # the dropout sees the input itself (fed ones)
-        return nn.Sequential(nn.Dropout(p))
+        return nn.Sequential(dropout)
     if index_input:
         first = nn.Embedding(1, width).to(dtype)
         nn.init.ones_(first.weight)
@@ -43,7 +45,7 @@ def _probe(position: int, p: float, width: int, index_input: bool, in_features: 
         nn.init.zeros_(first.weight)
         nn.init.ones_(first.bias)
     fill = [nn.ReLU() for _ in range(position - 1)]  # relu(1) = 1: placeholders for the units before
-    return nn.Sequential(first, *fill, nn.Dropout(p))
+    return nn.Sequential(first, *fill, dropout)
 
 
 def pipeline_masks(core: PipelineCore, x: Tensor, seed: int) -> Dict[str, Tensor]:
@@ -60,11 +62,11 @@ def pipeline_masks(core: PipelineCore, x: Tensor, seed: int) -> Dict[str, Tensor
             break
     masks, width = {}, (0 if index_input else x.shape[-1])
     for position, u in enumerate(core.units):
-        if u.kind != "dropout":
+        if not u.is_dropout:
             width = u.out_size
             continue
         probe = pipelstm.Pipeline(_probe(position, u.p, width, index_input, 0 if index_input else x.shape[-1],
-                                         dtype),
+                                         dtype, u.kind == "variational_dropout"),
                                   devices=["cpu"], chunks=core.chunks, micro_batches=core.micro_batches, threads=1)
         if position == 0:
             feed = torch.ones_like(x)
@@ -103,7 +105,7 @@ def run_masked(model: nn.Sequential, x: Tensor, hx: Optional[Tuple[Tensor, Tenso
                 if l < child.num_layers - 1 and child.dropout > 0:
                     x = x * masks[f"{name}.dropout{l}"]
             first += child.num_layers
-        elif isinstance(child, nn.Dropout):
+        elif isinstance(child, (nn.Dropout, pipelstm.LockedDropout)):
             x = x * masks[name]
         else:
             x = child(x)

@@ -174,8 +174,6 @@ def test_evaluation_is_nn_lstm():
     (dict(weight_dropout=-0.1), r"weight_dropout must be a probability"),
     (dict(weight_dropout="0.1"), r"weight_dropout must be a probability in \[0, 1\), got '0\.1'"),
     (dict(dropout_mode="locked"), r"dropout_mode must be one of 'element', 'variational', got 'locked'"),
-    (dict(num_layers=2, dropout=0.2, dropout_mode="variational", devices=["cpu", "cpu"]),
-     r"^LSTM with devices= draws its dropout between layers once per sequence \(dropout_mode='variational'\)"),
 ])
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -225,11 +223,3 @@ def test_weight_dropout_through_the_pipeline_is_the_modules(recorded, chunks, mi
     want_grads = torch.autograd.grad(want.sum() + want_h.sum(), list(plain.parameters()))
     for a, b in zip((out, h, c, *grads), (want, want_h, want_c, *want_grads)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_a_pipeline_refuses_variational_dropout_by_name():
-    model = nn.Sequential(nn.Embedding(10, I), pipelstm.LSTM(I, H, num_layers=2, dropout=0.3,
-                                                             dropout_mode="variational"), nn.Linear(H, 10))
-    with pytest.raises(ValueError, match=r"Pipeline: module '1' draws its dropout between layers once per "
-                                         r"sequence \(dropout_mode='variational'\)"):
-        pipelstm.Pipeline(model, devices=["cpu", "cpu"])

@@ -2,8 +2,10 @@
 #include "units.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -81,6 +83,22 @@ uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
   return splitmix64(splitmix64(splitmix64(pass_seed ^ static_cast<uint64_t>(unit)) ^
                                static_cast<uint64_t>(m)) ^
                     static_cast<uint64_t>(k));
+}
+
+uint64_t unit_seed(const UnitSpec& u, uint64_t pass_seed, int64_t unit, int64_t m, int64_t k) {
+  return dropout_seed(pass_seed, unit, m, ops(u.kind).seed_per_micro_batch ? -1 : k);
+}
+
+at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator global = at::globalContext().defaultGenerator(device);
+  at::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(global.mutex());
+    g = global.clone();
+  }
+  g.set_current_seed(seed);
+  return g;
 }
 
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,

@@ -4,6 +4,8 @@
 // Plain ATen, no threads or scheduling: that is the pass's (pass.h).
 #pragma once
 
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -49,6 +51,14 @@ using Pieces = std::vector<std::vector<Piece>>;
 // whatever order the stage threads run in, so a pass is reproducible under
 // torch.manual_seed (which governs `pass_seed`).
 uint64_t dropout_seed(uint64_t pass_seed, int64_t unit, int64_t m, int64_t k);
+
+// The seed unit_forward gets for item (m, k): dropout_seed's, or with its
+// kind's seed_per_micro_batch, one for all chunks of micro-batch m.
+uint64_t unit_seed(const UnitSpec& u, uint64_t pass_seed, int64_t unit, int64_t m, int64_t k);
+
+// A generator on `device` seeded with `seed` (the default one's kind, cloned
+// on a GPU), for a dropout mask.
+at::Generator seeded_generator(const c10::Device& device, uint64_t seed);
 
 // One unit forward on x; returns the output and updates the carried (h, c)
 // of an LSTM layer. With `keep`, fills `saved` with what its backward needs.

@@ -115,12 +115,8 @@ class Regularisation:
             raise ValueError(f"LSTM: zoneout={self.zoneout} with proj_size={proj_size} is not supported (the state "
                              "zoned would be the projected h); use proj_size=0")
 
-    def check_pipelinable(self, who: str, dropout: float) -> None:
+    def check_pipelinable(self, who: str) -> None:
         """Raises what a pipeline's units do not do (``who``: the message's start)."""
-        if self.dropout_mode == "variational" and dropout > 0:
-            raise ValueError(f"{who} draws its dropout between layers once per sequence "
-                             "(dropout_mode='variational'), which the pipeline's dropout units do not do yet; "
-                             "use dropout_mode='element' in a pipeline")
         if self.zoned:
             raise ValueError(f"{who} has zoneout={self.zoneout}, which the pipeline's LSTM units do not run yet; "
                              "use zoneout=0 in a pipeline")

@@ -2,26 +2,11 @@
 // seeded by (pass, unit, item) (units.h: dropout_seed), kept for backward
 // and for replaying a recomputed item.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-
-#include <mutex>
 
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
 namespace {
-
-at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
-  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Generator global = at::globalContext().defaultGenerator(device);
-  at::Generator g;
-  {
-    std::lock_guard<std::mutex> lock(global.mutex());
-    g = global.clone();
-  }
-  g.set_current_seed(seed);
-  return g;
-}
 
 Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool training, bool keep,
                Tensor&, Tensor&, std::vector<Tensor>& saved, uint64_t seed, const ItemContext&) {
@@ -36,19 +21,19 @@ Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool train
   return x * mask;
 }
 
-Tensor backward_data(const UnitSpec&, const UnitParams&, const Tensor& g,
-                     const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece&) {
+}  // namespace
+
+Tensor times_kept_mask(const UnitSpec&, const UnitParams&, const Tensor& g,
+                       const std::vector<Tensor>& saved, OptTensor&, OptTensor&, Piece&) {
   if (!g.defined() || saved.empty()) return g;
   return g * saved[0];
 }
 
-void keep_for_replay(std::vector<Tensor>&) {}  // the mask
-
-}  // namespace
+void keep_mask_for_replay(std::vector<Tensor>&) {}  // the mask
 
 const RegisterUnitKind kRegistered{{.name = "Dropout", .py_name = "dropout", .forward = &forward,
-                                    .backward_data = &backward_data, .weight_grads = nullptr,
-                                    .keep_for_replay = &keep_for_replay, .options = {"p"},
+                                    .backward_data = &times_kept_mask, .weight_grads = nullptr,
+                                    .keep_for_replay = &keep_mask_for_replay, .options = {"p"},
                                     .replay = Replay::Mask}};
 
 }  // namespace pipelstm::pipeline

@@ -47,6 +47,9 @@ struct UnitKindOps {
   bool has_state = false;
   bool is_loss = false;
   Replay replay = Replay::Forward;
+  // Its forward's seed is the same for every chunk of a micro-batch (a mask
+  // per sequence), not one per (micro-batch, chunk) item (units.h: unit_seed).
+  bool seed_per_micro_batch = false;
 };
 
 // Adds its record to the table of kinds; one per units/<kind>.cpp, at
@@ -69,6 +72,13 @@ const std::vector<const UnitKindOps*>& unit_kinds();
 // for an unknown one).
 std::vector<std::string> activation_names();
 int64_t activation_index(const std::string& name);
+
+// The dropout kinds' backward_data (the gradient times the mask the forward
+// kept, saved[0]) and keep_for_replay (the mask stays): units/dropout.cpp.
+Tensor times_kept_mask(const UnitSpec& u, const UnitParams& p, const Tensor& g,
+                       const std::vector<Tensor>& saved, OptTensor& grad_h, OptTensor& grad_c,
+                       Piece& piece);
+void keep_mask_for_replay(std::vector<Tensor>& saved);
 
 // Adds `t` (if defined) into acc[i].
 void accumulate(std::vector<Tensor>& acc, size_t i, const Tensor& t);

@@ -322,7 +322,7 @@ def _width_after(units) -> int:
     stage's input); dropout keeps the width it gets."""
     width = 0
     for u in units:
-        if u.kind != "dropout":
+        if not u.is_dropout:
             width = u.out_size
     return width
 

@@ -14,13 +14,14 @@ unpickler); the pipelined modules then build their engine from those specs
 
 import torch
 
+from ..locked_dropout import LockedDropout
 from ..lstm import LSTM, LSTMCell
 from ..pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
 from ..regularisation import Regularisation
 
 __all__ = ["SAFE_GLOBALS", "register"]
 
-SAFE_GLOBALS = [LSTM, LSTMCell, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation,
+SAFE_GLOBALS = [LSTM, LSTMCell, LockedDropout, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation,
                 (LSTMCell, "pipelstm.lstm.LSTMCell")]  # its name in pickles made before lstm_cell.py
 
 

@@ -145,5 +145,5 @@ def kept_bytes(units: Sequence[Unit], checkpoint: str) -> float:
     scale = units[0].act_bytes / per_token[0] if per_token[0] else 1.0  # tokens of the sample
     first = units[0]
     kept = 8.0 if first.kind == "embedding" else float(first.input_size or first.out_size) * first.element_size()
-    kept += sum(b for u, b in zip(units[1:], per_token[1:]) if u.kind == "dropout")
+    kept += sum(b for u, b in zip(units[1:], per_token[1:]) if u.is_dropout)
     return kept * scale

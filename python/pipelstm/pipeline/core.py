@@ -159,7 +159,7 @@ class PipelineCore:
             RuntimeError: the wrong feature size, or the wrong device.
         """
         layout = "[B, T" if batch_first else "[T, B"
-        unit = next((u for u in self.units if u.kind not in ("dropout", "activation")), None)
+        unit = next((u for u in self.units if not u.is_dropout and u.kind != "activation"), None)
         indices = unit is not None and unit.kind == "embedding"
         dims, shape = (2, f"{layout}] indices") if indices else (3, f"{layout}, I] features")
         if not isinstance(x, Tensor) or x.dim() != dims and (indices or unit is not None or x.dim() < 2):

@@ -48,7 +48,7 @@ class LSTMPipeline:
             )
         regularisation = getattr(lstm, "_regularisation", None)
         if regularisation is not None:
-            regularisation.check_pipelinable("LSTM with devices=", lstm.dropout)
+            regularisation.check_pipelinable("LSTM with devices=")
         model = prepare("LSTM", [("", lstm)], devices, chunks=chunks, micro_batches=micro_batches,
                         checkpoint=checkpoint)
         self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,

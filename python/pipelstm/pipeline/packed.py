@@ -35,7 +35,7 @@ def check_packed_input(core, data: Tensor, batch_sizes: Tensor, on_device: bool 
     if bool((batch_sizes <= 0).any()) or bool((batch_sizes[1:] > batch_sizes[:-1]).any()):
         raise ValueError(f"{who}: expected the PackedSequence's batch_sizes positive and non-increasing, "
                          f"got {batch_sizes.tolist()}")
-    indices = next((u.kind == "embedding" for u in core.units if u.kind not in ("dropout", "activation")), False)
+    indices = next((u.kind == "embedding" for u in core.units if not u.is_dropout and u.kind != "activation"), False)
     want = 1 if indices else 2
     if data.dim() != want or data.size(0) != int(batch_sizes.sum()):
         shape = "[N] indices" if indices else "[N, I] features"

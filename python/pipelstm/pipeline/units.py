@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .. import _C, ops
 from ..geometry import LayerGeometry
+from ..locked_dropout import LockedDropout
 
 __all__ = ["Unit", "Kind", "KINDS", "MODULES", "ACTIVATIONS", "SUPPORTED", "flatten", "loss_spec"]
 
@@ -65,6 +66,11 @@ class Unit:
     def p(self) -> float:
         """A dropout unit's probability of zeroing an element (0 for other kinds)."""
         return self.options.get("p", 0.0)
+
+    @property
+    def is_dropout(self) -> bool:
+        """Whether it is a dropout (per element, or per sequence: variational)."""
+        return self.kind in DROPOUT_KINDS
 
     @property
     def activation(self) -> str:
@@ -169,12 +175,18 @@ def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     return lambda x: F.linear(x, weight, bias)
 
 
+# The kinds that are a dropout: per element, and per sequence (variational:
+# one mask row per sequence, the same at every step and chunk).
+DROPOUT_KINDS = ("dropout", "variational_dropout")
+
 KINDS: Dict[str, Kind] = {
     "lstm": Kind(_lstm_cost, _lstm_reference),
     "embedding": Kind(lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
     "linear": Kind(lambda u: (3.0 * 2 * u.input_size * u.out_size, float(u.input_size * u.element_size())),
                    _linear_reference),
     "dropout": Kind(_pointwise_cost, lambda u: lambda x: F.dropout(x, u.p, training=True)),
+    "variational_dropout": Kind(_pointwise_cost,
+                                lambda u: lambda x: x * F.dropout(x.new_ones(x.shape[1:]), u.p, training=True)),
     "activation": Kind(_pointwise_cost, lambda u: u.module),
     "layer_norm": Kind(_pointwise_cost, lambda u: u.module),
     "rms_norm": Kind(_pointwise_cost, lambda u: u.module),
@@ -189,8 +201,8 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.SiLU: lambda m: "silu",
     nn.Mish: lambda m: "mish",
 }
-SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, Linear, LayerNorm and RMSNorm (over the last "
-             "dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, pipelstm.LockedDropout, Linear, LayerNorm and "
+             "RMSNorm (over the last dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
 def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
@@ -209,7 +221,7 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
         )
     regularisation = getattr(child, "_regularisation", None)
     if regularisation is not None:
-        regularisation.check_pipelinable(f"Pipeline: module {name!r}", child.dropout)
+        regularisation.check_pipelinable(f"Pipeline: module {name!r}")
     prefix = f"{name}." if name else ""
     first = sum(u.kind == "lstm" for u in before)
     H, P = child.hidden_size, child.proj_size
@@ -221,9 +233,17 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
         units.append(Unit("lstm", f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
                           hidden_size=H, proj_size=P, out_size=g.out_size))
         if child.dropout > 0 and l < child.num_layers - 1:
-            units.append(Unit("dropout", f"{prefix}dropout{l}", child, [], options=dict(p=float(child.dropout)),
-                              out_size=g.out_size))
+            variational = regularisation is not None and regularisation.dropout_mode == "variational"
+            units.append(Unit("variational_dropout" if variational else "dropout", f"{prefix}dropout{l}", child, [],
+                              options=dict(p=float(child.dropout)), out_size=g.out_size))
     return units
+
+
+def _locked_dropout_units(name: str, child: LockedDropout, before: Sequence[Unit]) -> List[Unit]:
+    if child.batch_first:
+        raise ValueError(f"Pipeline: module {name!r} is a LockedDropout with batch_first=True; a Pipeline's "
+                         "activations are time-major: use batch_first=False")
+    return [Unit("variational_dropout", name, child, [], options=dict(p=child.p))]
 
 
 def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> List[Unit]:
@@ -277,6 +297,7 @@ MODULES: Dict[type, _Flatten] = {
     nn.Embedding: _embedding_units,
     nn.Linear: _linear_units,
     nn.Dropout: lambda name, child, before: [Unit("dropout", name, child, [], options=dict(p=float(child.p)))],
+    LockedDropout: _locked_dropout_units,
     nn.LayerNorm: _layer_norm_units,
     nn.RMSNorm: _rms_norm_units,
 }

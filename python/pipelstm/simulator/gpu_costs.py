@@ -226,7 +226,7 @@ class GpuCosts:
             return n * (self.loss_vocab * self.elt + 8)
         u = self._units[unit]
         per_token = u.cost_per_token()[1]
-        if u.kind in ("dropout", "activation", "layer_norm"):
+        if u.is_dropout or u.kind in ("activation", "layer_norm"):
             per_token = self._widths[unit] * u.element_size()
         return n * (per_token if u.kind == "embedding" else per_token / u.element_size() * self.elt)
 
