@@ -175,9 +175,7 @@ def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     return lambda x: F.linear(x, weight, bias)
 
 
-# The kinds that are a dropout: per element, and per sequence (variational:
-# one mask row per sequence, the same at every step and chunk).
-DROPOUT_KINDS = ("dropout", "variational_dropout")
+DROPOUT_KINDS = ("dropout", "variational_dropout")  # per element; per sequence, at every step and chunk
 
 KINDS: Dict[str, Kind] = {
     "lstm": Kind(_lstm_cost, _lstm_reference),
@@ -185,8 +183,7 @@ KINDS: Dict[str, Kind] = {
     "linear": Kind(lambda u: (3.0 * 2 * u.input_size * u.out_size, float(u.input_size * u.element_size())),
                    _linear_reference),
     "dropout": Kind(_pointwise_cost, lambda u: lambda x: F.dropout(x, u.p, training=True)),
-    "variational_dropout": Kind(_pointwise_cost,
-                                lambda u: lambda x: x * F.dropout(x.new_ones(x.shape[1:]), u.p, training=True)),
+    "variational_dropout": Kind(_pointwise_cost, lambda u: lambda x: x * F.dropout(x.new_ones(x.shape[1:]), u.p)),
     "activation": Kind(_pointwise_cost, lambda u: u.module),
     "layer_norm": Kind(_pointwise_cost, lambda u: u.module),
     "rms_norm": Kind(_pointwise_cost, lambda u: u.module),
