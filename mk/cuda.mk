@@ -31,12 +31,20 @@ cuda-build: $(VENV_CUDA)/.deps
 	PIPELSTM_CUDA=on PIPELSTM_BUILD_DIR=$(CUDA_BUILD_DIR) \
 	  $(PY_CUDA) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
 
-# The suite against the CUDA build, less the files whose subject is not the
-# build: the docs' examples, and runs of several processes (torchrun, gloo
-# ranks, the pipeline's remote stages), which drive the same CPU code as in
-# the CPU build's run and take a third of the suite's time.
-CUDA_BUILD_SKIP ?= tests/test_docs_examples.py tests/test_distributed.py tests/test_distributed_auto_layout.py \
-  tests/test_distributed_timeouts.py tests/test_module_ddp.py tests/test_pipeline_remote.py
+# The suite against the CUDA build (the extension compiled with CUDA, on
+# torch's CUDA wheel), less the files whose subject is not that build and
+# which run the same code in the CPU build's suite: the docs and their
+# examples, the benchmarks' drivers, the simulator, the examples, the
+# include graph, the tests of the CPU kernels' ISA builds and buffers (C++
+# that CUDA does not change; the op and module tests still run those
+# kernels here), and runs of several processes
+# (torchrun, gloo ranks, the pipeline's remote stages: the same CPU code).
+CUDA_BUILD_SKIP ?= tests/test_docs_examples.py tests/test_docs_hygiene.py tests/test_api_docs.py \
+  tests/test_include_graph.py $(wildcard tests/test_bench_*.py) $(wildcard tests/test_simulator*.py) \
+  tests/test_pipelining_peer.py tests/test_example_awd_lstm.py tests/test_word_language_model.py \
+  tests/test_timeline.py tests/test_cpu_fused_kernels.py tests/test_cpu_huge_pages.py \
+  tests/test_distributed.py tests/test_distributed_auto_layout.py tests/test_distributed_timeouts.py \
+  tests/test_module_ddp.py tests/test_pipeline_remote.py
 
 test-cuda-build: cuda-build
 	# LD_BIND_NOW: every symbol the build calls (cuBLAS's too) must resolve at import.
