@@ -9,13 +9,9 @@
 #include "lstm_ops.h"
 
 namespace pipelstm {
-namespace {
 
-// sum over steps of grad_gates_t^T @ h_prev_t, where h_prev_t is the hidden
-// state each row of step t started from. Dense: one GEMM over the steps that
-// follow another (plain views) plus one for h0. Packed: gather, one GEMM.
-// grad (+)= the recurrent weight's gradient: `add` adds into grad, else
-// overwrites it.
+// Dense: one GEMM over the steps that follow another (plain views) plus one
+// for h0. Packed: gather, one GEMM.
 void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
                            const Tensor& output, const Tensor& h0, bool reverse,
                            const Tensor& grad, bool add, const LayerMath& math) {
@@ -43,8 +39,6 @@ void recurrent_weight_grad(const LayerSteps& steps, const Tensor& grad_gates,
   }
   math.mm_out(grad, grad_gates.t(), h_prev, add);
 }
-
-}  // namespace
 
 void add_weight_grads(const LayerSteps& steps, const LayerDataGrads& d, const Tensor& x,
                       const Tensor& h0, const Tensor& output, bool reverse,

@@ -60,6 +60,23 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor keep_c, Tensor keep_h, Tensor output, Tensor workspace, bool reverse) -> "
       "(Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
       "Tensor grad_bias)");
+  // One direction of one layer of the LayerNorm LSTM (Ba et al. 2016):
+  // LayerNorm on the input and recurrent pre-activations (gains gamma_ih,
+  // gamma_hh; `bias` the sum of both biases) and on the cell (gamma_c,
+  // beta_c); zoneout with keep_c/keep_h given. Dense or packed input, no
+  // projection (cpu/layernorm_layer_cpu.cpp).
+  m.def(
+      "lstm_layernorm_layer_forward(Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? bias, Tensor gamma_ih, Tensor gamma_hh, Tensor gamma_c, "
+      "Tensor? beta_c, Tensor? keep_c, Tensor? keep_h, bool reverse, float eps) -> (Tensor output, "
+      "Tensor h_n, Tensor c_n, Tensor workspace)");
+  m.def(
+      "lstm_layernorm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor gamma_ih, Tensor gamma_hh, Tensor gamma_c, Tensor? keep_c, Tensor? keep_h, "
+      "Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, Tensor grad_h0, "
+      "Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, Tensor grad_gamma_ih, "
+      "Tensor grad_gamma_hh, Tensor grad_gamma_c, Tensor grad_beta_c)");
   m.def(
       "lstm_cell_composite(Tensor input_gates, Tensor hidden_gates, Tensor cx, Tensor? b_ih, "
       "Tensor? b_hh) -> (Tensor hy, Tensor cy)");

@@ -102,6 +102,33 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return out.view(sizes);
 }
 
+namespace {
+
+// b [K, N] as the kernels' panels: from its transpose's rows when b is a
+// transposed row-major matrix (a weight's .t()), else from its own rows.
+at::Tensor pack_panels(const at::Tensor& b) {
+  const auto& Kr = step_kernels();
+  const int64_t K = b.size(0), N = b.size(1);
+  if (b.stride(0) == 1 && b.stride(1) == K) {
+    const float* w = b.const_data_ptr<float>();
+    return packed_panels(Kr.plain_panels(N), K, b, [&](float* o, int64_t pb, int64_t pe) {
+      Kr.pack_rows(w, N, K, o, pb, pe);
+    });
+  }
+  const at::Tensor dense = b.is_contiguous() ? b : b.contiguous();
+  const float* w = dense.const_data_ptr<float>();
+  return packed_panels(Kr.plain_panels(N), K, b, [&](float* o, int64_t pb, int64_t pe) {
+    Kr.pack_cols(w, K, N, o, pb, pe);
+  });
+}
+
+// out (+)= a @ b on b's panels: a's rows at rows + r * lda, element kk of a
+// row at kk * step (a transposed a read in place: lda 1, step its row stride).
+void gemm_packed(const at::Tensor& out, const at::Tensor& rows, int64_t lda, int64_t step,
+                 bool transposed, const at::Tensor& packed, bool accumulate, int64_t threads);
+
+}  // namespace
+
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate) {
   TORCH_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2 && a.size(0) == out.size(0) &&
@@ -129,28 +156,21 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
     depth_split_mm_out(out, a, b, accumulate, threads);
     return;
   }
-  const auto& Kr = step_kernels();
   // a's rows are read in place with unit stride or, for a transposed view
   // (a weight gradient's grad_gates.t()), with its row stride: ATen's copy of
   // such a view is a large part of a small layer's backward. Any other
   // layout is copied.
   const at::Tensor rows = a.stride(1) == 1 || transposed ? a : a.contiguous();
   const int64_t lda = transposed ? 1 : rows.stride(0), step = transposed ? rows.stride(1) : 1;
-  // b as panels: from its transpose's rows when b is a transposed row-major
-  // matrix (a weight's .t()), else from its own rows.
-  at::Tensor packed;
-  if (b.stride(0) == 1 && b.stride(1) == K) {
-    const float* w = b.const_data_ptr<float>();
-    packed = packed_panels(Kr.plain_panels(N), K, b, [&](float* o, int64_t pb, int64_t pe) {
-      Kr.pack_rows(w, N, K, o, pb, pe);
-    });
-  } else {
-    const at::Tensor dense = b.is_contiguous() ? b : b.contiguous();
-    const float* w = dense.const_data_ptr<float>();
-    packed = packed_panels(Kr.plain_panels(N), K, b, [&](float* o, int64_t pb, int64_t pe) {
-      Kr.pack_cols(w, K, N, o, pb, pe);
-    });
-  }
+  gemm_packed(out, rows, lda, step, transposed, pack_panels(b), accumulate, threads);
+}
+
+namespace {
+
+void gemm_packed(const at::Tensor& out, const at::Tensor& rows, int64_t lda, int64_t step,
+                 bool transposed, const at::Tensor& packed, bool accumulate, int64_t threads) {
+  const auto& Kr = step_kernels();
+  const int64_t M = out.size(0), N = out.size(1), K = rows.size(1);
   kernels::cpu::Gemm m;
   m.rows = M;
   m.n = N;
@@ -217,6 +237,28 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
     }
     at::parallel_for(0, panels, 1, [&](int64_t pb, int64_t pe) { run(r0, r1, pb, pe, d); });
   }
+}
+
+}  // namespace
+
+PackedOperand pack_operand(const at::Tensor& b, int64_t rows) {
+  PackedOperand p{b, at::Tensor()};
+  if (cpu_float(b) && b.size(0) > 0 && b.size(1) > 0 && use_own_gemm(rows)) p.panels = pack_panels(b);
+  return p;
+}
+
+void packed_mm_out(const at::Tensor& out, const at::Tensor& a, const PackedOperand& b,
+                   bool accumulate) {
+  if (!b.panels.defined() || !cpu_float(out) || !cpu_float(a) || out.stride(1) != 1 ||
+      a.size(0) == 0 || !use_own_gemm(a.size(0))) {
+    return layer_mm_out(out, a, b.b, accumulate);
+  }
+  TORCH_CHECK(out.dim() == 2 && a.dim() == 2 && a.size(0) == out.size(0) &&
+                  b.b.size(1) == out.size(1) && a.size(1) == b.b.size(0),
+              "pipelstm: packed_mm_out: shapes ", out.sizes(), " = ", a.sizes(), " @ ", b.b.sizes());
+  const at::Tensor rows = a.stride(1) == 1 ? a : a.contiguous();
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  gemm_packed(out, rows, rows.stride(0), 1, /*transposed=*/false, b.panels, accumulate, threads);
 }
 
 }  // namespace cpu

@@ -23,6 +23,19 @@ namespace cpu {
 void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                   bool accumulate = false);
 
+// b [K, N] packed once for many products with it (a step loop's recurrent
+// weight): the kernels' panels where layer_mm_out would run its own GEMM
+// for `rows` rows, else nothing (packed_mm_out then calls layer_mm_out).
+struct PackedOperand {
+  at::Tensor b;
+  at::Tensor panels;  // undefined: not packed
+};
+PackedOperand pack_operand(const at::Tensor& b, int64_t rows);
+
+// layer_mm_out(out, a, b.b, accumulate) on b's panels, packed once.
+void packed_mm_out(const at::Tensor& out, const at::Tensor& a, const PackedOperand& b,
+                   bool accumulate = false);
+
 // x [..., K] @ w.t() + bias as [..., N] (w [N, K]): a Linear's forward on
 // layer_mm_out for CPU float32, at::linear for the CPU's other dtypes.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);

@@ -14,19 +14,21 @@ from ._build_check import check_build  # noqa: E402
 check_build()  # before the loader, whose error for another torch names no version
 
 from . import _C  # noqa: E402,F401  (the kernels and the ops' schemas, torch.ops.pipelstm.*)
-from . import ops  # noqa: E402
+from . import layernorm_ops, ops  # noqa: E402
 from .lstm import LSTM, LSTMCell  # noqa: E402
+from .layernorm_lstm import LayerNormLSTM  # noqa: E402
 from .pipeline import Pipeline  # noqa: E402
 from .awd_checkpoint import awd_state_dict  # noqa: E402
 from .locked_dropout import LockedDropout  # noqa: E402
 from . import backends, hooks  # noqa: E402
 
 ops.register()  # the ops' autograd formulas
+layernorm_ops.register()
 hooks.register()  # fake kernels, autocast rules, safe globals for torch.load
 from .config import config_info, log_choices, show_config  # noqa: E402
 from .memory import empty_cache, memory_stats  # noqa: E402
 
-__all__ = ["LSTM", "LSTMCell", "LockedDropout", "Pipeline", "ops", "backends", "awd_state_dict", "built_with_cuda",
+__all__ = ["LSTM", "LSTMCell", "LayerNormLSTM", "LockedDropout", "Pipeline", "ops", "backends", "awd_state_dict", "built_with_cuda",
            "config_info", "show_config", "empty_cache", "memory_stats"]
 
 

@@ -114,6 +114,7 @@ class LSTM(nn.RNNBase):
 
     _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
     _regularisation = Regularisation()  # set by the constructor (a model pickled before it has none)
+    _exports_as_nn_lstm = True  # ONNX export runs nn.LSTM's own path on these parameters
 
     @_with_nn_lstm_arguments
     def __init__(
@@ -157,7 +158,7 @@ class LSTM(nn.RNNBase):
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[_State] = None
     ) -> Tuple[Union[Tensor, PackedSequence], _State]:
-        if export.in_onnx_export():  # ONNX has no form for the fused ops: nn.LSTM's own path
+        if export.in_onnx_export() and self._exports_as_nn_lstm:  # ONNX has no form for the fused ops
             self._require_plain_recurrence("torch.onnx.export")
             return export.lstm_forward(self, input, hx)
         if self._pipeline is not None:
@@ -321,15 +322,7 @@ class LSTM(nn.RNNBase):
             outputs = []
             for d in range(directions):
                 k = layer * directions + d
-                w = self._regularisation.layer_weights(self._layer_weights(layer, d == 1), self.training)
-                if self._regularisation.zoned:
-                    shape = (*x.shape[:-1], self.hidden_size)
-                    keep = self._regularisation.keep_weights(shape, self.training, x)
-                    out, h, c = ops.lstm_zoneout_layer(x, batch_sizes, h0[k], c0[k], *w[:4], *keep, reverse=d == 1)
-                elif batch_sizes is None:
-                    out, h, c = ops.lstm_layer(x, h0[k], c0[k], *w, reverse=d == 1)
-                else:
-                    out, h, c = ops.lstm_packed_layer(x, batch_sizes, h0[k], c0[k], *w, reverse=d == 1)
+                out, h, c = self._direction(x, batch_sizes, h0[k], c0[k], layer, d == 1)
                 outputs.append(out)
                 h_n.append(h)
                 c_n.append(c)
@@ -337,3 +330,14 @@ class LSTM(nn.RNNBase):
             if layer < self.num_layers - 1:
                 x = self._regularisation.between_layers(x, self.dropout, self.training, batch_sizes)
         return x, torch.stack(h_n), torch.stack(c_n)
+
+    def _direction(self, x: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor, layer: int,
+                   reverse: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        """One layer and direction over ``x``: the fused op for this call's regularisation and layout."""
+        w = self._regularisation.layer_weights(self._layer_weights(layer, reverse), self.training)
+        if self._regularisation.zoned:
+            keep = self._regularisation.keep_weights((*x.shape[:-1], self.hidden_size), self.training, x)
+            return ops.lstm_zoneout_layer(x, batch_sizes, h0, c0, *w[:4], *keep, reverse=reverse)
+        if batch_sizes is None:
+            return ops.lstm_layer(x, h0, c0, *w, reverse=reverse)
+        return ops.lstm_packed_layer(x, batch_sizes, h0, c0, *w, reverse=reverse)

@@ -7,17 +7,12 @@
 // binary runs on any x86-64 and still uses AVX-512 where it exists.
 #include "pipelstm/kernels/lstm_pointwise.h"
 
+#include "cpu_clones.h"
 #include "pipelstm/kernels/gate_math.h"
 
 namespace pipelstm {
 namespace kernels {
 namespace {
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PIPELSTM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define PIPELSTM_CPU_CLONES
-#endif
 
 // kZoneout: c and h blended by the keep weights (only without hidden gates
 // and biases, as the layers call it).

@@ -7,8 +7,8 @@ pipelstm.bench <command> --help`` gives a command's options.
 import sys
 from typing import List, Optional
 
-from . import (allocators, cluster, cpu_paths, distributed, docs, floors, gpu, grid, layer, layout, lm, module, packed,
-               peak, pipeline, pipelining_peer, regularisation, simulator, wavefront)
+from . import (allocators, cluster, cpu_paths, distributed, docs, floors, gpu, grid, layer, layernorm, layout, lm, module,
+               packed, peak, pipeline, pipelining_peer, regularisation, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -26,6 +26,7 @@ COMMANDS = {
     "layout": (layout.main, "the automatic layout against every layout this machine runs"),
     "lm": (lm.main, "a language model's training step at equal cores"),
     "regularisation": (regularisation.main, "weight and variational dropout against plain, and nn.LSTM + weight drop"),
+    "layernorm": (layernorm.main, "LayerNormLSTM against pipelstm.LSTM and a LayerNorm cell loop"),
     "allocators": (allocators.main, "the CPU buffer cache against jemalloc and tcmalloc, on a training step"),
     "gpu": (gpu.main, "pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid"),
     "floors": (floors.main, "lower bounds for a GPU run, on paper"),

@@ -253,6 +253,8 @@ def _zoneout_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, ke
     g = _layer_geometry(op, input, B, h0, c0, w_ih, w_hh, None, b_ih, b_hh)
     _check_same_kind(op, "input", input, keep_c=keep_c, keep_h=keep_h)
     for name, keep in (("keep_c", keep_c), ("keep_h", keep_h)):
+        if keep is None:  # the LayerNorm op's without zoneout
+            continue
         torch._check(keep.dim() >= 1 and keep.shape[-1] == g.hidden_size and keep.numel() == rows * g.hidden_size,
                      lambda: f"pipelstm::{op}: expected `{name}` with {rows} rows of {g.hidden_size} keep weights")
     return g, rows, ((T, B, g.hidden_size) if batch_sizes is None else (rows, g.hidden_size))
@@ -275,6 +277,43 @@ def _fake_lstm_zoneout_layer_backward(grad_output, grad_h_n, grad_c_n, input, ba
     return _layer_grads(input, h0, c0, w_ih, w_hh, None, g.hidden_size)[:6]
 
 
+def _layernorm_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h):
+    """csrc/cpu/layernorm_layer_cpu.cpp's checks: -> (geometry, rows, output shape)."""
+    torch._check(input.dtype in (torch.float32, torch.float64), lambda: f"pipelstm::{op}: the LayerNorm LSTM on "
+                 f"the CPU computes in float32 or float64, got an `input` of {input.dtype}")
+    g, rows, out_shape = _zoneout_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, None, None, keep_c, keep_h)
+    H = g.hidden_size
+    for name, t, n in (("gamma_ih", gamma_ih, 4 * H), ("gamma_hh", gamma_hh, 4 * H), ("gamma_c", gamma_c, H)):
+        _check_shape(op, name, t, (n,))
+        _check_same_kind(op, "input", input, **{name: t})
+    return g, rows, out_shape
+
+
+def _fake_lstm_layernorm_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c,
+                                       beta_c, keep_c, keep_h, reverse, eps):
+    from ..layernorm_ops import workspace_numel
+
+    g, rows, out_shape = _layernorm_geometry("lstm_layernorm_layer_forward", input, batch_sizes, h0, c0, w_ih, w_hh,
+                                             gamma_ih, gamma_hh, gamma_c, keep_c, keep_h)
+    B, H = h0.shape[0], g.hidden_size
+    return (input.new_empty(out_shape), input.new_empty(B, H), input.new_empty(B, H),
+            input.new_empty(workspace_numel(rows, H)))
+
+
+def _fake_lstm_layernorm_layer_backward(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh,
+                                        gamma_ih, gamma_hh, gamma_c, keep_c, keep_h, output, workspace, reverse):
+    from ..layernorm_ops import workspace_numel
+
+    op = "lstm_layernorm_layer_backward"
+    g, rows, out_shape = _layernorm_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, gamma_ih, gamma_hh, gamma_c,
+                                             keep_c, keep_h)
+    _check_shape(op, "output", output, out_shape)
+    _check_shape(op, "workspace", workspace, (workspace_numel(rows, g.hidden_size),))
+    H = g.hidden_size
+    return (*_layer_grads(input, h0, c0, w_ih, w_hh, None, H)[:6], input.new_empty(4 * H), input.new_empty(4 * H),
+            input.new_empty(H), input.new_empty(H))
+
+
 _FAKE_KERNELS = {
     "pipelstm::lstm_cell_forward": _fake_lstm_cell_forward,
     "pipelstm::lstm_cell_backward": _fake_lstm_cell_backward,
@@ -284,6 +323,8 @@ _FAKE_KERNELS = {
     "pipelstm::lstm_packed_layer_backward": _fake_lstm_packed_layer_backward,
     "pipelstm::lstm_zoneout_layer_forward": _fake_lstm_zoneout_layer_forward,
     "pipelstm::lstm_zoneout_layer_backward": _fake_lstm_zoneout_layer_backward,
+    "pipelstm::lstm_layernorm_layer_forward": _fake_lstm_layernorm_layer_forward,
+    "pipelstm::lstm_layernorm_layer_backward": _fake_lstm_layernorm_layer_backward,
 }
 
 

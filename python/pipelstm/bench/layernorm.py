@@ -1,0 +1,128 @@
+"""``python -m pipelstm.bench layernorm``: what LayerNorm costs, fused and as users write it.
+
+A 2-layer stack, forward + backward in training, on the CPU, each side with
+the same weights and input, run alternately:
+
+* ``plain``: ``pipelstm.LSTM`` (no LayerNorm), the floor;
+* ``layernorm``: ``pipelstm.LayerNormLSTM``;
+* ``cell_loop``: the same model as users write it today: per layer a
+  Python loop over steps of a LayerNorm LSTM cell made of ``torch.mm`` and
+  three ``nn.LayerNorm`` (as torch's own ``benchmarks/fastrnns``).
+
+A row gives each side's median time, ``layernorm / plain`` (the cost of the
+normalisation) and ``cell_loop / layernorm`` (> 1: the fused layer faster).
+"""
+
+import statistics
+import sys
+from typing import List
+
+import torch
+from torch import nn
+
+from ..layernorm_lstm import LayerNormLSTM
+from ..lstm import LSTM
+from . import report
+from .table import Column, header, row_line
+from .timing import interleaved_times
+
+__all__ = ["LayerNormCellLoop", "main"]
+
+COLUMNS = [
+    Column("threads", "threads"), Column("T", "T"), Column("B", "B"), Column("H", "I=H"),
+    Column("plain", "pipelstm.LSTM ms", "{:.1f}", 1e3), Column("layernorm", "LayerNormLSTM ms", "{:.1f}", 1e3),
+    Column("cell_loop", "LayerNorm cell loop ms", "{:.1f}", 1e3),
+    Column("cost", "layernorm / plain", "{:.3f}x"), Column("speedup", "loop / layernorm", "{:.2f}x"),
+]
+LAYERS = 2
+
+
+class _Cell(nn.Module):
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        H = hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(4 * H, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(4 * H, H))
+        self.bias = nn.Parameter(torch.empty(4 * H))
+        self.norm_ih = nn.LayerNorm(4 * H, bias=False)
+        self.norm_hh = nn.LayerNorm(4 * H, bias=False)
+        self.norm_c = nn.LayerNorm(H)
+
+    def forward(self, x, state):
+        h, c = state
+        gates = self.norm_ih(torch.mm(x, self.weight_ih.t())) + self.norm_hh(torch.mm(h, self.weight_hh.t())) + self.bias
+        i, f, g, o = gates.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(self.norm_c(c)), c
+
+
+class LayerNormCellLoop(nn.Module):
+    """A LayerNorm LSTM the way users write it: a cell per layer stepped in
+    Python; the weights copied from a :class:`pipelstm.LayerNormLSTM`."""
+
+    def __init__(self, model: LayerNormLSTM) -> None:
+        super().__init__()
+        self.cells = nn.ModuleList()
+        with torch.no_grad():
+            for k in range(model.num_layers):
+                cell = _Cell(model.input_size if k == 0 else model.hidden_size, model.hidden_size).to(model.weight_ih_l0)
+                cell.weight_ih.copy_(getattr(model, f"weight_ih_l{k}"))
+                cell.weight_hh.copy_(getattr(model, f"weight_hh_l{k}"))
+                cell.bias.copy_(getattr(model, f"bias_ih_l{k}") + getattr(model, f"bias_hh_l{k}"))
+                cell.norm_ih.weight.copy_(getattr(model, f"layer_norm_ih_weight_l{k}"))
+                cell.norm_hh.weight.copy_(getattr(model, f"layer_norm_hh_weight_l{k}"))
+                cell.norm_c.weight.copy_(getattr(model, f"layer_norm_c_weight_l{k}"))
+                cell.norm_c.bias.copy_(getattr(model, f"layer_norm_c_bias_l{k}"))
+                self.cells.append(cell)
+
+    def forward(self, x):
+        for cell in self.cells:
+            h = c = x.new_zeros(x.size(1), cell.weight_hh.size(1))
+            out = []
+            for t in range(x.size(0)):
+                h, c = cell(x[t], (h, c))
+                out.append(h)
+            x = torch.stack(out)
+        return x, None
+
+
+def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        torch.manual_seed(0)
+        models = {"plain": LSTM(H, H, num_layers=LAYERS), "layernorm": LayerNormLSTM(H, H, num_layers=LAYERS)}
+        models["cell_loop"] = LayerNormCellLoop(models["layernorm"])
+        x = torch.randn(T, B, H, requires_grad=True)
+        want = models["layernorm"](x)[0]
+        torch.testing.assert_close(models["cell_loop"](x)[0], want, atol=2e-3, rtol=0)  # the same model (float32)
+
+        def step(model):
+            model(x)[0].sum().backward()
+
+        times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+        t = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, cost=t["layernorm"] / t["plain"],
+                         speedup=t["cell_loop"] / t["layernorm"], samples=times))
+        print(row_line(COLUMNS, rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> List[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = report.argument_parser("layernorm", __doc__, threads=(1, 2), repeats=7)
+    p.add_argument("--T", type=int, default=64)
+    p.add_argument("--B", type=int, nargs="+", default=[8, 32])
+    p.add_argument("--H", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
+    args = report.parse_arguments(p, argv)
+    meta = report.metadata("layernorm", argv)
+    T, batches, sizes = (6, [2], [8]) if args.quick else (args.T, args.B, args.H)
+    print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {LAYERS} layers, forward+backward in "
+          f"training, T={T}, median of {args.repeats} interleaved runs")
+    print(header(COLUMNS))
+    rows = [r for B in batches for H in sizes for r in run(T, B, H, args.threads, args.repeats)]
+    report.write_json(args.json, meta, COLUMNS, rows, notes=[
+        f"{LAYERS} layers, I = H. cell_loop: a LayerNorm LSTM cell (torch.mm, three nn.LayerNorm) stepped in Python "
+        "per layer, the same weights; its output checked equal to LayerNormLSTM's before timing."])
+    return rows
