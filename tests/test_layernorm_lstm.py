@@ -336,3 +336,37 @@ def test_opcheck_schema_fake_kernel_and_autograd(packed, zoned):
     args = (x, batch_sizes, h, h.detach().clone().requires_grad_(), *(w[k].detach().requires_grad_() for k in (
         "w_ih", "w_hh", "bias", "g_ih", "g_hh", "g_c", "b_c")), *keep, True, EPS)
     torch.library.opcheck(torch.ops.pipelstm.lstm_layernorm_layer_forward.default, args)
+
+
+def test_the_cell_is_one_step_of_the_layer_and_saves_whole():
+    torch.manual_seed(21)
+    cell = randomised(pipelstm.LayerNormLSTMCell(3, 4, dtype=torch.float64), seed=22)
+    w = {"w_ih": cell.weight_ih, "w_hh": cell.weight_hh, "bias": cell.bias_ih + cell.bias_hh,
+         "g_ih": cell.layer_norm_ih_weight, "g_hh": cell.layer_norm_hh_weight, "g_c": cell.layer_norm_c_weight,
+         "b_c": cell.layer_norm_c_bias}
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    h0, c0 = torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    h, c = cell(x, (h0, c0))
+    for b in range(2):
+        _, h_ref, c_ref = reference_direction(x[b:b + 1], h0[b], c0[b], w)
+        torch.testing.assert_close(h[b], h_ref, atol=1e-10, rtol=0)
+        torch.testing.assert_close(c[b], c_ref, atol=1e-10, rtol=0)
+    got = torch.autograd.grad((h * c).sum(), [x, *cell.parameters()])
+    want = torch.autograd.grad(sum((r[1] * r[2]).sum() for r in (
+        reference_direction(x[b:b + 1], h0[b], c0[b], w) for b in range(2))), [x, *cell.parameters()])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    h1, c1 = cell(x[0])  # unbatched, zero state
+    assert h1.shape == (4,) and c1.shape == (4,)
+    with pytest.raises(RuntimeError, match="LayerNormLSTMCell: torch.jit.script"):
+        torch.jit.script(cell)
+
+
+def test_whole_models_load_with_weights_only(tmp_path):
+    model = pipelstm.LayerNormLSTM(3, 4, zoneout=0.1).eval()
+    cell = pipelstm.LayerNormLSTMCell(3, 4, bias=False)
+    torch.save([model, cell], tmp_path / "m.pt")
+    loaded, loaded_cell = torch.load(tmp_path / "m.pt", weights_only=True)
+    x = torch.randn(2, 1, 3)
+    torch.testing.assert_close(loaded(x)[0], model(x)[0], atol=0, rtol=0)
+    torch.testing.assert_close(loaded_cell(x[0])[0], cell(x[0])[0], atol=0, rtol=0)

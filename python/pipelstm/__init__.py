@@ -17,6 +17,7 @@ from . import _C  # noqa: E402,F401  (the kernels and the ops' schemas, torch.op
 from . import layernorm_ops, ops  # noqa: E402
 from .lstm import LSTM, LSTMCell  # noqa: E402
 from .layernorm_lstm import LayerNormLSTM  # noqa: E402
+from .layernorm_lstm_cell import LayerNormLSTMCell  # noqa: E402
 from .pipeline import Pipeline  # noqa: E402
 from .awd_checkpoint import awd_state_dict  # noqa: E402
 from .locked_dropout import LockedDropout  # noqa: E402
@@ -28,8 +29,8 @@ hooks.register()  # fake kernels, autocast rules, safe globals for torch.load
 from .config import config_info, log_choices, show_config  # noqa: E402
 from .memory import empty_cache, memory_stats  # noqa: E402
 
-__all__ = ["LSTM", "LSTMCell", "LayerNormLSTM", "LockedDropout", "Pipeline", "ops", "backends", "awd_state_dict", "built_with_cuda",
-           "config_info", "show_config", "empty_cache", "memory_stats"]
+__all__ = ["LSTM", "LSTMCell", "LayerNormLSTM", "LayerNormLSTMCell", "LockedDropout", "Pipeline", "ops", "backends",
+           "awd_state_dict", "built_with_cuda", "config_info", "show_config", "empty_cache", "memory_stats"]
 
 
 def built_with_cuda() -> bool:

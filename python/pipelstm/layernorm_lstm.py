@@ -11,9 +11,23 @@ from torch import Tensor, nn
 from .layernorm_ops import lstm_layernorm_layer
 from .lstm import LSTM
 
-__all__ = ["LayerNormLSTM"]
+__all__ = ["LayerNormLSTM", "check_eps", "reset_norms"]
 
 _NORMS = ("layer_norm_ih_weight", "layer_norm_hh_weight", "layer_norm_c_weight", "layer_norm_c_bias")
+
+
+def check_eps(who: str, eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{who}: expected `eps` a finite number >= 0, got {eps!r}")
+
+
+def reset_norms(module: nn.Module) -> None:
+    """The norms' gains to 1 and the cell's shift to 0 (after the module's
+    uniform initialisation has set every parameter)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters(recurse=False):
+            if name.startswith("layer_norm_"):
+                p.fill_(0.0 if name.startswith("layer_norm_c_bias") else 1.0)
 
 
 class LayerNormLSTM(LSTM):
@@ -56,8 +70,7 @@ class LayerNormLSTM(LSTM):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
                  dtype=None, *, eps: float = 1e-5, weight_dropout: float = 0.0, dropout_mode: str = "element",
                  zoneout: Union[float, Tuple[float, float]] = 0.0) -> None:
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"LayerNormLSTM: expected `eps` a finite number >= 0, got {eps!r}")
+        check_eps("LayerNormLSTM", eps)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0, device,
                          dtype, weight_dropout=weight_dropout, dropout_mode=dropout_mode, zoneout=zoneout)
         self.eps = float(eps)
@@ -73,10 +86,7 @@ class LayerNormLSTM(LSTM):
 
     def reset_parameters(self) -> None:
         super().reset_parameters()  # nn.LSTM's uniform initialisation, then the norms' own
-        with torch.no_grad():
-            for name, p in self.named_parameters(recurse=False):
-                if name.startswith("layer_norm_"):
-                    p.fill_(0.0 if name.startswith("layer_norm_c_bias") else 1.0)
+        reset_norms(self)
 
     def flatten_parameters(self) -> None:
         pass  # cuDNN never runs a LayerNorm LSTM

@@ -32,8 +32,10 @@ class LSTMCell(nn.RNNCellBase):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
         super().__init__(input_size, hidden_size, bias, num_chunks=4, device=device, dtype=dtype)
 
+    _exports_as_nn_lstm_cell = True  # ONNX export runs nn.LSTMCell's own path on these parameters
+
     def forward(self, input: Tensor, hx: Optional[_State] = None) -> _State:
-        if export.in_onnx_export():  # ONNX has no form for the fused op: nn.LSTMCell's own path
+        if export.in_onnx_export() and self._exports_as_nn_lstm_cell:  # ONNX has no form for the fused op
             return export.lstm_cell_forward(self, input, hx)
         if input.dim() not in (1, 2):
             raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
@@ -51,12 +53,16 @@ class LSTMCell(nn.RNNCellBase):
         elif not is_batched:
             hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
         self._check_sizes(input, hx)
-        gates_i = F.linear(input, self.weight_ih)
-        gates_h = F.linear(hx[0], self.weight_hh)
-        h, c = ops.lstm_cell(gates_i, gates_h, hx[1], self.bias_ih, self.bias_hh)
+        h, c = self._step(input, hx)
         if not is_batched:
             h, c = h.squeeze(0), c.squeeze(0)
         return h, c
+
+    def _step(self, input: Tensor, hx: _State) -> _State:
+        """One step of batched input [B, I] from hx ([B, H] each)."""
+        gates_i = F.linear(input, self.weight_ih)
+        gates_h = F.linear(hx[0], self.weight_hh)
+        return ops.lstm_cell(gates_i, gates_h, hx[1], self.bias_ih, self.bias_hh)
 
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script compiles torch's nn.LSTMCell on these parameters.

@@ -14,6 +14,8 @@ unpickler); the pipelined modules then build their engine from those specs
 
 import torch
 
+from ..layernorm_lstm import LayerNormLSTM
+from ..layernorm_lstm_cell import LayerNormLSTMCell
 from ..locked_dropout import LockedDropout
 from ..lstm import LSTM, LSTMCell
 from ..pipeline import LSTMPipeline, Pipeline, PipelineCore, Unit
@@ -21,8 +23,8 @@ from ..regularisation import Regularisation
 
 __all__ = ["SAFE_GLOBALS", "register"]
 
-SAFE_GLOBALS = [LSTM, LSTMCell, LockedDropout, Pipeline, PipelineCore, LSTMPipeline, Unit, Regularisation,
-                (LSTMCell, "pipelstm.lstm.LSTMCell")]  # its name in pickles made before lstm_cell.py
+SAFE_GLOBALS = [LSTM, LSTMCell, LayerNormLSTM, LayerNormLSTMCell, LockedDropout, Pipeline, PipelineCore, LSTMPipeline,
+                Unit, Regularisation, (LSTMCell, "pipelstm.lstm.LSTMCell")]  # its name in pickles made before lstm_cell.py
 
 
 
