@@ -6,6 +6,8 @@ arguments are parsed by the program itself (tests/scripts/parse_only.py),
 a make target, script or file it names exists, a ``python -c`` runs. A
 block the docs mark ``<!-- not run: REASON -->`` is skipped with REASON."""
 
+import functools
+import json
 import os
 import re
 import subprocess
@@ -67,8 +69,10 @@ def _run_block(block: Block, tmp_path) -> None:
     assert run.returncode == 0, f"{block.id} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
 
 
-def check_command(words, cwd=ROOT):
-    """None where the command holds as written, else what is wrong."""
+def check_command(words, cwd=ROOT, parses=None):
+    """None where the command holds as written, else what is wrong.
+    ``parses(args, cwd)`` checks a Python program's arguments (default: _parses)."""
+    parses = parses or _parses
     prog, args = words[0], words[1:]
     if prog in EXTERNAL or (PYTHON.search(prog) and args[:2] == ["-m", "venv"]):
         return None
@@ -84,21 +88,48 @@ def check_command(words, cwd=ROOT):
         scripts = [i for i, a in enumerate(args) if a.endswith(".py")]
         if not scripts:
             return "torchrun: no script"
-        return _parses([args[scripts[0]], *args[scripts[0] + 1:]], cwd)
+        return parses([args[scripts[0]], *args[scripts[0] + 1:]], cwd)
     if PYTHON.search(prog):
         if args and args[0] == "-c":
             run = subprocess.run([sys.executable, "-c", args[1]], cwd=cwd, capture_output=True, text=True,
                                  timeout=300)
             return None if run.returncode == 0 else f"python -c failed: {run.stderr[-1500:]}"
-        return _parses(args, cwd)
+        return parses(args, cwd)
     return f"unknown program {prog!r}: mark the block <!-- not run: REASON --> or teach this test"
 
 
 def _parses(args, cwd):
     if args[0] != "-m" and not os.path.isfile(os.path.join(cwd, args[0])):
         return f"no file {args[0]}"
-    run = subprocess.run([sys.executable, PARSE_ONLY, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-    return None if run.returncode == 0 else f"{' '.join(args)}: {run.stderr.strip()[-1500:]}"
+    code, err = _docs_commands_parsed().get((cwd, tuple(args))) or _parse_in_batch(cwd, [args])[0]
+    return None if code == 0 else f"{' '.join(args)}: {err.strip()[-1500:]}"
+
+
+def _parse_in_batch(cwd, commands):
+    """[(exit code, stderr)] of parse_only.py for each command, all in one process."""
+    run = subprocess.run([sys.executable, PARSE_ONLY, "--batch"], input=json.dumps(commands), cwd=cwd,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"parse_only.py --batch failed: {run.stderr[-3000:]}"
+    return json.loads(run.stdout)
+
+
+@functools.lru_cache(maxsize=None)
+def _docs_commands_parsed():
+    """The parse of every Python command of the docs' shell blocks that are
+    run, by (cwd, args), done once in one process."""
+    found = []
+    for block in all_blocks("sh"):
+        if block.marker and block.marker[0] == "not run":
+            continue
+        for words in shell_commands(block.code):
+            if words[1:2] != ["-c"]:
+                check_command(words, parses=lambda args, cwd: found.append((cwd, tuple(args))))
+    found = [c for c in dict.fromkeys(found) if c[1][0] == "-m" or os.path.isfile(os.path.join(c[0], c[1][0]))]
+    results = {}
+    for cwd in {c for c, _ in found}:
+        mine = [args for c, args in found if c == cwd]
+        results.update({(cwd, args): tuple(r) for args, r in zip(mine, _parse_in_batch(cwd, [list(a) for a in mine]))})
+    return results
 
 
 @pytest.mark.parametrize("block", all_blocks("sh"), ids=lambda b: b.id)

@@ -6,6 +6,7 @@
 // float entry points are compiled for several instruction sets at once
 // (cpu_clones.h).
 #include <cmath>
+#include <type_traits>
 
 #include "cpu_clones.h"
 #include "pipelstm/kernels/gate_math.h"
@@ -238,52 +239,53 @@ PIPELSTM_CPU_CLONES void backward_f32(const LayerNormStepBackwardArgs<float>& a,
 
 }  // namespace
 
-template <>
-void layer_norm_rows<float>(float* x, float* rstd, int64_t n, float eps, int64_t b0, int64_t b1) {
-  norm_rows_f32(x, rstd, n, eps, b0, b1);
+// float through the clones above, double as written.
+template <typename T>
+void layer_norm_rows(T* x, T* rstd, int64_t n, T eps, int64_t b0, int64_t b1) {
+  if constexpr (std::is_same_v<T, float>) {
+    norm_rows_f32(x, rstd, n, eps, b0, b1);
+  } else {
+    norm_rows(x, rstd, n, eps, b0, b1);
+  }
 }
 
-template <>
-void layer_norm_rows<double>(double* x, double* rstd, int64_t n, double eps, int64_t b0,
-                             int64_t b1) {
-  norm_rows(x, rstd, n, eps, b0, b1);
+template <typename T>
+void layer_norm_backward_rows(T* grad, const T* x_hat, const T* rstd, int64_t n, int64_t b0, int64_t b1) {
+  if constexpr (std::is_same_v<T, float>) {
+    norm_backward_rows_f32(grad, x_hat, rstd, n, b0, b1);
+  } else {
+    norm_backward_rows(grad, x_hat, rstd, n, b0, b1);
+  }
 }
 
-template <>
-void layer_norm_backward_rows<float>(float* grad, const float* x_hat, const float* rstd, int64_t n,
-                                     int64_t b0, int64_t b1) {
-  norm_backward_rows_f32(grad, x_hat, rstd, n, b0, b1);
+template <typename T>
+void layernorm_step_forward_rows(const LayerNormStepForwardArgs<T>& a, int64_t b0, int64_t b1) {
+  if constexpr (std::is_same_v<T, float>) {
+    forward_f32(a, b0, b1);
+  } else {
+    forward_dispatch(a, b0, b1);
+  }
 }
 
-template <>
-void layer_norm_backward_rows<double>(double* grad, const double* x_hat, const double* rstd,
-                                      int64_t n, int64_t b0, int64_t b1) {
-  norm_backward_rows(grad, x_hat, rstd, n, b0, b1);
+template <typename T>
+void layernorm_step_backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0, int64_t b1) {
+  if constexpr (std::is_same_v<T, float>) {
+    backward_f32(a, b0, b1);
+  } else {
+    backward_dispatch(a, b0, b1);
+  }
 }
 
-template <>
-void layernorm_step_forward_rows<float>(const LayerNormStepForwardArgs<float>& a, int64_t b0,
-                                        int64_t b1) {
-  forward_f32(a, b0, b1);
-}
-
-template <>
-void layernorm_step_forward_rows<double>(const LayerNormStepForwardArgs<double>& a, int64_t b0,
-                                         int64_t b1) {
-  forward_dispatch(a, b0, b1);
-}
-
-template <>
-void layernorm_step_backward_rows<float>(const LayerNormStepBackwardArgs<float>& a, int64_t b0,
-                                         int64_t b1) {
-  backward_f32(a, b0, b1);
-}
-
-template <>
-void layernorm_step_backward_rows<double>(const LayerNormStepBackwardArgs<double>& a, int64_t b0,
-                                          int64_t b1) {
-  backward_dispatch(a, b0, b1);
-}
+#define PIPELSTM_LAYERNORM_ROWS(T)                                                               \
+  template void layer_norm_rows<T>(T*, T*, int64_t, T, int64_t, int64_t);                        \
+  template void layer_norm_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);  \
+  template void layernorm_step_forward_rows<T>(const LayerNormStepForwardArgs<T>&, int64_t,      \
+                                               int64_t);                                         \
+  template void layernorm_step_backward_rows<T>(const LayerNormStepBackwardArgs<T>&, int64_t,    \
+                                                int64_t);
+PIPELSTM_LAYERNORM_ROWS(float)
+PIPELSTM_LAYERNORM_ROWS(double)
+#undef PIPELSTM_LAYERNORM_ROWS
 
 }  // namespace kernels
 }  // namespace pipelstm
