@@ -25,13 +25,13 @@
 #include "../zoneout_layer_ops.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
+#include "layer_math_cpu.h"
 #include "pipelstm/kernels/layernorm_lstm_rows.h"
 
 namespace pipelstm {
 namespace {
 
-const LayerMath kMath{&cpu::layer_mm_out, [](const Tensor& a, const Tensor& b) { return at::mm(a, b); },
-                      &cpu::empty_huge};
+constexpr const LayerMath& kMath = cpu::kLayerMath;
 
 // The workspace's parts as views (see the top of this file).
 struct LayerNormWorkspace {
@@ -64,6 +64,7 @@ struct LayerNormCall {
   LayerSteps steps;
   LayerGeometry s;
   std::optional<Zoneout> zoneout;
+  int64_t H = 0, B = 0, rows = 0;  // s.hidden, steps.max_batch, steps.rows
 };
 
 void check_vector(const char* op, const char* name, const Tensor& t, int64_t n, const Tensor& input) {
@@ -90,6 +91,9 @@ LayerNormCall check_call(const char* op, const Tensor& input, const OptTensor& b
               ": expected both `keep_c` and `keep_h` (zoneout) or neither");
   checked_product(op, "the workspace", {call.steps.rows, 15 * H + 3});
   if (keep_c.has_value()) call.zoneout = zoneout_rows(op, input, *keep_c, *keep_h, call.steps.rows, H);
+  call.H = H;
+  call.B = call.steps.max_batch;
+  call.rows = call.steps.rows;
   return call;
 }
 
@@ -131,15 +135,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layernorm_forward(
     const OptTensor& keep_h, bool reverse, double eps) {
   constexpr const char* op = "lstm_layernorm_layer_forward";
   const OpGuard guard(input);
-  const LayerNormCall call =
+  const auto& [steps, s, zoneout, H, B, rows] =
       check_call(op, input, batch_sizes, h0, c0, w_ih, w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h);
-  const LayerSteps& steps = call.steps;
-  const int64_t H = call.s.hidden, B = steps.max_batch, rows = steps.rows;
-  check_biases(op, input, call.s, bias, std::nullopt);
+  check_biases(op, input, s, bias, std::nullopt);
   if (beta_c.has_value()) check_vector(op, "beta_c", *beta_c, H, input);
   TORCH_CHECK(eps >= 0.0, "pipelstm::", op, ": expected `eps` >= 0, got ", eps);
 
-  const Tensor x = input.contiguous().view({rows, call.s.input});
+  const Tensor x = input.contiguous().view({rows, s.input});
   const Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   const Tensor g_ih = gamma_ih.contiguous(), g_hh = gamma_hh.contiguous(), g_c = gamma_c.contiguous();
   const OptTensor b = bias.has_value() ? OptTensor(bias->contiguous()) : std::nullopt;
@@ -183,11 +185,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layernorm_forward(
         a.tanh_n = mut<scalar_t>(ws.tanh_n, r);
         a.c_rstd = mut<scalar_t>(ws.rstd_c) + r;
         a.h = mut<scalar_t>(output, r);
-        if (call.zoneout) {
+        if (zoneout) {
           a.h_prev = on ? ptr<scalar_t>(output, steps.offset[prev] + begin) : ptr<scalar_t>(h_init, begin);
-          a.keep_c = ptr<scalar_t>(call.zoneout->keep_c, r);
-          a.keep_h = ptr<scalar_t>(call.zoneout->keep_h, r);
-          a.keep_stride = call.zoneout->stride;
+          a.keep_c = ptr<scalar_t>(zoneout->keep_c, r);
+          a.keep_h = ptr<scalar_t>(zoneout->keep_h, r);
+          a.keep_stride = zoneout->stride;
         }
         a.batch = end - begin;
         a.hidden = H;
@@ -217,10 +219,8 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
                    const Tensor& output, const Tensor& workspace, bool reverse) {
   constexpr const char* op = "lstm_layernorm_layer_backward";
   const OpGuard guard(input);
-  const LayerNormCall call =
+  const auto& [steps, s, zoneout, H, B, rows] =
       check_call(op, input, batch_sizes, h0, c0, w_ih, w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h);
-  const LayerSteps& steps = call.steps;
-  const int64_t H = call.s.hidden, B = steps.max_batch, rows = steps.rows;
   const std::vector<int64_t> out_shape = batch_sizes.has_value()
                                              ? std::vector<int64_t>{rows, H}
                                              : std::vector<int64_t>{input.size(0), input.size(1), H};
@@ -242,7 +242,7 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
     check_same_kind(op, name, **g, "input", input);
   }
 
-  const Tensor x = input.contiguous().view({rows, call.s.input});
+  const Tensor x = input.contiguous().view({rows, s.input});
   const Tensor out = output.contiguous().view({rows, H});
   const OptTensor grad_out =
       grad_output.has_value() ? OptTensor(grad_output->contiguous().view({rows, H})) : std::nullopt;
@@ -283,10 +283,10 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
         a.grad_a = mut<scalar_t>(grad_a, r);
         a.grad_r = mut<scalar_t>(grad_r, r);
         a.grad_n = mut<scalar_t>(grad_n, r);
-        if (call.zoneout) {
-          a.keep_c = ptr<scalar_t>(call.zoneout->keep_c, r);
-          a.keep_h = ptr<scalar_t>(call.zoneout->keep_h, r);
-          a.keep_stride = call.zoneout->stride;
+        if (zoneout) {
+          a.keep_c = ptr<scalar_t>(zoneout->keep_c, r);
+          a.keep_h = ptr<scalar_t>(zoneout->keep_h, r);
+          a.keep_stride = zoneout->stride;
         }
         a.batch = end - begin;
         a.hidden = H;
@@ -296,7 +296,7 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
       }
       // h_prev's gradient: through the recurrent GEMM (plus zoneout's direct
       // part, which the row kernel left in carry_h).
-      cpu::packed_mm_out(carry_h.narrow(0, 0, n), grad_r.narrow(0, row0, n), recurrent, call.zoneout.has_value());
+      cpu::packed_mm_out(carry_h.narrow(0, 0, n), grad_r.narrow(0, row0, n), recurrent, zoneout.has_value());
       if (n > cont) {  // rows that started from h0/c0
         grad_h0.narrow(0, cont, n - cont).copy_(carry_h.narrow(0, cont, n - cont));
         grad_c0.narrow(0, cont, n - cont).copy_(carry_c.narrow(0, cont, n - cont));
@@ -315,7 +315,7 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
                                                   ptr<scalar_t>(ws.rstd_x), 4 * H, b0, b1);
     });
   });
-  Tensor grad_input = at::empty({rows, call.s.input}, x.options());
+  Tensor grad_input = at::empty({rows, s.input}, x.options());
   kMath.mm_out(grad_input, grad_a, w_ih, false);
   Tensor grad_w_ih = at::empty_like(w_ih), grad_w_hh = at::empty_like(w_hh);
   kMath.mm_out(grad_w_ih, grad_a.t(), x, false);

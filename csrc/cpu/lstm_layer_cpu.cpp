@@ -25,16 +25,14 @@
 #include "fused_loops_cpu.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
+#include "layer_math_cpu.h"
 #include "pointwise_cpu.h"
 
 namespace pipelstm {
 namespace {
 
 struct CpuLayer {
-  // The CPU's GEMMs (float32 the fused kernels' or ATen's, as gemm_cpu.h
-  // picks) and buffers from the kept huge-page mappings.
-  static constexpr LayerMath kMath{
-      &cpu::layer_mm_out, [](const Tensor& a, const Tensor& b) { return at::mm(a, b); }, &cpu::empty_huge};
+  static constexpr const LayerMath& kMath = cpu::kLayerMath;
   static constexpr auto step_forward = [](const auto& a) { cpu::pointwise_forward(a); };
   static constexpr auto step_backward = [](const auto& a) { cpu::pointwise_backward(a); };
   // No whole-sequence kernel: float32 has the fused loops instead.

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .hooks import export
-from .ops import _composed, _composed_backward, _gradient_is_differentiated, _no_double_backward, \
-    _no_zero_fill_for_unused_outputs, _unwrapped
+from .op_autograd import composed, composed_backward, gradient_is_differentiated, no_double_backward, \
+    no_zero_fill_for_unused_outputs, unwrapped
 
 __all__ = ["lstm_layernorm_layer", "workspace_numel"]
 
@@ -42,7 +42,7 @@ def workspace_numel(rows: int, hidden_size: int) -> int:
 def _fused(input: Tensor, *tensors: Optional[Tensor]) -> bool:
     """Whether the fused op computes this call."""
     return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.float64)
-            and not export.in_onnx_export() and not _composed(input, *tensors))
+            and not export.in_onnx_export() and not composed(input, *tensors))
 
 
 def lstm_layernorm_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor, w_ih: Tensor,
@@ -80,7 +80,7 @@ def composed_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0:
     dense = batch_sizes is None
     H = w_hh.shape[1]
     x = input.reshape(-1, input.shape[-1])
-    sizes: List[int] = [input.shape[1]] * input.shape[0] if dense else _unwrapped(batch_sizes).tolist()
+    sizes: List[int] = [input.shape[1]] * input.shape[0] if dense else unwrapped(batch_sizes).tolist()
     offsets = [0]
     for n in sizes[:-1]:
         offsets.append(offsets[-1] + n)
@@ -113,7 +113,7 @@ def _setup_context(ctx, inputs, output):
     (input, batch_sizes, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, reverse,
      eps) = inputs
     out, _, _, workspace = output
-    _no_zero_fill_for_unused_outputs(ctx, workspace)
+    no_zero_fill_for_unused_outputs(ctx, workspace)
     ctx.save_for_backward(input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, out,
                           workspace)
     ctx.batch_sizes, ctx.reverse, ctx.eps = batch_sizes, reverse, eps
@@ -122,10 +122,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
     (input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, out,
      workspace) = ctx.saved_tensors
-    if _gradient_is_differentiated():
+    if gradient_is_differentiated():
         def composite(*tensors):
             return composed_layer(tensors[0], ctx.batch_sizes, *tensors[1:], keep_c, keep_h, ctx.reverse, ctx.eps)
-        return _composed_backward(ctx, composite, (input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c,
+        return composed_backward(ctx, composite, (input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c,
                                                    beta_c), (grad_output, grad_h_n, grad_c_n), skip=1)
     grads = _ops.lstm_layernorm_layer_backward(grad_output, grad_h_n, grad_c_n, input, ctx.batch_sizes, h0, c0, w_ih,
                                                w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h, out, workspace,
@@ -139,5 +139,5 @@ def register() -> None:
     """Registers the op's autograd formula (pipelstm's import does, once)."""
     torch.library.register_autograd("pipelstm::lstm_layernorm_layer_forward", _backward,
                                     setup_context=_setup_context)
-    torch.library.register_autograd("pipelstm::lstm_layernorm_layer_backward", _no_double_backward,
+    torch.library.register_autograd("pipelstm::lstm_layernorm_layer_backward", no_double_backward,
                                     setup_context=lambda ctx, inputs, output: None)

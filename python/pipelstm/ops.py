@@ -12,56 +12,14 @@ derivative nn.LSTM users take is exact.
 from typing import Optional, Tuple
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from .op_autograd import composed, composed_backward, gradient_is_differentiated, no_double_backward, \
+    no_zero_fill_for_unused_outputs, unwrapped
 
 __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer", "lstm_zoneout_layer"]
 
 _ops = torch.ops.pipelstm
-
-
-def _under_functorch_transform() -> bool:
-    """Whether a torch.func transform is active. Under torch.compile this is
-    evaluated once while the frame is traced: TorchDynamo models
-    ``peek_interpreter_stack()`` as an object even where it is None, which
-    would send every compiled call to the composition."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
-
-
-# What torch.compiler.assume_constant_result(fn) does, set here without it:
-# calling it imports TorchDynamo, which would make `import pipelstm` take
-# seconds. tests/test_module_compile.py fails if the mark stops working.
-_under_functorch_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-def _composed(*tensors: Optional[Tensor]) -> bool:
-    """Whether this call must run on the ATen composition of the op
-    (csrc/lstm_composite.cpp) rather than the fused kernels.
-
-    The fused ops have reverse-mode formulas only. Under a torch.func
-    transform (grad, vjp, jacrev, vmap, jvp, jacfwd) or with forward-mode
-    dual tensors, the composition gives the exact result (autograd, forward
-    AD and vmap know all of its ops), where the fused op would raise or, worse,
-    be treated as a constant (a zero tangent)."""
-    if _under_functorch_transform():
-        return True
-    return fwAD._current_level >= 0 and any(
-        t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors
-    )
-
-
-def _unwrapped(batch_sizes: Tensor) -> Tensor:
-    """``batch_sizes`` as the plain CPU tensor it is outside torch.func
-    transforms (under ``grad`` it arrives wrapped, like every tensor made
-    inside the transformed function)."""
-    functorch = torch._C._functorch
-    while functorch.is_functorch_wrapped_tensor(batch_sizes):
-        if functorch.is_batchedtensor(batch_sizes):
-            raise ValueError("pipelstm: a PackedSequence's batch_sizes cannot be vmapped over: every sample of a "
-                             "vmapped batch must share one batch_sizes")
-        batch_sizes = functorch.get_unwrapped(batch_sizes)
-    return batch_sizes
 
 
 def lstm_cell(
@@ -82,7 +40,7 @@ def lstm_cell(
     Returns:
         ``(hy, cy)``, each ``[B, H]``.
     """
-    if _composed(input_gates, hidden_gates, cx, b_ih, b_hh):
+    if composed(input_gates, hidden_gates, cx, b_ih, b_hh):
         return _ops.lstm_cell_composite(input_gates, hidden_gates, cx, b_ih, b_hh)
     hy, cy, _ = _ops.lstm_cell_forward(input_gates, hidden_gates, cx, b_ih, b_hh)
     return hy, cy
@@ -104,7 +62,7 @@ def lstm_layer(input: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor
     Returns:
         ``(output [T, B, P], h_n [B, P], c_n [B, H])``.
     """
-    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+    if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
         return _ops.lstm_layer_composite(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_layer_forward(
         input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
@@ -127,8 +85,8 @@ def lstm_packed_layer(input: Tensor, batch_sizes: Tensor, h0: Tensor, c0: Tensor
         ``(output [rows, P], h_n, c_n)``, each sequence's final state taken
         at its own last step. Padding is never computed.
     """
-    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
-        return _ops.lstm_packed_layer_composite(input, _unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
+    if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        return _ops.lstm_packed_layer_composite(input, unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
         input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )
@@ -147,7 +105,7 @@ def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor,
     Returns:
         ``(output, h_n, c_n)`` as :func:`lstm_layer` or :func:`lstm_packed_layer`.
     """
-    if _composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
         raise RuntimeError("pipelstm: zoneout has no torch.func transform or forward-mode AD yet (its fused op has a "
                            "reverse-mode formula only); use zoneout=0 under torch.func")
     output, h_n, c_n, _ = _ops.lstm_zoneout_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh,
@@ -158,51 +116,10 @@ def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor,
 # --- autograd ----------------------------------------------------------------
 
 
-def _gradient_is_differentiated() -> bool:
-    # Autograd runs a backward with grad mode on only for create_graph=True:
-    # the gradient is then an input to a further derivative.
-    return torch.is_grad_enabled()
-
-
-def _composed_backward(ctx, composite, inputs, grad_outputs, skip: Optional[int] = None):
-    """The backward for create_graph=True: the gradient recomputed through
-    the op's ATen composition, so that it is itself differentiable (double
-    backward, gradient penalties, gradgradcheck). ``skip`` is the position of
-    a non-tensor op argument (``batch_sizes``) the composition does not take.
-    Returns one gradient per op argument, ``None`` for those not needed."""
-    needs = list(ctx.needs_input_grad)
-    if skip is not None:
-        del needs[skip]
-    needs = needs[: len(inputs)]
-    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs)) if need and t is not None]
-    with torch.enable_grad():
-        outputs = composite(*inputs)
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
-    grads = [None] * len(inputs)
-    if wanted and pairs:
-        got = torch.autograd.grad(
-            [o for o, _ in pairs], [inputs[i] for i in wanted], [g for _, g in pairs],
-            create_graph=True, allow_unused=True,
-        )
-        for i, g in zip(wanted, got):
-            grads[i] = g if g is not None else torch.zeros_like(inputs[i])
-    if skip is not None:
-        grads.insert(skip, None)
-    return tuple(grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
-
-
-def _no_zero_fill_for_unused_outputs(ctx, workspace: Tensor) -> None:
-    # Without this autograd would allocate and zero a gradient for the
-    # (large) workspace and for every unused output; the backward ops take
-    # None for "no gradient" instead.
-    ctx.mark_non_differentiable(workspace)
-    ctx.set_materialize_grads(False)
-
-
 def _cell_setup_context(ctx, inputs, output):
     _, _, cx, b_ih, b_hh = inputs
     _, cy, workspace = output
-    _no_zero_fill_for_unused_outputs(ctx, workspace)
+    no_zero_fill_for_unused_outputs(ctx, workspace)
     input_gates, hidden_gates = inputs[:2]
     ctx.save_for_backward(cx, cy, workspace, input_gates, hidden_gates, b_ih, b_hh)
     ctx.has_b_ih = b_ih is not None
@@ -211,8 +128,8 @@ def _cell_setup_context(ctx, inputs, output):
 
 def _cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
     cx, cy, workspace, input_gates, hidden_gates, b_ih, b_hh = ctx.saved_tensors
-    if _gradient_is_differentiated():
-        return _composed_backward(ctx, _ops.lstm_cell_composite, (input_gates, hidden_gates, cx, b_ih, b_hh),
+    if gradient_is_differentiated():
+        return composed_backward(ctx, _ops.lstm_cell_composite, (input_gates, hidden_gates, cx, b_ih, b_hh),
                                   (grad_hy, grad_cy))
     # A bfloat16/float16 call on the CPU gets float32 gradients: the bias
     # gradient is summed from them, then each is rounded to cx's dtype once.
@@ -235,7 +152,7 @@ def _layer_setup_context(ctx, inputs, output):
     batch_sizes = inputs.pop(1) if packed else None
     input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = inputs
     out, _, _, workspace = output
-    _no_zero_fill_for_unused_outputs(ctx, workspace)
+    no_zero_fill_for_unused_outputs(ctx, workspace)
     ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, out, workspace, b_ih, b_hh)
     ctx.batch_sizes = batch_sizes
     ctx.reverse = reverse
@@ -245,13 +162,13 @@ def _layer_setup_context(ctx, inputs, output):
 
 def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
     input, h0, c0, w_ih, w_hh, w_hr, out, workspace, b_ih, b_hh = ctx.saved_tensors
-    if _gradient_is_differentiated():
+    if gradient_is_differentiated():
         weights = (w_ih, w_hh, b_ih, b_hh, w_hr)
         if ctx.batch_sizes is None:
             composite = lambda *a: _ops.lstm_layer_composite(*a, ctx.reverse)  # noqa: E731
         else:
             composite = lambda x, *a: _ops.lstm_packed_layer_composite(x, ctx.batch_sizes.tolist(), *a, ctx.reverse)  # noqa: E731
-        return _composed_backward(ctx, composite, (input, h0, c0, *weights), (grad_output, grad_h_n, grad_c_n),
+        return composed_backward(ctx, composite, (input, h0, c0, *weights), (grad_output, grad_h_n, grad_c_n),
                                   skip=None if ctx.batch_sizes is None else 1)
     if ctx.batch_sizes is None:
         grads = _ops.lstm_layer_backward(
@@ -281,7 +198,7 @@ def _layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
 def _zoneout_setup_context(ctx, inputs, output):
     input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse = inputs
     out, _, _, workspace = output
-    _no_zero_fill_for_unused_outputs(ctx, workspace)
+    no_zero_fill_for_unused_outputs(ctx, workspace)
     ctx.save_for_backward(input, h0, c0, w_ih, w_hh, keep_c, keep_h, out, workspace)
     ctx.batch_sizes = batch_sizes
     ctx.reverse = reverse
@@ -290,7 +207,7 @@ def _zoneout_setup_context(ctx, inputs, output):
 
 
 def _zoneout_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
-    if _gradient_is_differentiated():
+    if gradient_is_differentiated():
         raise RuntimeError("pipelstm: double backward (create_graph=True) through zoneout is not supported yet")
     input, h0, c0, w_ih, w_hh, keep_c, keep_h, out, workspace = ctx.saved_tensors
     grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias = _ops.lstm_zoneout_layer_backward(
@@ -298,18 +215,6 @@ def _zoneout_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
         workspace, ctx.reverse)
     return (grad_input, None, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias if ctx.has_b_ih else None,
             grad_bias if ctx.has_b_hh else None, None, None, None)
-
-
-# --- double backward -----------------------------------------------------------
-# With create_graph=True the forward ops' backward differentiates their
-# composition (_composed_backward), so the backward ops below never end up
-# in a graph that is differentiated again. Called directly, they have no
-# derivative: a clear error rather than silent zeros.
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "pipelstm: double backward (a gradient of a gradient, e.g. create_graph=True followed by a second "
-        "backward) through pipelstm's LSTM ops is not supported"
-    )
 
 
 _registered = False
@@ -329,6 +234,6 @@ def register() -> None:
                                     setup_context=_zoneout_setup_context)
     for name in ("lstm_cell_backward", "lstm_layer_backward", "lstm_packed_layer_backward",
                  "lstm_zoneout_layer_backward"):
-        torch.library.register_autograd(f"pipelstm::{name}", _no_double_backward,
+        torch.library.register_autograd(f"pipelstm::{name}", no_double_backward,
                                         setup_context=lambda ctx, inputs, output: None)
     _registered = True

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .. import ops
 from ..backends import cuda as cuda_switches
+from ..op_autograd import under_functorch_transform
 
 __all__ = ["StackRoute", "stack_route"]
 
@@ -49,7 +49,7 @@ def stack_route(x: Tensor, num_layers: int, bidirectional: bool, packed: bool,
         layer_by_layer: the call must run its layers one after another
             (its regularisation draws masks the CUDA strategies do not).
     """
-    if packed or layer_by_layer or not _is_cuda(x) or ops._under_functorch_transform():
+    if packed or layer_by_layer or not _is_cuda(x) or under_functorch_transform():
         return LAYERS
     if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling():
         return LAYERS
