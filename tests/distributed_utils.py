@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import pytest
 import torch
+import torch.distributed as dist
+
+# The distributed tests' mark: they need torch.distributed and its gloo backend.
+needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LM = ROOT / "examples" / "train_lm.py"
@@ -262,8 +268,6 @@ def max_difference(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> fl
 def one_process_mesh(folder: Path, **init_mesh_kwargs):
     """A gloo process group of one (this process, a file store in ``folder``)
     and its ``init_mesh(**init_mesh_kwargs)``; destroyed on exit."""
-    import torch.distributed as dist
-
     from pipelstm.distributed import init_mesh
 
     store = dist.FileStore(str(folder / "store"), 1)

@@ -8,15 +8,15 @@ import subprocess
 import sys
 
 import pytest
-import torch.distributed as dist
 
 from pipelstm.bench import baseline, report
 from pipelstm.bench.groups import STEPS_PER_TURN, Group
 from pipelstm.bench.pipeline import add_ratios, describe
 from pipelstm.bench.pipelining_peer import SIZES
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed or its gloo backend is not available")
+from distributed_utils import needs_gloo
+
+pytestmark = needs_gloo
 
 
 def _bench(tmp_path, name, *args):

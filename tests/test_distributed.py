@@ -10,13 +10,11 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from distributed_utils import (SMALL, TORCHRUN, TRAIN_LM, kill_tagged, launch, max_difference, new_tag,
-                               reference_parameters, torchrun, two_agents, watch_run)
+from distributed_utils import (SMALL, TORCHRUN, TRAIN_LM, kill_tagged, launch, max_difference, needs_gloo,
+                               new_tag, reference_parameters, torchrun, two_agents, watch_run)
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo
 
 STEPS = 5
 

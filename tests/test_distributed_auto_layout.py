@@ -12,10 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 import pipelstm
-from distributed_utils import free_port
+from distributed_utils import free_port, needs_gloo
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo
 
 T, B, V = 12, 8, 50
 

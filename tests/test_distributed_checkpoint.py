@@ -9,23 +9,15 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import pipelstm
 import pipelstm.distributed as pdist
-from distributed_utils import one_process_mesh
+from distributed_utils import needs_gloo
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo
 
 V = 10
-
-
-@pytest.fixture
-def mesh(tmp_path):
-    with one_process_mesh(tmp_path, pp=1, timeout=60) as m:
-        yield m
 
 
 def _training(mesh):

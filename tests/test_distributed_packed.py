@@ -8,7 +8,6 @@ empty pieces)."""
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_sequence
@@ -16,8 +15,9 @@ from torch.nn.utils.rnn import pack_sequence
 import pipelstm
 from pipelstm.bench.groups import Group
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+from distributed_utils import needs_gloo
+
+pytestmark = needs_gloo
 
 V, E, H = 19, 6, 8
 LENGTHS = [9, 2, 7, 1, 9, 3, 5]

@@ -15,12 +15,10 @@ import sys
 import time
 
 import pytest
-import torch.distributed as dist
 
-from distributed_utils import ROOT, free_port, kill_tagged, launch, new_tag
+from distributed_utils import ROOT, free_port, kill_tagged, launch, needs_gloo, new_tag
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo
 
 SCRIPT = ROOT / "tests" / "scripts" / "stopped_peer.py"
 TIMEOUT = 4.0  # the mesh's timeout (init_mesh(timeout=))

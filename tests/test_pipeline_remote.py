@@ -17,8 +17,9 @@ from pipelstm.pipeline.balance import estimate_costs
 from pipelstm.pipeline.core import PipelineCore
 from pipelstm.pipeline.units import flatten
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+from distributed_utils import needs_gloo
+
+pytestmark = needs_gloo
 
 K, M = 3, 2
 T, B = 6, 4

@@ -29,7 +29,7 @@ from ..backends import cpu
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import interleaved_times, medians
 
 __all__ = ["main"]
 
@@ -111,7 +111,7 @@ def run(T: int, B: int, H: int, layers: int, threads: int, steps: int, repeats: 
             return time.perf_counter() - start
 
     runs = interleaved_times({"scratch": from_scratch, "chosen": already_chosen}, repeats)
-    med = {k: statistics.median(v) for k, v in runs.items()}
+    med = medians(runs)
     default = cpu.current_isa() + ("/own" if cpu.current_gemm() == "own" else "/aten")
     return dict(threads=threads, layers=layers, T=T, B=B, H=H, chosen=", ".join(picked), fastest=fastest,
                 chosen_over_fastest=per_step[main_path] / per_step[fastest], step_chosen=per_step[main_path],

@@ -58,7 +58,7 @@ from . import report
 from .floors import floors
 from .memory import device_peak_bytes
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import interleaved_times, medians
 
 __all__ = ["SETTINGS", "GRID", "main"]
 
@@ -186,7 +186,7 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
         times = interleaved_times(sides, repeats, warmup=1, device=device)
         if torch.device(device).type == "cuda":
             row.update(_memory(sides, graphs_before))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     row.update(ours=med["ours"], peer=med.get("peer"), samples=times)
     row["of_floor"] = med["ours"] / row["floor"]
     if "peer" in med:

@@ -37,7 +37,6 @@ counting with the lower of its two ratios.
 import gc
 import itertools
 import math
-import statistics
 import sys
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -50,7 +49,7 @@ from ..backends import cpu as cpu_backend
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, markdown, row_line
-from .timing import add_min_run_argument, gemm_gflops, interleaved_times
+from .timing import add_min_run_argument, gemm_gflops, interleaved_times, medians
 
 __all__ = ["Case", "cases", "flops", "estimate_seconds", "measure", "summarize", "main"]
 
@@ -182,7 +181,7 @@ def measure(case: Case, mode: str, repeats: int, mm_size: Optional[int] = None, 
         for _ in range(CHOICE_CALLS):
             fns["ours"]()
     times = interleaved_times(fns, repeats, min_run_seconds=min_run)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     chosen = sorted({p["path"] for p in cpu_backend.chosen_paths() if p["shape"] not in before})
     row = dict(asdict(case), proj_size=case.proj_size, mode=mode, tokens=tokens, ours=med["ours"], peer=med["peer"],
                ratio=med["peer"] / med["ours"], padded=med.get("padded"),

@@ -4,7 +4,6 @@ Forward + backward of one layer, and of a stack of layers built from the
 op, against nn.LSTM with the same weights and data, fp32 on the CPU.
 """
 
-import statistics
 import sys
 from typing import List, Tuple
 
@@ -14,7 +13,7 @@ from torch import nn
 from ..ops import lstm_layer
 from . import report
 from .table import Column, header, row_line
-from .timing import gemm_gflops, interleaved_times
+from .timing import gemm_gflops, interleaved_times, medians
 
 __all__ = ["main"]
 
@@ -65,7 +64,7 @@ def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List
                     model(x)[0].sum().backward()
 
                 times = interleaved_times({"pipelstm": ours, "nn.LSTM": peer}, repeats, device=device)
-                t = {k: statistics.median(v) for k, v in times.items()}
+                t = medians(times)
                 gflops = flops(T, B, I, H, L) / t["pipelstm"] / 1e9
                 rows.append(
                     dict(threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],

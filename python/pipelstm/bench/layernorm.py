@@ -13,7 +13,6 @@ A row gives each side's median time, ``layernorm / plain`` (the cost of the
 normalisation) and ``cell_loop / layernorm`` (> 1: the fused layer faster).
 """
 
-import statistics
 import sys
 from typing import List
 
@@ -24,7 +23,7 @@ from ..layernorm_lstm import LayerNormLSTM
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import interleaved_times, medians
 
 __all__ = ["LayerNormCellLoop", "main"]
 
@@ -101,7 +100,7 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
             model(x)[0].sum().backward()
 
         times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
-        t = {k: statistics.median(v) for k, v in times.items()}
+        t = medians(times)
         rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, cost=t["layernorm"] / t["plain"],
                          speedup=t["cell_loop"] / t["layernorm"], samples=times))
         print(row_line(COLUMNS, rows[-1]), flush=True)

@@ -11,7 +11,6 @@ CPUs without native bfloat16 arithmetic takes seconds per step; pipelstm
 computes in float32 and rounds the results.
 """
 
-import statistics
 import sys
 from typing import List
 
@@ -22,7 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import interleaved_times, medians
 
 __all__ = ["main"]
 
@@ -69,7 +68,7 @@ def run(T: int, B: int, I: int, H: int, threads: List[int], repeats: int, dtype:
                 (out.data if case["packed"] else out).float().sum().backward()
 
             times = interleaved_times({"ours": lambda: step(ours), "peer": lambda: step(peer)}, repeats)
-            t = {k: statistics.median(v) for k, v in times.items()}
+            t = medians(times)
             rows.append(dict(threads=n_threads, dtype=dtype, case=case["name"], T=T, B=B, I=I, H=H, ours=t["ours"], peer=t["peer"],
                              speedup=t["peer"] / t["ours"], samples=times))
             print(row_line(COLUMNS, rows[-1]), flush=True)

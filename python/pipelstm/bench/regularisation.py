@@ -21,7 +21,6 @@ fused options faster than the wrapper), ``zoneout / plain`` and
 ``cell_loop / zoneout`` (> 1: the fused zoneout faster than the loop).
 """
 
-import statistics
 import sys
 from typing import List
 
@@ -32,7 +31,7 @@ from torch import nn
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import interleaved_times
+from .timing import interleaved_times, medians
 
 __all__ = ["WeightDropLSTM", "main"]
 
@@ -128,7 +127,7 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
             model(x)[0].sum().backward()
 
         times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
-        t = {k: statistics.median(v) for k, v in times.items()}
+        t = medians(times)
         rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
                          variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
                          speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "median_index", "spread", "gemm_gflops"]
+__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "medians", "median_index", "spread", "gemm_gflops"]
 
 
 def interleaved_times(
@@ -78,7 +78,11 @@ def interleaved_medians(
     fns: Dict[str, Callable[[], Optional[float]]], repeats: int, warmup: int = 1, device: str = "cpu"
 ) -> Dict[str, float]:
     """Median seconds of each function, run alternately so drift hits all alike."""
-    times = interleaved_times(fns, repeats, warmup, device)
+    return medians(interleaved_times(fns, repeats, warmup, device))
+
+
+def medians(times: Dict[str, List[float]]) -> Dict[str, float]:
+    """The median of each function's runs (``interleaved_times``' result)."""
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

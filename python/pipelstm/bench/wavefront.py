@@ -21,7 +21,6 @@ whether it beats pipelstm.LSTM on N intra-op threads (> 1: it does).
 """
 
 import argparse
-import statistics
 import sys
 from typing import List
 
@@ -31,7 +30,7 @@ from torch import nn
 from ..lstm import LSTM
 from . import report
 from .table import Column, header, row_line
-from .timing import add_min_run_argument, interleaved_times
+from .timing import add_min_run_argument, interleaved_times, medians
 
 __all__ = ["main"]
 
@@ -72,7 +71,7 @@ def run(T: int, sizes: List[int], batches: List[int], layers: List[int], chunks:
                     fns = {"peer": lambda: step(peer), "threads": lambda: step(ours)}
                     fns.update({f"wave{K}": (lambda m: lambda: step(m))(m) for K, m in waves.items()})
                     times = interleaved_times(fns, repeats, min_run_seconds=min_run)
-                    t = {k: statistics.median(v) for k, v in times.items()}
+                    t = medians(times)
                     best_k = min(chunks, key=lambda K: t[f"wave{K}"])
                     wave = t[f"wave{best_k}"]
                     rows.append(dict(
