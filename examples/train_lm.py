@@ -85,12 +85,16 @@ def num_batches(source: torch.Tensor, bptt: int) -> int:
 # --- model -----------------------------------------------------------------------------
 
 
-def build_model(vocab: int, emb: int, hidden: int, layers: int, dropout: float, seed: int) -> nn.Sequential:
-    """The same model on every rank: built from the same seed."""
+def build_model(vocab: int, emb: int, hidden: int, layers: int, dropout: float, seed: int, *,
+                weight_dropout: float = 0.0, dropout_mode: str = "element") -> nn.Sequential:
+    """The same model on every rank: built from the same seed. ``weight_dropout``
+    and ``dropout_mode`` are pipelstm.LSTM's (DropConnect on the recurrent
+    weights; variational dropout between the layers)."""
     torch.manual_seed(seed)
     model = nn.Sequential(
         nn.Embedding(vocab, emb),
-        pipelstm.LSTM(emb, hidden, num_layers=layers, dropout=dropout),
+        pipelstm.LSTM(emb, hidden, num_layers=layers, dropout=dropout, weight_dropout=weight_dropout,
+                      dropout_mode=dropout_mode),
         nn.Dropout(dropout),
         nn.Linear(hidden, vocab),
     )
@@ -169,6 +173,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--weight-dropout", type=float, default=0.0,
+                    help="DropConnect on the LSTM's recurrent weights, one mask per step (AWD-LSTM)")
+    ap.add_argument("--dropout-mode", choices=("element", "variational"), default="element",
+                    help="the dropout between LSTM layers: per element, or one mask per sequence")
     ap.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     ap.add_argument("--lr", type=float, default=None, help="default 3e-3 (adam), 20 (sgd)")
     ap.add_argument("--clip", type=float, default=0.25)
@@ -246,7 +254,8 @@ def main(argv=None) -> dict:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
     corpus = Corpus(args.data)
-    model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed)
+    model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed,
+                        weight_dropout=args.weight_dropout, dropout_mode=args.dropout_mode)
     loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
     try:
         mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,
