@@ -93,4 +93,26 @@ struct LayerWeightGrads {
 void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
                                  const Tensor& output, LayerWeightGrads& acc, const LayerMath& math);
 
+// One direction of one LayerNorm LSTM layer, forward direction, without
+// zoneout: the ops pipelstm::lstm_layernorm_layer_forward / _backward
+// (registration.cpp gives their arguments; `bias` is the sum of the two
+// gate biases). Dense input [T, B, I] with batch_sizes nullopt, or packed
+// rows [N, I] with them.
+struct LayerNormWeights {
+  Tensor w_ih, w_hh;
+  OptTensor bias;
+  Tensor gamma_ih, gamma_hh, gamma_c;
+  OptTensor beta_c;
+};
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layernorm_layer_forward(
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const LayerNormWeights& w, double eps);
+// -> grad_input, grad_h0, grad_c0, then the weights' in LayerNormWeights'
+// order (grad_bias and grad_beta_c always given).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+lstm_layernorm_layer_backward(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                              const OptTensor& grad_c_n, const Tensor& input,
+                              const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+                              const LayerNormWeights& w, const Tensor& output, const Tensor& workspace);
+
 }  // namespace pipelstm

@@ -8,7 +8,7 @@ from torch import nn
 import pipelstm
 from pipelstm._C import pipeline as engine
 from pipelstm.geometry import LayerGeometry
-from pipelstm.pipeline.units import ACTIVATIONS, KINDS, flatten
+from pipelstm.pipeline.units import ACTIVATIONS, KINDS, LSTM_KINDS, flatten
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_every_kind_and_activation_is_the_engines():
     # The engine's table says each kind's parameter slots and options (units.py reads them).
     assert engine.UNIT_KINDS["lstm"]["slots"] == ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
     assert engine.UNIT_KINDS["embedding"]["options"] == ("padding_idx", "scale_grad_by_freq")
-    assert [k for k, v in engine.UNIT_KINDS.items() if v["has_state"]] == ["lstm"]
+    assert sorted(k for k, v in engine.UNIT_KINDS.items() if v["has_state"]) == sorted(LSTM_KINDS)
     for module_type, name in ACTIVATIONS.items():
         assert name(module_type()) in engine.ACTIVATIONS
     assert ACTIVATIONS[nn.GELU](nn.GELU(approximate="tanh")) == "gelu_tanh"

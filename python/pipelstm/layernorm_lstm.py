@@ -60,11 +60,13 @@ class LayerNormLSTM(LSTM):
 
     On the CPU in float32 and float64 each layer direction is one fused op;
     elsewhere (CUDA, other dtypes, torch.func transforms, ONNX export) it is
-    a composition of torch ops, a step at a time. ``torch.jit.script`` and
-    ``devices=`` pipelines are not supported.
+    a composition of torch ops, a step at a time. In a ``Pipeline`` or
+    ``PipelineParallel`` each layer is a unit on its stage, which must be on
+    the CPU. ``torch.jit.script`` and ``devices=`` are not supported.
     """
 
     _exports_as_nn_lstm = False  # ONNX export traces the composition
+    _pipeline_unit_kind = "layernorm_lstm"  # a pipeline's units for its layers (pipeline/units.py)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,

@@ -73,6 +73,11 @@ const std::vector<const UnitKindOps*>& unit_kinds();
 std::vector<std::string> activation_names();
 int64_t activation_index(const std::string& name);
 
+// The LSTM kinds' (units/lstm.cpp): the state gradient of a micro-batch's
+// `rows` sequences from that of the first n0 = first.size(0) (those a packed
+// item ran) and the rest's in `all`, carried through unchanged.
+OptTensor join_state_grad(const Tensor& first, const OptTensor& all, int64_t rows);
+
 // The dropout kinds' backward_data (the gradient times the mask the forward
 // kept, saved[0]) and keep_for_replay (the mask stays): units/dropout.cpp.
 Tensor times_kept_mask(const UnitSpec& u, const UnitParams& p, const Tensor& g,

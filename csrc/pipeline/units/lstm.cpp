@@ -57,16 +57,6 @@ Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool, bo
 // entries (backward_data).
 constexpr size_t kPackedPiece = 7;
 
-// The state gradient of the micro-batch's rows from that of the first n0
-// (those the item ran) and the rest's, carried through unchanged.
-OptTensor join_state_grad(const Tensor& first, const OptTensor& all, int64_t rows) {
-  const int64_t n0 = first.size(0);
-  if (n0 == rows) return first;
-  const Tensor rest = all.has_value() ? all->narrow(0, n0, rows - n0)
-                                      : at::zeros({rows - n0, first.size(1)}, first.options());
-  return at::cat({first, rest});
-}
-
 Tensor backward_packed(const UnitParams& p, const Tensor& g, const std::vector<Tensor>& saved,
                        OptTensor& grad_h, OptTensor& grad_c, Piece& piece) {
   if (saved.empty()) {  // an item without rows
@@ -162,6 +152,14 @@ void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
 void keep_for_replay(std::vector<Tensor>& saved) { saved = {saved[1], saved[2]}; }
 
 }  // namespace
+
+OptTensor join_state_grad(const Tensor& first, const OptTensor& all, int64_t rows) {
+  const int64_t n0 = first.size(0);
+  if (n0 == rows) return first;
+  const Tensor rest = all.has_value() ? all->narrow(0, n0, rows - n0)
+                                      : at::zeros({rows - n0, first.size(1)}, first.options());
+  return at::cat({first, rest});
+}
 
 const RegisterUnitKind kRegistered{
     {.name = "LSTM layer", .py_name = "lstm", .forward = &forward, .backward_data = &backward_data,

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .balance import estimate_costs
 from .placement import check_stage_count, stage_devices
-from .units import Unit, flatten, loss_spec
+from .units import LSTM_KINDS, Unit, flatten, loss_spec
 
 __all__ = ["CHECKPOINT_MODES", "Prepared", "check_checkpoint", "check_positive_ints", "prepare"]
 
@@ -81,7 +81,7 @@ def prepare(who: str, children: Iterable[Tuple[str, nn.Module]],
     units = flatten(children)
     if devices is not None:
         check_stage_count(who, len(devices), units)
-    layouts = {u.module.batch_first for u in units if u.kind == "lstm"}
+    layouts = {u.module.batch_first for u in units if u.kind in LSTM_KINDS}
     if one_layout and len(layouts) > 1:
         raise ValueError(f"{who}: all LSTMs must agree on batch_first")
     batch_first = layouts == {True}

@@ -29,9 +29,10 @@ from torch import Tensor, nn
 
 from .. import _C, ops
 from ..geometry import LayerGeometry
+from ..layernorm_ops import lstm_layernorm_layer
 from ..locked_dropout import LockedDropout
 
-__all__ = ["Unit", "Kind", "KINDS", "MODULES", "ACTIVATIONS", "SUPPORTED", "flatten", "loss_spec"]
+__all__ = ["Unit", "Kind", "KINDS", "LSTM_KINDS", "MODULES", "ACTIVATIONS", "SUPPORTED", "flatten", "loss_spec"]
 
 _engine = _C.pipeline
 
@@ -48,11 +49,11 @@ class Unit:
     ``device`` by the placement (pipeline/placement.py).
     """
 
-    kind: str  # a key of KINDS: "lstm", "embedding", "linear", "dropout", "activation", "layer_norm", ...
+    kind: str  # a key of KINDS: "lstm", "layernorm_lstm", "embedding", "linear", "dropout", "layer_norm", ...
     name: str
     module: nn.Module
     param_names: List[Optional[str]]
-    layer: int = -1  # LSTM: index among all LSTM layers of the model
+    layer: int = -1  # LSTM (of either kind): index among all LSTM layers of the model
     input_size: int = 0
     hidden_size: int = 0
     proj_size: int = 0
@@ -88,7 +89,7 @@ class Unit:
         draws one per call; ``pipelstm.regularisation``)."""
         ps = self.params()
         regularisation = getattr(self.module, "_regularisation", None)
-        if self.kind != "lstm" or regularisation is None:
+        if self.kind not in LSTM_KINDS or regularisation is None:
             return ps
         return regularisation.layer_weights(ps, training)
 
@@ -150,6 +151,13 @@ def _lstm_cost(u: Unit) -> Tuple[float, float]:
     return 3.0 * fwd, float((I + P + g.workspace_width) * u.element_size())
 
 
+def _layernorm_lstm_cost(u: Unit) -> Tuple[float, float]:
+    # an LSTM layer's GEMMs, and three normalisations of its 9H values a step
+    H, I = u.hidden_size, u.input_size
+    fwd = 2 * 4 * H * (I + H) + 60 * H
+    return 3.0 * fwd, float((I + 2 * H + 15 * H + 3) * u.element_size())
+
+
 def _pointwise_cost(u: Unit) -> Tuple[float, float]:
     width = max(u.out_size, 1)
     return 3.0 * width, float(width * u.element_size())
@@ -165,6 +173,18 @@ def _lstm_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     return fn
 
 
+def _layernorm_lstm_reference(u: Unit) -> Callable[[Tensor], Tensor]:
+    w_ih, w_hh, b_ih, b_hh, *norms = u.params()
+    bias = b_ih + b_hh if b_ih is not None else None
+
+    def fn(x: Tensor) -> Tensor:
+        B = x.shape[1]
+        zeros = x.new_zeros(B, u.hidden_size)
+        return lstm_layernorm_layer(x, None, zeros, zeros, w_ih, w_hh, bias, *norms, eps=u.options["eps"])[0]
+
+    return fn
+
+
 def _embedding_reference(u: Unit) -> Callable[[Tensor], Tensor]:
     weight, m = u.params()[0], u.module
     return lambda x: F.embedding(x, weight, m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
@@ -176,9 +196,11 @@ def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
 
 
 DROPOUT_KINDS = ("dropout", "variational_dropout")  # per element; per sequence, at every step and chunk
+LSTM_KINDS = ("lstm", "layernorm_lstm")  # the layers of pipelstm.LSTM / nn.LSTM and of pipelstm.LayerNormLSTM
 
 KINDS: Dict[str, Kind] = {
     "lstm": Kind(_lstm_cost, _lstm_reference),
+    "layernorm_lstm": Kind(_layernorm_lstm_cost, _layernorm_lstm_reference),
     "embedding": Kind(lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
     "linear": Kind(lambda u: (3.0 * 2 * u.input_size * u.out_size, float(u.input_size * u.element_size())),
                    _linear_reference),
@@ -198,7 +220,7 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.SiLU: lambda m: "silu",
     nn.Mish: lambda m: "mish",
 }
-SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM or nn.LSTM), Dropout, pipelstm.LockedDropout, Linear, LayerNorm and "
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM, pipelstm.LayerNormLSTM or nn.LSTM), Dropout, pipelstm.LockedDropout, Linear, LayerNorm and "
              "RMSNorm (over the last dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
@@ -220,15 +242,18 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
     if regularisation is not None:
         regularisation.check_pipelinable(f"Pipeline: module {name!r}")
     prefix = f"{name}." if name else ""
-    first = sum(u.kind == "lstm" for u in before)
+    first = sum(u.kind in LSTM_KINDS for u in before)
     H, P = child.hidden_size, child.proj_size
+    # pipelstm.LayerNormLSTM's layers are a kind of their own (their norms' eps an option)
+    kind = getattr(child, "_pipeline_unit_kind", "lstm")
+    options = dict(eps=child.eps) if kind == "layernorm_lstm" else {}
     units = []
     for l in range(child.num_layers):
         g = LayerGeometry(child.input_size if l == 0 else (P or H), H, P)
-        present = (True, True, child.bias, child.bias, g.projected)  # w_ih, w_hh, b_ih, b_hh, w_hr
-        names = [f"{slot}_l{l}" if there else None for slot, there in zip(_slots("lstm"), present)]
-        units.append(Unit("lstm", f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
-                          hidden_size=H, proj_size=P, out_size=g.out_size))
+        names = [f"{slot}_l{l}" if getattr(child, f"{slot}_l{l}", None) is not None else None
+                 for slot in _slots(kind)]
+        units.append(Unit(kind, f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
+                          hidden_size=H, proj_size=P, out_size=g.out_size, options=dict(options)))
         if child.dropout > 0 and l < child.num_layers - 1:
             variational = regularisation is not None and regularisation.dropout_mode == "variational"
             units.append(Unit("variational_dropout" if variational else "dropout", f"{prefix}dropout{l}", child, [],

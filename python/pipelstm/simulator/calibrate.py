@@ -39,6 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..pipeline.core import PipelineCore
 from ..pipeline.prologue import prepare
+from ..pipeline.units import LSTM_KINDS
 from .costs import FittedCosts, UnitFit, fit_bytes, fit_seconds
 from .model import PHASES, UnitInfo
 
@@ -291,7 +292,7 @@ def calibrate(model: nn.Sequential, *, loss_fn: Optional[nn.Module] = None, devi
 
 def _state_bytes(u) -> int:
     """An LSTM layer's (h, c) per sequence, in bytes."""
-    if u.kind != "lstm":
+    if u.kind not in LSTM_KINDS:
         return 0
     return (u.out_size + u.hidden_size) * u.element_size()
 

@@ -14,6 +14,7 @@ fastest. Its ``why`` says by how much it beats the best of each other depth.
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..pipeline.balance import partition
+from ..pipeline.units import LSTM_KINDS
 from .model import Cluster, Layout, Prediction, UnitCosts
 
 __all__ = ["LayoutChoice", "choose_layout", "simplest", "complexity", "search_sizes", "seed_layout", "stage_costs",
@@ -89,7 +90,7 @@ def seed_layout(costs: UnitCosts, world_size: int) -> Layout:
             multiple of its LSTM layers.
     """
     kinds = [u.kind for u in costs.units()]
-    lstm = [i for i, k in enumerate(kinds) if k == "lstm"]
+    lstm = [i for i, k in enumerate(kinds) if k in LSTM_KINDS]
     if not lstm:
         raise ValueError("seed_layout: the model has no LSTM layer")
     pp = len(lstm)
