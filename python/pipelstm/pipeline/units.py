@@ -13,7 +13,7 @@ state; two tables here say the rest. ``MODULES``: for each module type, the
 units it flattens into (with the values of their options). ``KINDS``: for
 each kind of unit (the engine's ``UnitKind`` of the same name), its cost per
 token for the balancing cost model and a plain-torch forward for the
-profiler. A new kind is its file there, its entries here and its test.
+profiler (unit_kinds.py). A new kind is its file there, its entries here and its test.
 ``ACTIVATIONS``: the activation modules the engine runs, each by one of the
 names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
 ``csrc/pipeline/units/activation.cpp``); a new activation is a row there,
@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _C, ops
+from .. import _C
 from ..geometry import LayerGeometry
-from ..layernorm_ops import lstm_layernorm_layer
 from ..locked_dropout import LockedDropout
+from .unit_kinds import DROPOUT_KINDS, KINDS, LSTM_KINDS, Kind, slots
 
 __all__ = ["Unit", "Kind", "KINDS", "LSTM_KINDS", "MODULES", "ACTIVATIONS", "SUPPORTED", "flatten", "loss_spec"]
 
@@ -126,91 +125,6 @@ class Unit:
         return KINDS[self.kind].reference(self)
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What pipelstm knows of one kind of unit.
-
-    Args:
-        cost: (forward + backward FLOPs per token, bytes saved for backward per token).
-        reference: the unit's forward in plain torch.
-    """
-
-    cost: Callable[[Unit], Tuple[float, float]]
-    reference: Callable[[Unit], Callable[[Tensor], Tensor]]
-
-
-def _slots(kind: str) -> Tuple[str, ...]:
-    """The kind's parameter slots, as the engine's table names them."""
-    return _engine.UNIT_KINDS[kind]["slots"]
-
-
-def _lstm_cost(u: Unit) -> Tuple[float, float]:
-    g = LayerGeometry(u.input_size, u.hidden_size, u.proj_size)
-    H, P, I = g.hidden_size, g.out_size, g.input_size
-    fwd = 2 * 4 * H * (I + P) + (2 * P * H if g.projected else 0) + 20 * H
-    return 3.0 * fwd, float((I + P + g.workspace_width) * u.element_size())
-
-
-def _layernorm_lstm_cost(u: Unit) -> Tuple[float, float]:
-    # an LSTM layer's GEMMs, and three normalisations of its 9H values a step
-    H, I = u.hidden_size, u.input_size
-    fwd = 2 * 4 * H * (I + H) + 60 * H
-    return 3.0 * fwd, float((I + 2 * H + 15 * H + 3) * u.element_size())
-
-
-def _pointwise_cost(u: Unit) -> Tuple[float, float]:
-    width = max(u.out_size, 1)
-    return 3.0 * width, float(width * u.element_size())
-
-
-def _lstm_reference(u: Unit) -> Callable[[Tensor], Tensor]:
-    p = u.params()
-
-    def fn(x: Tensor) -> Tensor:
-        B = x.shape[1]
-        return ops.lstm_layer(x, x.new_zeros(B, u.out_size), x.new_zeros(B, u.hidden_size), *p)[0]
-
-    return fn
-
-
-def _layernorm_lstm_reference(u: Unit) -> Callable[[Tensor], Tensor]:
-    w_ih, w_hh, b_ih, b_hh, *norms = u.params()
-    bias = b_ih + b_hh if b_ih is not None else None
-
-    def fn(x: Tensor) -> Tensor:
-        B = x.shape[1]
-        zeros = x.new_zeros(B, u.hidden_size)
-        return lstm_layernorm_layer(x, None, zeros, zeros, w_ih, w_hh, bias, *norms, eps=u.options["eps"])[0]
-
-    return fn
-
-
-def _embedding_reference(u: Unit) -> Callable[[Tensor], Tensor]:
-    weight, m = u.params()[0], u.module
-    return lambda x: F.embedding(x, weight, m.padding_idx, None, 2.0, m.scale_grad_by_freq, False)
-
-
-def _linear_reference(u: Unit) -> Callable[[Tensor], Tensor]:
-    weight, bias = u.params()
-    return lambda x: F.linear(x, weight, bias)
-
-
-DROPOUT_KINDS = ("dropout", "variational_dropout")  # per element; per sequence, at every step and chunk
-LSTM_KINDS = ("lstm", "layernorm_lstm")  # the layers of pipelstm.LSTM / nn.LSTM and of pipelstm.LayerNormLSTM
-
-KINDS: Dict[str, Kind] = {
-    "lstm": Kind(_lstm_cost, _lstm_reference),
-    "layernorm_lstm": Kind(_layernorm_lstm_cost, _layernorm_lstm_reference),
-    "embedding": Kind(lambda u: (2.0 * u.out_size, 8.0), _embedding_reference),
-    "linear": Kind(lambda u: (3.0 * 2 * u.input_size * u.out_size, float(u.input_size * u.element_size())),
-                   _linear_reference),
-    "dropout": Kind(_pointwise_cost, lambda u: lambda x: F.dropout(x, u.p, training=True)),
-    "variational_dropout": Kind(_pointwise_cost, lambda u: lambda x: x * F.dropout(x.new_ones(x.shape[1:]), u.p)),
-    "activation": Kind(_pointwise_cost, lambda u: u.module),
-    "layer_norm": Kind(_pointwise_cost, lambda u: u.module),
-    "rms_norm": Kind(_pointwise_cost, lambda u: u.module),
-}
-
 # The activations the engine runs natively: module type (exactly) -> its name there.
 ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.ReLU: lambda m: "relu",
@@ -224,9 +138,9 @@ SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM, pipelstm.LayerNormLSTM or nn.LSTM)
              "RMSNorm (over the last dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
 
 
-def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
+def _presentslots(kind: str, child: nn.Module) -> List[Optional[str]]:
     """The kind's slots, None where ``child`` has no such parameter (e.g. no bias)."""
-    return [slot if getattr(child, slot, None) is not None else None for slot in _slots(kind)]
+    return [slot if getattr(child, slot, None) is not None else None for slot in slots(kind)]
 
 
 def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Unit]:
@@ -251,7 +165,7 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
     for l in range(child.num_layers):
         g = LayerGeometry(child.input_size if l == 0 else (P or H), H, P)
         names = [f"{slot}_l{l}" if getattr(child, f"{slot}_l{l}", None) is not None else None
-                 for slot in _slots(kind)]
+                 for slot in slots(kind)]
         units.append(Unit(kind, f"{prefix}l{l}", child, names, layer=first + l, input_size=g.input_size,
                           hidden_size=H, proj_size=P, out_size=g.out_size, options=dict(options)))
         if child.dropout > 0 and l < child.num_layers - 1:
@@ -272,12 +186,12 @@ def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> 
     if child.max_norm is not None or child.sparse:
         raise ValueError(f"Pipeline: Embedding {name!r}: max_norm and sparse are not supported")
     pad = -1 if child.padding_idx is None else child.padding_idx
-    return [Unit("embedding", name, child, list(_slots("embedding")), out_size=child.embedding_dim,
+    return [Unit("embedding", name, child, list(slots("embedding")), out_size=child.embedding_dim,
                  options=dict(padding_idx=pad, scale_grad_by_freq=child.scale_grad_by_freq))]
 
 
 def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[Unit]:
-    return [Unit("linear", name, child, _present_slots("linear", child), input_size=child.in_features,
+    return [Unit("linear", name, child, _presentslots("linear", child), input_size=child.in_features,
                  out_size=child.out_features)]
 
 
@@ -291,7 +205,7 @@ def _normalized_width(name: str, child: nn.Module) -> int:
 
 def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
     width = _normalized_width(name, child)
-    return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), input_size=width, out_size=width,
+    return [Unit("layer_norm", name, child, _presentslots("layer_norm", child), input_size=width, out_size=width,
                  options=dict(eps=float(child.eps)))]
 
 
@@ -299,7 +213,7 @@ def _rms_norm_units(name: str, child: nn.RMSNorm, before: Sequence[Unit]) -> Lis
     width = _normalized_width(name, child)
     # eps=None: torch's default, the machine epsilon of the input's dtype (-1 to the engine).
     eps = -1.0 if child.eps is None else float(child.eps)
-    return [Unit("rms_norm", name, child, _present_slots("rms_norm", child), input_size=width, out_size=width,
+    return [Unit("rms_norm", name, child, _presentslots("rms_norm", child), input_size=width, out_size=width,
                  options=dict(eps=eps))]
 
 
