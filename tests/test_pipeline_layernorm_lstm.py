@@ -98,14 +98,6 @@ def test_zoneout_is_refused_by_name():
         pipelstm.Pipeline(model, ["cpu", "cpu"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_cuda_stage_is_refused_by_name():
-    model = nn.Sequential(pipelstm.LayerNormLSTM(E, H, 2)).cuda()
-    pipe = pipelstm.Pipeline(model, ["cuda:0", "cuda:0"])
-    with pytest.raises(RuntimeError, match="a LayerNorm LSTM layer\\) runs on the CPU only"):
-        pipe(torch.randn(5, 2, E, device="cuda"))
-
-
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                     reason="torch.distributed with gloo is not available")
 def test_pipeline_parallel_trains_it_and_keeps_its_state_dict(mesh):

@@ -1,0 +1,93 @@
+"""The LayerNorm LSTM and zoneout on CUDA, against the CPU's fused ops in
+float64 with the same weights (and, for zoneout, the same keep masks):
+outputs, final states and every gradient. On CUDA the LayerNorm LSTM is a
+composition of torch ops and zoneout runs in the CUDA step loop's pointwise
+items, neither of which the CPU suite can reach."""
+
+import os
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_sequence
+
+import pipelstm
+from pipelstm import ops
+
+pytestmark = pytest.mark.gpu
+
+# PIPELSTM_TEST_DEVICE=cpu runs these against the CPU itself: only to check
+# the tests' own code where there is no GPU.
+DEVICE = os.environ.get("PIPELSTM_TEST_DEVICE", "cuda")
+TOL = dict(rtol=1e-9, atol=1e-9)
+
+
+def _both(a, b, grads_a, grads_b):
+    for x, y in zip((*a, *grads_a), (*b, *grads_b)):
+        torch.testing.assert_close(x.cpu(), y, **TOL)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_layernorm_lstm_matches_the_cpu(bidirectional, packed):
+    torch.manual_seed(0)
+    cpu = pipelstm.LayerNormLSTM(4, 6, num_layers=2, bidirectional=bidirectional).double()
+    with torch.no_grad():
+        for name, p in cpu.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+    dev = pipelstm.LayerNormLSTM(4, 6, num_layers=2, bidirectional=bidirectional).double().to(DEVICE)
+    dev.load_state_dict(cpu.state_dict())
+    seqs = [torch.randn(n, 4, dtype=torch.float64) for n in (7, 3, 5)]
+    results = []
+    for lstm, device in ((dev, DEVICE), (cpu, "cpu")):
+        if packed:
+            x = pack_sequence([s.to(device) for s in seqs], enforce_sorted=False)
+            out, (h, c) = lstm(x)
+            data = out.data
+        else:
+            x = torch.stack([s[:3] for s in seqs], 1).to(device)
+            out, (h, c) = lstm(x)
+            data = out
+        loss = data.sin().sum() + h.cos().sum() + c.square().sum()
+        grads = torch.autograd.grad(loss, list(lstm.parameters()))
+        results.append(((data, h, c), grads))
+    _both(results[0][0], results[1][0], results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_zoneout_layer_op_matches_the_cpu(packed, reverse):
+    # the same 0/1 keep masks on both devices: CUDA's pointwise items against the CPU's fused loops
+    torch.manual_seed(0)
+    I, H = 5, 7
+    if packed:
+        lengths = [6, 4, 1]
+        seq = pack_sequence([torch.randn(n, I, dtype=torch.float64) for n in lengths])
+        x, batch_sizes, rows = seq.data, seq.batch_sizes, seq.data.shape[0]
+        shape, B = (rows, H), len(lengths)
+    else:
+        x, batch_sizes = torch.randn(6, 3, I, dtype=torch.float64), None
+        shape, B = (6, 3, H), 3
+    args = [torch.randn(B, H, dtype=torch.float64), torch.randn(B, H, dtype=torch.float64),
+            torch.randn(4 * H, I, dtype=torch.float64), torch.randn(4 * H, H, dtype=torch.float64),
+            torch.randn(4 * H, dtype=torch.float64), torch.randn(4 * H, dtype=torch.float64)]
+    keep_c = (torch.rand(shape) < 0.3).double()
+    keep_h = (torch.rand(shape) < 0.4).double()
+    results = []
+    for device in (DEVICE, "cpu"):
+        xs = x.to(device).requires_grad_()
+        ts = [t.to(device).requires_grad_() for t in args]
+        out, h, c = ops.lstm_zoneout_layer(xs, batch_sizes, *ts, keep_c.to(device), keep_h.to(device),
+                                           reverse=reverse)
+        loss = out.sin().sum() + h.cos().sum() + c.square().sum()
+        results.append(((out, h, c), torch.autograd.grad(loss, [xs, *ts])))
+    _both(results[0][0], results[1][0], results[0][1], results[1][1])
+
+
+def test_a_cuda_pipeline_stage_refuses_the_layernorm_lstm_by_name():
+    if DEVICE == "cpu":
+        pytest.skip("the CPU stand-in has no CUDA stage")
+    model = torch.nn.Sequential(pipelstm.LayerNormLSTM(4, 6, 2)).cuda()
+    pipe = pipelstm.Pipeline(model, ["cuda:0", "cuda:0"])
+    with pytest.raises(RuntimeError, match=r"a LayerNorm LSTM layer\) runs on the CPU only"):
+        pipe(torch.randn(5, 2, 4, device="cuda"))
