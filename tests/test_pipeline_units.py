@@ -32,8 +32,14 @@ def test_an_activation_matches_its_exact_type():
         def forward(self, x):
             return super().forward(x) + 1
 
-    with pytest.raises(ValueError, match=r"module '1' \(Shifted\) is not supported"):
+    with pytest.raises(ValueError, match=r"module '1' \(Shifted\) computes in its own way \(.*Shifted.forward\)"):
         flatten(nn.Sequential(nn.Linear(2, 2), Shifted()).named_children())
+
+    class Renamed(nn.ReLU):  # nothing redefined, but an activation is matched by its exact type
+        pass
+
+    with pytest.raises(ValueError, match=r"module '1' \(Renamed\) is not supported"):
+        flatten(nn.Sequential(nn.Linear(2, 2), Renamed()).named_children())
 
 
 def test_every_kind_and_activation_is_the_engines():
@@ -84,3 +90,44 @@ def test_a_units_reference_is_its_module():
     (u,) = flatten([("0", lin)])
     x = torch.randn(4, 3)
     assert torch.equal(u.reference()(x), lin(x))
+
+
+class _ScaledLinear(nn.Linear):  # e.g. a LoRA layer: nn.Linear's parameters, its own forward
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class _SquaredLSTM(nn.LSTM):
+    def forward(self, x, hx=None):
+        return super().forward(x * x, hx)
+
+
+class _OwnDirection(pipelstm.LSTM):
+    def _direction(self, *args, **kwargs):
+        return super()._direction(*args, **kwargs)
+
+
+class _InitOnlyLinear(nn.Linear):
+    def __init__(self, n):
+        super().__init__(n, n)
+        nn.init.eye_(self.weight)
+
+
+class _PlainLayerNormLSTM(pipelstm.LayerNormLSTM):
+    pass
+
+
+@pytest.mark.parametrize("module, where", [
+    (_ScaledLinear(4, 4), "_ScaledLinear.forward"), (_SquaredLSTM(4, 4), "_SquaredLSTM.forward"),
+    (_OwnDirection(4, 4), "_OwnDirection._direction"),
+])
+def test_a_subclass_that_computes_in_its_own_way_is_refused_by_name(module, where):
+    # It would otherwise run as the units of the class it derives from, without its code.
+    with pytest.raises(ValueError, match=rf"module '1' \({type(module).__name__}\) computes in its own way "
+                                         rf"\({where}\)"):
+        flatten(nn.Sequential(nn.Linear(4, 4), module).named_children())
+
+
+def test_a_subclass_that_computes_as_its_base_is_flattened_as_it():
+    units = flatten(nn.Sequential(_InitOnlyLinear(4), _PlainLayerNormLSTM(4, 4)).named_children())
+    assert [u.kind for u in units] == ["linear", "layernorm_lstm"]

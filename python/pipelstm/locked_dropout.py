@@ -34,6 +34,8 @@ class LockedDropout(nn.Module):
     the identity.
     """
 
+    _pipeline_unit_kind = "variational_dropout"  # a pipeline's unit for it (pipeline/units.py)
+
     def __init__(self, p: float = 0.5, batch_first: bool = False) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:

@@ -115,6 +115,7 @@ class LSTM(nn.RNNBase):
     _pipeline: Optional[LSTMPipeline] = None  # set by devices=: the pipelined LSTM
     _regularisation = Regularisation()  # set by the constructor (a model pickled before it has none)
     _exports_as_nn_lstm = True  # ONNX export runs nn.LSTM's own path on these parameters
+    _pipeline_unit_kind = "lstm"  # a pipeline's units for its layers (pipeline/units.py)
 
     @_with_nn_lstm_arguments
     def __init__(

@@ -246,6 +246,23 @@ def _flattener(child: nn.Module) -> Optional[_Flatten]:
     return _activation_units if type(child) in ACTIVATIONS else None
 
 
+# What a module's class may redefine and still compute as the class the
+# pipeline runs it as: anything but these.
+_COMPUTING = ("forward", "_run_layers", "_layers", "_direction")
+
+
+def _own_computation(child: nn.Module) -> Optional[str]:
+    """``"Class.method"`` where a class between ``child``'s and the one its
+    units stand for (torch's own, or a pipelstm class that declares its
+    units' kind) redefines how it computes, if one does: the pipeline would
+    run the units of the class it derives from, not that code."""
+    mro = type(child).__mro__
+    for i, base in enumerate(mro):
+        if "_pipeline_unit_kind" in vars(base) or base.__module__.startswith("torch.nn."):
+            return next((f"{c.__name__}.{h}" for c in mro[:i] for h in _COMPUTING if h in vars(c)), None)
+    return None
+
+
 def flatten(children: Iterable[Tuple[str, nn.Module]]) -> List[Unit]:
     """The units of a Sequential's ``named_children()``.
 
@@ -254,10 +271,19 @@ def flatten(children: Iterable[Tuple[str, nn.Module]]) -> List[Unit]:
 
     Raises:
         ValueError: a module the engine does not run (naming it and the
-            supported ones), a GRU, a bidirectional LSTM, or no units at all.
+            supported ones), a subclass of one that computes differently
+            (its own ``forward``), a GRU, a bidirectional LSTM, or no units
+            at all.
     """
     units: List[Unit] = []
     for name, child in children:
+        own = _own_computation(child)
+        if own is not None:
+            raise ValueError(
+                f"Pipeline: module {name!r} ({type(child).__name__}) computes in its own way ({own}), which a "
+                f"pipeline cannot run: it runs {SUPPORTED} as those modules compute. Use the module it derives "
+                "from, or keep this one outside the Sequential given to the pipeline"
+            )
         fn = _flattener(child)
         if fn is None:
             raise ValueError(
