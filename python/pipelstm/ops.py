@@ -86,7 +86,8 @@ def lstm_packed_layer(input: Tensor, batch_sizes: Tensor, h0: Tensor, c0: Tensor
         at its own last step. Padding is never computed.
     """
     if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
-        return _ops.lstm_packed_layer_composite(input, unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
+        return _ops.lstm_packed_layer_composite(input, unwrapped(batch_sizes).tolist(), h0, c0, w_ih, w_hh, b_ih,
+                                                b_hh, w_hr, reverse)
     output, h_n, c_n, _ = _ops.lstm_packed_layer_forward(
         input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
     )

@@ -13,7 +13,8 @@ state; two tables here say the rest. ``MODULES``: for each module type, the
 units it flattens into (with the values of their options). ``KINDS``: for
 each kind of unit (the engine's ``UnitKind`` of the same name), its cost per
 token for the balancing cost model and a plain-torch forward for the
-profiler (unit_kinds.py). A new kind is its file there, its entries here and its test.
+profiler (unit_kinds.py). A new kind is its file there, its entries here
+and its test.
 ``ACTIVATIONS``: the activation modules the engine runs, each by one of the
 names of the engine's table (``_C.pipeline.ACTIVATIONS``, from
 ``csrc/pipeline/units/activation.cpp``); a new activation is a row there,
@@ -134,11 +135,12 @@ ACTIVATIONS: Dict[type, Callable[[nn.Module], str]] = {
     nn.SiLU: lambda m: "silu",
     nn.Mish: lambda m: "mish",
 }
-SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM, pipelstm.LayerNormLSTM or nn.LSTM), Dropout, pipelstm.LockedDropout, Linear, LayerNorm and "
-             "RMSNorm (over the last dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and Identity")
+SUPPORTED = ("Embedding, LSTM (pipelstm.LSTM, pipelstm.LayerNormLSTM or nn.LSTM), Dropout, pipelstm.LockedDropout, "
+             "Linear, LayerNorm and RMSNorm (over the last dimension), ReLU, Tanh, Sigmoid, GELU, SiLU, Mish and "
+             "Identity")
 
 
-def _presentslots(kind: str, child: nn.Module) -> List[Optional[str]]:
+def _present_slots(kind: str, child: nn.Module) -> List[Optional[str]]:
     """The kind's slots, None where ``child`` has no such parameter (e.g. no bias)."""
     return [slot if getattr(child, slot, None) is not None else None for slot in slots(kind)]
 
@@ -191,7 +193,7 @@ def _embedding_units(name: str, child: nn.Embedding, before: Sequence[Unit]) -> 
 
 
 def _linear_units(name: str, child: nn.Linear, before: Sequence[Unit]) -> List[Unit]:
-    return [Unit("linear", name, child, _presentslots("linear", child), input_size=child.in_features,
+    return [Unit("linear", name, child, _present_slots("linear", child), input_size=child.in_features,
                  out_size=child.out_features)]
 
 
@@ -205,7 +207,7 @@ def _normalized_width(name: str, child: nn.Module) -> int:
 
 def _layer_norm_units(name: str, child: nn.LayerNorm, before: Sequence[Unit]) -> List[Unit]:
     width = _normalized_width(name, child)
-    return [Unit("layer_norm", name, child, _presentslots("layer_norm", child), input_size=width, out_size=width,
+    return [Unit("layer_norm", name, child, _present_slots("layer_norm", child), input_size=width, out_size=width,
                  options=dict(eps=float(child.eps)))]
 
 
@@ -213,7 +215,7 @@ def _rms_norm_units(name: str, child: nn.RMSNorm, before: Sequence[Unit]) -> Lis
     width = _normalized_width(name, child)
     # eps=None: torch's default, the machine epsilon of the input's dtype (-1 to the engine).
     eps = -1.0 if child.eps is None else float(child.eps)
-    return [Unit("rms_norm", name, child, _presentslots("rms_norm", child), input_size=width, out_size=width,
+    return [Unit("rms_norm", name, child, _present_slots("rms_norm", child), input_size=width, out_size=width,
                  options=dict(eps=eps))]
 
 
