@@ -174,7 +174,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--weight-dropout", type=float, default=0.0,
-                    help="DropConnect on the LSTM's recurrent weights, one mask per step (AWD-LSTM)")
+                    help="DropConnect on the LSTM's recurrent weights, one mask per training step (AWD-LSTM)")
     ap.add_argument("--dropout-mode", choices=("element", "variational"), default="element",
                     help="the dropout between LSTM layers: per element, or one mask per sequence")
     ap.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
