@@ -131,3 +131,21 @@ def test_a_subclass_that_computes_in_its_own_way_is_refused_by_name(module, wher
 def test_a_subclass_that_computes_as_its_base_is_flattened_as_it():
     units = flatten(nn.Sequential(_InitOnlyLinear(4), _PlainLayerNormLSTM(4, 4)).named_children())
     assert [u.kind for u in units] == ["linear", "layernorm_lstm"]
+
+
+class _Doubled(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def test_a_parametrization_is_seen_through():
+    # torch.nn.utils.parametrize wraps the module's class in a class of its
+    # own: a Linear stays a Linear, a subclass with its own forward stays refused.
+    from torch.nn.utils import parametrize
+
+    plain, own = nn.Linear(4, 4), _ScaledLinear(4, 4)
+    for m in (plain, own):
+        parametrize.register_parametrization(m, "weight", _Doubled())
+    assert [u.kind for u in flatten([("0", plain)])] == ["linear"]
+    with pytest.raises(ValueError, match=r"computes in its own way \(_ScaledLinear.forward\)"):
+        flatten([("0", own)])

@@ -260,7 +260,9 @@ def _own_computation(child: nn.Module) -> Optional[str]:
     run the units of the class it derives from, not that code."""
     mro = type(child).__mro__
     for i, base in enumerate(mro):
-        if "_pipeline_unit_kind" in vars(base) or base.__module__.startswith("torch.nn."):
+        # torch's module classes (torch.nn.modules); a parametrization's class
+        # (torch.nn.utils.parametrize) only wraps the one it derives from
+        if "_pipeline_unit_kind" in vars(base) or base.__module__.startswith("torch.nn.modules."):
             return next((f"{c.__name__}.{h}" for c in mro[:i] for h in _COMPUTING if h in vars(c)), None)
     return None
 
