@@ -14,6 +14,8 @@ from torch.nn.utils.rnn import pack_sequence
 import pipelstm
 from pipelstm.pipeline.units import flatten
 
+from distributed_utils import needs_gloo
+
 TOL = dict(rtol=1e-10, atol=1e-10)
 V, E, H, L = 19, 6, 8, 3
 LENGTHS = [9, 2, 7, 1, 9, 3]  # with K = 6 the short micro-batches have items without rows
@@ -98,8 +100,7 @@ def test_zoneout_is_refused_by_name():
         pipelstm.Pipeline(model, ["cpu", "cpu"])
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                    reason="torch.distributed with gloo is not available")
+@needs_gloo
 def test_pipeline_parallel_trains_it_and_keeps_its_state_dict(mesh):
     # PipelineParallel (a gloo group of one) on the same units: the loss and
     # every gradient equal the unsplit model's, and its state_dict is the
