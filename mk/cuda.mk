@@ -4,7 +4,7 @@
 # linked), imported on a machine without a GPU, and the CPU test suite run
 # against that build. Needs an nvcc of torch's CUDA major (see docs/cuda.md).
 #
-#   make test-cuda-build    all of it (about 6.5 minutes from scratch on 2 cores)
+#   make test-cuda-build    all of it (about 5 minutes from scratch on 2 cores)
 #   make cuda-venv          only the environment (.venv-cuda)
 #   make cuda-build         only the build, installed into it
 #
