@@ -28,7 +28,7 @@ from .. import _C
 from ..backends import cpu
 from ..lstm import LSTM
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import interleaved_times, medians
 
 __all__ = ["main"]
@@ -122,9 +122,8 @@ def run(T: int, B: int, H: int, layers: int, threads: int, steps: int, repeats: 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("cpu_paths", __doc__, threads=(1, 2), repeats=5)
+    p = report.argument_parser("cpu_paths", __doc__, threads=(1, 2), repeats=5, quick=report.QUICK)
     p.add_argument("--steps", type=int, default=100, help="training steps of a run (default 100)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     meta = report.metadata("cpu_paths", argv)
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -139,8 +138,7 @@ def main(argv=None) -> List[dict]:
         cache = os.path.join(d, "paths.tsv")
         for threads in args.threads:
             for T, B, H, layers in shapes:
-                rows.append(run(T, B, H, layers, threads, steps, args.repeats, cache))
-                print(row_line(COLUMNS, rows[-1]), flush=True)
+                add_row(rows, COLUMNS, run(T, B, H, layers, threads, steps, args.repeats, cache))
     _C._cpu_forget_chosen_paths()
     report.write_json(args.json, meta, COLUMNS, rows, notes=[
         f"A run of the cost: {steps} training steps from a fresh chooser (its trials inside) against as many on "

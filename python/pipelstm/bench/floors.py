@@ -11,7 +11,7 @@ import sys
 from typing import List
 
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 
 __all__ = ["main", "floors"]
 
@@ -63,7 +63,6 @@ def main(argv=None) -> List[dict]:
             for dtype, size, rate in (("fp32", 4, args.fp32_tflops), ("bf16", 2, args.bf16_tflops)):
                 f = floors(T, B, I, H, layers, size, rate * 1e12, args.bandwidth_tbs * 1e12,
                            args.step_latency_us * 1e-6)
-                rows.append(dict(T=T, B=B, H=H, layers=layers, dtype=dtype, **f))
-                print(row_line(COLUMNS, rows[-1]))
+                add_row(rows, COLUMNS, dict(T=T, B=B, H=H, layers=layers, dtype=dtype, **f))
     report.write_json(args.json, meta, COLUMNS, rows)
     return rows

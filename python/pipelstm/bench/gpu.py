@@ -57,7 +57,7 @@ from ..lstm import LSTM
 from . import report
 from .floors import floors
 from .memory import device_peak_bytes
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import interleaved_times, medians
 
 __all__ = ["SETTINGS", "GRID", "main"]
@@ -241,7 +241,7 @@ def device_info(device: str) -> Dict[str, object]:
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("gpu", __doc__, repeats=5, per="side")
+    p = report.argument_parser("gpu", __doc__, repeats=5, per="side", quick=report.QUICK)
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu with --quick to check the bench")
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     for axis, values in GRID.items():
@@ -251,7 +251,6 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     p.add_argument("--budget-seconds", type=float, default=None,
                    help="start no row after this many seconds (the first always runs); the rest are listed as not run "
                         "(default: no limit)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the bench runs")
     p.add_argument("--variant", nargs="+", default=[], metavar="SWITCH=VALUE",
                    help="also time pipelstm with these pipelstm.backends.cuda switches (persistent=1, "
                         "layer_wavefront=8, graphs=0), alternated with both sides")
@@ -278,11 +277,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     for setting, layers, T, B, H in itertools.product(args.settings, grid["layers"], grid["T"], grid["B"],
                                                        grid["H"]):
         if rows and args.budget_seconds is not None and time.perf_counter() - start > args.budget_seconds:
-            rows.append(dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None,
-                             note=f"not run: past --budget-seconds {args.budget_seconds:g}"))
+            row = dict(setting=setting, layers=layers, T=T, B=B, H=H, ours=None, peer=None, ratio=None,
+                       note=f"not run: past --budget-seconds {args.budget_seconds:g}")
         else:
-            rows.append(measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds, variant))
-        print(row_line(columns, rows[-1]), flush=True)
+            row = measure(setting, layers, T, B, H, args.repeats, args.device, args.row_seconds, variant)
+        add_row(rows, columns, row)
     summary = summarize(rows)
     tables = [dict(title="Summary", columns=SUMMARY_COLUMNS, rows=summary)]
     report.print_tables(tables)

@@ -239,7 +239,7 @@ SKIPPED_COLUMNS = [Column("threads", "threads"), Column("mode", "mode"), Column(
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("grid", __doc__, threads=(1, 2), repeats=5, per="side")
+    p = report.argument_parser("grid", __doc__, threads=(1, 2), repeats=5, per="side", quick=report.QUICK)
     p.add_argument("--H", type=int, nargs="+", default=None, help="hidden sizes (= input sizes)")
     p.add_argument("--B", type=int, nargs="+", default=None, help="batch sizes")
     p.add_argument("--T", type=int, nargs="+", default=None, help="sequence lengths")
@@ -250,7 +250,6 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     add_min_run_argument(p)
     p.add_argument("--budget-seconds", type=float, default=300.0,
                    help="skip rows estimated to take longer than this (0: no limit)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     meta = report.metadata("grid", argv)
     grid = QUICK_GRID if args.quick else GRID

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..ops import lstm_layer
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import gemm_gflops, interleaved_times, medians
 
 __all__ = ["main"]
@@ -66,20 +66,17 @@ def run(sizes: List[Tuple[int, int, int, int]], threads: List[int], layers: List
                 times = interleaved_times({"pipelstm": ours, "nn.LSTM": peer}, repeats, device=device)
                 t = medians(times)
                 gflops = flops(T, B, I, H, L) / t["pipelstm"] / 1e9
-                rows.append(
-                    dict(threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],
-                         speedup=t["nn.LSTM"] / t["pipelstm"], gflops=gflops, gemm=gemm, of_gemm=gflops / gemm,
-                         samples=times)
-                )
-                print(row_line(COLUMNS, rows[-1]), flush=True)
+                add_row(rows, COLUMNS, dict(
+                    threads=n_threads, T=T, B=B, I=I, H=H, layers=L, ours=t["pipelstm"], peer=t["nn.LSTM"],
+                    speedup=t["nn.LSTM"] / t["pipelstm"], gflops=gflops, gemm=gemm, of_gemm=gflops / gemm,
+                    samples=times))
     return rows
 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("layer", __doc__, threads=(1, 2), repeats=5)
+    p = report.argument_parser("layer", __doc__, threads=(1, 2), repeats=5, quick=report.QUICK)
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     p.add_argument("--device", default="cpu",
                    help="cpu or cuda (against cuDNN there; TF32 off; the GPU grid is `bench gpu`)")
     args = report.parse_arguments(p, argv)

@@ -22,8 +22,9 @@ from torch import nn
 from ..layernorm_lstm import LayerNormLSTM
 from ..lstm import LSTM
 from . import report
-from .table import Column, header, row_line
-from .timing import interleaved_times, medians
+from .table import Column, add_row, header
+from .cell_loop import CellLoop
+from .timing import medians, training_step_times
 
 __all__ = ["LayerNormCellLoop", "main"]
 
@@ -39,7 +40,7 @@ LAYERS = 2
 class _Cell(nn.Module):
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
-        H = hidden_size
+        H = self.hidden_size = hidden_size
         self.weight_ih = nn.Parameter(torch.empty(4 * H, input_size))
         self.weight_hh = nn.Parameter(torch.empty(4 * H, H))
         self.bias = nn.Parameter(torch.empty(4 * H))
@@ -55,7 +56,7 @@ class _Cell(nn.Module):
         return torch.sigmoid(o) * torch.tanh(self.norm_c(c)), c
 
 
-class LayerNormCellLoop(nn.Module):
+class LayerNormCellLoop(CellLoop):
     """A LayerNorm LSTM the way users write it: a cell per layer stepped in
     Python; the weights copied from a :class:`pipelstm.LayerNormLSTM`."""
 
@@ -74,16 +75,6 @@ class LayerNormCellLoop(nn.Module):
                 cell.norm_c.bias.copy_(getattr(model, f"layer_norm_c_bias_l{k}"))
                 self.cells.append(cell)
 
-    def forward(self, x):
-        for cell in self.cells:
-            h = c = x.new_zeros(x.size(1), cell.weight_hh.size(1))
-            out = []
-            for t in range(x.size(0)):
-                h, c = cell(x[t], (h, c))
-                out.append(h)
-            x = torch.stack(out)
-        return x, None
-
 
 def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
     rows = []
@@ -95,25 +86,19 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
         x = torch.randn(T, B, H, requires_grad=True)
         want = models["layernorm"](x)[0]
         torch.testing.assert_close(models["cell_loop"](x)[0], want, atol=2e-3, rtol=0)  # the same model (float32)
-
-        def step(model):
-            model(x)[0].sum().backward()
-
-        times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+        times = training_step_times(models, x, repeats)
         t = medians(times)
-        rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, cost=t["layernorm"] / t["plain"],
-                         speedup=t["cell_loop"] / t["layernorm"], samples=times))
-        print(row_line(COLUMNS, rows[-1]), flush=True)
+        add_row(rows, COLUMNS, dict(threads=n_threads, T=T, B=B, H=H, **t, cost=t["layernorm"] / t["plain"],
+                                    speedup=t["cell_loop"] / t["layernorm"], samples=times))
     return rows
 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("layernorm", __doc__, threads=(1, 2), repeats=7)
+    p = report.argument_parser("layernorm", __doc__, threads=(1, 2), repeats=7, quick=report.QUICK)
     p.add_argument("--T", type=int, default=64)
     p.add_argument("--B", type=int, nargs="+", default=[8, 32])
     p.add_argument("--H", type=int, nargs="+", default=[256, 512])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     meta = report.metadata("layernorm", argv)
     T, batches, sizes = (6, [2], [8]) if args.quick else (args.T, args.B, args.H)

@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from ..lstm import LSTM
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import interleaved_times, medians
 
 __all__ = ["main"]
@@ -69,18 +69,16 @@ def run(T: int, B: int, I: int, H: int, threads: List[int], repeats: int, dtype:
 
             times = interleaved_times({"ours": lambda: step(ours), "peer": lambda: step(peer)}, repeats)
             t = medians(times)
-            rows.append(dict(threads=n_threads, dtype=dtype, case=case["name"], T=T, B=B, I=I, H=H, ours=t["ours"], peer=t["peer"],
-                             speedup=t["peer"] / t["ours"], samples=times))
-            print(row_line(COLUMNS, rows[-1]), flush=True)
+            add_row(rows, COLUMNS, dict(threads=n_threads, dtype=dtype, case=case["name"], T=T, B=B, I=I, H=H,
+                                        ours=t["ours"], peer=t["peer"], speedup=t["peer"] / t["ours"], samples=times))
     return rows
 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("module", __doc__, threads=(1, 2), repeats=5)
+    p = report.argument_parser("module", __doc__, threads=(1, 2), repeats=5, quick=report.QUICK)
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="both modules in this dtype (default float32)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     meta = report.metadata("module", argv)
     if args.quick:

@@ -18,7 +18,7 @@ import torch
 
 from .. import _C
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import interleaved_times, spread
 
 __all__ = ["main", "fma_gflops"]
@@ -37,10 +37,10 @@ def fma_gflops(threads: int, iterations: int) -> float:
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("peak", __doc__, threads=(1, 2), repeats=7)
+    p = report.argument_parser("peak", __doc__, threads=(1, 2), repeats=7,
+                               quick="short runs, to check that the benchmark runs")
     p.add_argument("--iterations", type=int, default=50_000_000, help="FMAs per chain and thread in one run")
     p.add_argument("--mm", type=int, default=2048, help="the size of the square torch.mm")
-    p.add_argument("--quick", action="store_true", help="short runs, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     if any(t < 1 for t in args.threads):
         p.error(f"--threads must be at least 1, got {args.threads}")
@@ -61,10 +61,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             fma_seconds = statistics.median(times["fma"])
             mm = 2 * n**3 / statistics.median(times["mm"]) / 1e9
             fma = _C._fma_loop_flop(iterations) * threads / fma_seconds / 1e9
-            rows.append(dict(threads=threads, isa=_C.cpu_isa(), vec=vec, fma_gflops=fma,
-                             fma_spread=spread(times["fma"]), mm_gflops=mm, mm_of_peak=mm / fma,
-                             iterations=iterations, mm_size=n, samples=times["fma"]))
-            print(row_line(COLUMNS, rows[-1]))
+            add_row(rows, COLUMNS, dict(threads=threads, isa=_C.cpu_isa(), vec=vec, fma_gflops=fma,
+                                        fma_spread=spread(times["fma"]), mm_gflops=mm, mm_of_peak=mm / fma,
+                                        iterations=iterations, mm_size=n, samples=times["fma"]))
     finally:
         torch.set_num_threads(previous)
     report.write_json(args.json, meta, COLUMNS, rows, notes=[

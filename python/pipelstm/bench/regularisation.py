@@ -30,8 +30,9 @@ from torch import nn
 
 from ..lstm import LSTM
 from . import report
-from .table import Column, header, row_line
-from .timing import interleaved_times, medians
+from .table import Column, add_row, header
+from .cell_loop import CellLoop
+from .timing import medians, training_step_times
 
 __all__ = ["WeightDropLSTM", "main"]
 
@@ -72,7 +73,7 @@ class WeightDropLSTM(nn.Module):
         return self.lstm(x)
 
 
-class ZoneoutCellLoop(nn.Module):
+class ZoneoutCellLoop(CellLoop):
     """Zoneout the way users write it without a fused layer: per layer an
     ``nn.LSTMCell`` stepped in Python, each step's (h, c) blended with the
     previous ones by masks drawn per step, dropout between layers."""
@@ -88,21 +89,12 @@ class ZoneoutCellLoop(nn.Module):
         self.p_c, self.p_h = zoneout
         self.dropout = lstm.dropout
 
-    def forward(self, x):
-        for layer, cell in enumerate(self.cells):
-            h = c = x.new_zeros(x.size(1), cell.hidden_size)
-            out = []
-            for t in range(x.size(0)):
-                new_h, new_c = cell(x[t], (h, c))
-                keep_c = torch.rand_like(c).lt_(self.p_c).to(c.dtype)
-                keep_h = torch.rand_like(h).lt_(self.p_h).to(h.dtype)
-                c = keep_c * c + (1 - keep_c) * new_c
-                h = keep_h * h + (1 - keep_h) * new_h
-                out.append(h)
-            x = torch.stack(out)
-            if layer < len(self.cells) - 1:
-                x = F.dropout(x, self.dropout, self.training)
-        return x, None
+    def step(self, cell, x, state):
+        h, c = state
+        new_h, new_c = cell(x, state)
+        keep_c = torch.rand_like(c).lt_(self.p_c).to(c.dtype)
+        keep_h = torch.rand_like(h).lt_(self.p_h).to(h.dtype)
+        return keep_h * h + (1 - keep_h) * new_h, keep_c * c + (1 - keep_c) * new_c
 
 
 def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
@@ -122,27 +114,21 @@ def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
         models["peer"] = WeightDropLSTM(peer, P_WEIGHT)
         models["cell_loop"] = ZoneoutCellLoop(base, ZONEOUT)
         x = torch.randn(T, B, H, requires_grad=True)
-
-        def step(model):
-            model(x)[0].sum().backward()
-
-        times = interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+        times = training_step_times(models, x, repeats)
         t = medians(times)
-        rows.append(dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
-                         variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
-                         speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],
-                         zoneout_speedup=t["cell_loop"] / t["zoneout"], samples=times))
-        print(row_line(COLUMNS, rows[-1]), flush=True)
+        add_row(rows, COLUMNS, dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
+                                    variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
+                                    speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],
+                                    zoneout_speedup=t["cell_loop"] / t["zoneout"], samples=times))
     return rows
 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = report.argument_parser("regularisation", __doc__, threads=(1, 2), repeats=7)
+    p = report.argument_parser("regularisation", __doc__, threads=(1, 2), repeats=7, quick=report.QUICK)
     p.add_argument("--T", type=int, default=64)
     p.add_argument("--B", type=int, default=32)
     p.add_argument("--H", type=int, nargs="+", default=[256, 512, 1024])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     meta = report.metadata("regularisation", argv)
     T, B, sizes = (6, 2, [8]) if args.quick else (args.T, args.B, args.H)

@@ -169,10 +169,15 @@ def metadata(bench: str, argv: Sequence[str]) -> Dict[str, object]:
                 commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
+QUICK = "tiny sizes, to check that the benchmark runs"
+
+
 def argument_parser(bench: str, description: Optional[str], *, threads: Optional[Sequence[int]] = None,
-                    repeats: Optional[int] = None, per: str = "row") -> argparse.ArgumentParser:
+                    repeats: Optional[int] = None, per: str = "row", quick: Optional[str] = None
+                    ) -> argparse.ArgumentParser:
     """A bench's parser (``python -m pipelstm.bench BENCH``), with the options most benches share where asked
-    for: ``--threads`` (default ``threads``) and ``--repeats`` (timed runs per ``per``, default ``repeats``)."""
+    for: ``--threads`` (default ``threads``), ``--repeats`` (timed runs per ``per``, default ``repeats``) and
+    ``--quick`` (a flag whose help is ``quick``, e.g. :data:`QUICK`)."""
     parser = argparse.ArgumentParser(prog=f"python -m pipelstm.bench {bench}", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     if threads is not None:
@@ -180,6 +185,8 @@ def argument_parser(bench: str, description: Optional[str], *, threads: Optional
     if repeats is not None:
         parser.add_argument("--repeats", type=int, default=repeats,
                             help=f"timed runs per {per} (median reported; at least 5)")
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
     return parser
 
 

@@ -9,7 +9,7 @@ docs`` rebuild the table from the JSON alone.
 from dataclasses import asdict, dataclass
 from typing import Iterable, List, Mapping, Sequence
 
-__all__ = ["Column", "header", "row_line", "markdown", "columns_to_json", "columns_from_json"]
+__all__ = ["Column", "header", "row_line", "add_row", "markdown", "columns_to_json", "columns_from_json"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,12 @@ def header(columns: Sequence[Column]) -> str:
 def row_line(columns: Sequence[Column], row: Mapping) -> str:
     """One row of the table."""
     return "| " + " | ".join(c.cell(row) for c in columns) + " |"
+
+
+def add_row(rows: List[Mapping], columns: Sequence[Column], row: Mapping) -> None:
+    """Keeps ``row`` and prints it as the table's next line at once (a long run shows its progress)."""
+    rows.append(row)
+    print(row_line(columns, row), flush=True)
 
 
 def markdown(columns: Sequence[Column], rows: Iterable[Mapping]) -> str:

@@ -13,7 +13,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "medians", "median_index", "spread", "gemm_gflops"]
+__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "training_step_times", "medians",
+           "median_index", "spread", "gemm_gflops"]
 
 
 def interleaved_times(
@@ -65,6 +66,15 @@ def interleaved_times(
             sync()
             times[name].append(own if isinstance(own, float) else (time.perf_counter() - start) / calls[name])
     return times
+
+
+def training_step_times(models: Dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> Dict[str, List[float]]:
+    """:func:`interleaved_times` of each model's training step on ``x``: the forward, then the backward of
+    the sum of its output (the first of what it returns, as ``nn.LSTM``'s)."""
+    def step(model: torch.nn.Module) -> None:
+        model(x)[0].sum().backward()
+
+    return interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
 
 
 def add_min_run_argument(parser: argparse.ArgumentParser) -> None:

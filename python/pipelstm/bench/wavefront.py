@@ -20,7 +20,6 @@ is the faster of the chunk counts tried, and ``wavefront / threads`` says
 whether it beats pipelstm.LSTM on N intra-op threads (> 1: it does).
 """
 
-import argparse
 import sys
 from typing import List
 
@@ -29,7 +28,7 @@ from torch import nn
 
 from ..lstm import LSTM
 from . import report
-from .table import Column, header, row_line
+from .table import Column, add_row, header
 from .timing import add_min_run_argument, interleaved_times, medians
 
 __all__ = ["main"]
@@ -74,21 +73,19 @@ def run(T: int, sizes: List[int], batches: List[int], layers: List[int], chunks:
                     t = medians(times)
                     best_k = min(chunks, key=lambda K: t[f"wave{K}"])
                     wave = t[f"wave{best_k}"]
-                    rows.append(dict(
+                    add_row(rows, COLUMNS, dict(
                         **{"pass": mode}, T=T, H=H, B=B, layers=L, cores=cores, peer=t["peer"],
                         threads_ms=t["threads"], wave_ms=wave, K=best_k,
                         threads_x=t["peer"] / t["threads"], wave_x=t["peer"] / wave,
                         wave_vs_threads=t["threads"] / wave,
                         wave_by_k={K: t[f"wave{K}"] for K in chunks}, samples=times,
                     ))
-                    print(row_line(COLUMNS, rows[-1]), flush=True)
     return rows
 
 
 def main(argv=None) -> List[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m pipelstm.bench wavefront", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = report.argument_parser("wavefront", __doc__, repeats=5, per="configuration", quick=report.QUICK)
     p.add_argument("--cores", type=int, default=2, help="N: intra-op threads, or stages of one thread (default 2)")
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 512], help="H (= I)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -96,9 +93,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--chunks", type=int, nargs="+", default=None,
                    help="K values tried for the wavefront (default 4 16; --quick: 2)")
     p.add_argument("--passes", nargs="+", choices=["fwd+bwd", "forward"], default=["fwd+bwd", "forward"])
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per configuration (median; at least 5)")
     add_min_run_argument(p)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check that the benchmark runs")
     args = report.parse_arguments(p, argv)
     if args.quick:
         args.sizes, args.batches, args.layers, T = [16], [2], [2], 8
