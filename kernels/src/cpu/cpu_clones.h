@@ -3,8 +3,35 @@
 // so the binary runs on any x86-64 and still uses AVX-512 where it exists.
 #pragma once
 
+#include <type_traits>
+#include <utility>
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define PIPELSTM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PIPELSTM_CPU_CLONES
 #endif
+
+// `name(const Args<float>& a, int64_t b0, int64_t b1)`, built as clones: the
+// rows [b0, b1) of a step kernel, `body(a, b0, b1)`.
+#define PIPELSTM_CPU_CLONED_ROWS(name, Args, body)                                  \
+  PIPELSTM_CPU_CLONES void name(const Args<float>& a, int64_t b0, int64_t b1) { \
+    body(a, b0, b1);                                                                \
+  }
+
+namespace pipelstm {
+namespace kernels {
+
+// Calls `cloned`, a float entry point marked PIPELSTM_CPU_CLONES, where T is
+// float, and `plain`, the same code as written, for any other T.
+template <typename T, class Cloned, class Plain, class... Args>
+inline void float_through_clones(Cloned cloned, Plain plain, Args&&... args) {
+  if constexpr (std::is_same_v<T, float>) {
+    cloned(std::forward<Args>(args)...);
+  } else {
+    plain(std::forward<Args>(args)...);
+  }
+}
+
+}  // namespace kernels
+}  // namespace pipelstm

@@ -227,53 +227,30 @@ PIPELSTM_CPU_CLONES void norm_backward_rows_f32(float* grad, const float* x_hat,
   norm_backward_rows(grad, x_hat, rstd, n, b0, b1);
 }
 
-PIPELSTM_CPU_CLONES void forward_f32(const LayerNormStepForwardArgs<float>& a, int64_t b0,
-                                     int64_t b1) {
-  forward_dispatch(a, b0, b1);
-}
-
-PIPELSTM_CPU_CLONES void backward_f32(const LayerNormStepBackwardArgs<float>& a, int64_t b0,
-                                      int64_t b1) {
-  backward_dispatch(a, b0, b1);
-}
+PIPELSTM_CPU_CLONED_ROWS(forward_f32, LayerNormStepForwardArgs, forward_dispatch)
+PIPELSTM_CPU_CLONED_ROWS(backward_f32, LayerNormStepBackwardArgs, backward_dispatch)
 
 }  // namespace
 
 // float through the clones above, double as written.
 template <typename T>
 void layer_norm_rows(T* x, T* rstd, int64_t n, T eps, int64_t b0, int64_t b1) {
-  if constexpr (std::is_same_v<T, float>) {
-    norm_rows_f32(x, rstd, n, eps, b0, b1);
-  } else {
-    norm_rows(x, rstd, n, eps, b0, b1);
-  }
+  float_through_clones<T>(norm_rows_f32, norm_rows<T>, x, rstd, n, eps, b0, b1);
 }
 
 template <typename T>
 void layer_norm_backward_rows(T* grad, const T* x_hat, const T* rstd, int64_t n, int64_t b0, int64_t b1) {
-  if constexpr (std::is_same_v<T, float>) {
-    norm_backward_rows_f32(grad, x_hat, rstd, n, b0, b1);
-  } else {
-    norm_backward_rows(grad, x_hat, rstd, n, b0, b1);
-  }
+  float_through_clones<T>(norm_backward_rows_f32, norm_backward_rows<T>, grad, x_hat, rstd, n, b0, b1);
 }
 
 template <typename T>
 void layernorm_step_forward_rows(const LayerNormStepForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  if constexpr (std::is_same_v<T, float>) {
-    forward_f32(a, b0, b1);
-  } else {
-    forward_dispatch(a, b0, b1);
-  }
+  float_through_clones<T>(forward_f32, forward_dispatch<T>, a, b0, b1);
 }
 
 template <typename T>
 void layernorm_step_backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  if constexpr (std::is_same_v<T, float>) {
-    backward_f32(a, b0, b1);
-  } else {
-    backward_dispatch(a, b0, b1);
-  }
+  float_through_clones<T>(backward_f32, backward_dispatch<T>, a, b0, b1);
 }
 
 #define PIPELSTM_LAYERNORM_ROWS(T)                                                               \

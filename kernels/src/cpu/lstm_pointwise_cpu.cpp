@@ -113,7 +113,7 @@ PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, 
 }
 
 template <typename T, bool kGradOut>
-PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
+PIPELSTM_HD void backward_dispatch_grad_out(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
   const bool gh = a.grad_h != nullptr;
   const bool gc = a.grad_c != nullptr;
   if (a.keep_c != nullptr) {
@@ -130,44 +130,30 @@ PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0
 
 template <typename T>
 PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  if (a.grad_out != nullptr) return backward_dispatch<T, true>(a, b0, b1);
-  backward_dispatch<T, false>(a, b0, b1);
+  if (a.grad_out != nullptr) return backward_dispatch_grad_out<T, true>(a, b0, b1);
+  backward_dispatch_grad_out<T, false>(a, b0, b1);
 }
 
-PIPELSTM_CPU_CLONES void forward_f32(const PointwiseForwardArgs<float>& a, int64_t b0,
-                                     int64_t b1) {
-  forward_dispatch(a, b0, b1);
-}
-
-PIPELSTM_CPU_CLONES void backward_f32(const PointwiseBackwardArgs<float>& a, int64_t b0,
-                                      int64_t b1) {
-  backward_dispatch(a, b0, b1);
-}
+PIPELSTM_CPU_CLONED_ROWS(forward_f32, PointwiseForwardArgs, forward_dispatch)
+PIPELSTM_CPU_CLONED_ROWS(backward_f32, PointwiseBackwardArgs, backward_dispatch)
 
 }  // namespace
 
-template <>
-void pointwise_forward_cpu<float>(const PointwiseForwardArgs<float>& a, int64_t b0, int64_t b1) {
-  forward_f32(a, b0, b1);
+// float through the clones above, double as written.
+template <typename T>
+void pointwise_forward_cpu(const PointwiseForwardArgs<T>& a, int64_t b0, int64_t b1) {
+  float_through_clones<T>(forward_f32, forward_dispatch<T>, a, b0, b1);
 }
 
-template <>
-void pointwise_forward_cpu<double>(const PointwiseForwardArgs<double>& a, int64_t b0,
-                                   int64_t b1) {
-  forward_dispatch(a, b0, b1);
+template <typename T>
+void pointwise_backward_cpu(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
+  float_through_clones<T>(backward_f32, backward_dispatch<T>, a, b0, b1);
 }
 
-template <>
-void pointwise_backward_cpu<float>(const PointwiseBackwardArgs<float>& a, int64_t b0,
-                                   int64_t b1) {
-  backward_f32(a, b0, b1);
-}
-
-template <>
-void pointwise_backward_cpu<double>(const PointwiseBackwardArgs<double>& a, int64_t b0,
-                                    int64_t b1) {
-  backward_dispatch(a, b0, b1);
-}
+template void pointwise_forward_cpu<float>(const PointwiseForwardArgs<float>&, int64_t, int64_t);
+template void pointwise_forward_cpu<double>(const PointwiseForwardArgs<double>&, int64_t, int64_t);
+template void pointwise_backward_cpu<float>(const PointwiseBackwardArgs<float>&, int64_t, int64_t);
+template void pointwise_backward_cpu<double>(const PointwiseBackwardArgs<double>&, int64_t, int64_t);
 
 }  // namespace kernels
 }  // namespace pipelstm
