@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MAX_JOBS ?= 2
 export MAX_JOBS
 
-.PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan stress demo demo-word-lm bench clean
+.PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan stress first-hour demo demo-word-lm bench clean
 
 # Optional fragments (for example mk/cuda.mk: the CUDA-build variant,
 # mk/wheel.mk: the wheel installed into a fresh environment).
@@ -59,6 +59,13 @@ test-asan: build
 STRESS_RUNS ?= 50
 stress: build
 	$(PY) tools/stress.py --runs $(STRESS_RUNS) $(STRESS_TESTS)
+
+# A new user's first hour, timed (not part of `make test`: it downloads
+# the torch the README's install picks): a fresh clone, the README's install
+# block as written, then every README and docs block with what it installed
+# (tools/first_hour.py, build/first_hour.json).
+first-hour:
+	$(PYTHON) tools/first_hour.py
 
 # The main job: a character-level LSTM language model on a corpus every
 # Python ships (pydoc's topics), trained by 2 processes as a 2-stage
