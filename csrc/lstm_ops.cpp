@@ -76,23 +76,50 @@ LayerDataGrads lstm_packed_layer_backward_data(
   return d;
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_zoneout_layer_forward(
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const Tensor& keep_c, const Tensor& keep_h) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+      const Tensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+      const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, bool)>(
+      "pipelstm::lstm_zoneout_layer_forward");
+  const OpGuard guard(input);
+  return op.call(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, /*reverse=*/false);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_zoneout_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const Tensor& keep_c, const Tensor& keep_h,
+    const Tensor& output, const Tensor& workspace) {
+  static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
+      const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const OptTensor&,
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+      const Tensor&, const Tensor&, bool)>("pipelstm::lstm_zoneout_layer_backward");
+  const OpGuard guard(input);
+  return op.call(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w_ih, w_hh, keep_c,
+                 keep_h, output, workspace, /*reverse=*/false);
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layernorm_layer_forward(
     const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-    const LayerNormWeights& w, double eps) {
+    const LayerNormWeights& w, double eps, const OptTensor& keep_c, const OptTensor& keep_h) {
   static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
       const Tensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
       const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
       const OptTensor&, const OptTensor&, bool, double)>("pipelstm::lstm_layernorm_layer_forward");
   const OpGuard guard(input);
   return op.call(input, batch_sizes, h0, c0, w.w_ih, w.w_hh, w.bias, w.gamma_ih, w.gamma_hh,
-                 w.gamma_c, w.beta_c, std::nullopt, std::nullopt, /*reverse=*/false, eps);
+                 w.gamma_c, w.beta_c, keep_c, keep_h, /*reverse=*/false, eps);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 lstm_layernorm_layer_backward(const OptTensor& grad_output, const OptTensor& grad_h_n,
                               const OptTensor& grad_c_n, const Tensor& input,
                               const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-                              const LayerNormWeights& w, const Tensor& output, const Tensor& workspace) {
+                              const LayerNormWeights& w, const Tensor& output, const Tensor& workspace,
+                              const OptTensor& keep_c, const OptTensor& keep_h) {
   static const auto op = op_handle<
       std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
           const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const OptTensor&,
@@ -101,7 +128,7 @@ lstm_layernorm_layer_backward(const OptTensor& grad_output, const OptTensor& gra
       "pipelstm::lstm_layernorm_layer_backward");
   const OpGuard guard(input);
   return op.call(grad_output, grad_h_n, grad_c_n, input, batch_sizes, h0, c0, w.w_ih, w.w_hh,
-                 w.gamma_ih, w.gamma_hh, w.gamma_c, std::nullopt, std::nullopt, output, workspace,
+                 w.gamma_ih, w.gamma_hh, w.gamma_c, keep_c, keep_h, output, workspace,
                  /*reverse=*/false);
 }
 

@@ -93,11 +93,27 @@ struct LayerWeightGrads {
 void lstm_layer_add_weight_grads(const LayerDataGrads& grads, const Tensor& input, const Tensor& h0,
                                  const Tensor& output, LayerWeightGrads& acc, const LayerMath& math);
 
-// One direction of one LayerNorm LSTM layer, forward direction, without
-// zoneout: the ops pipelstm::lstm_layernorm_layer_forward / _backward
-// (registration.cpp gives their arguments; `bias` is the sum of the two
-// gate biases). Dense input [T, B, I] with batch_sizes nullopt, or packed
-// rows [N, I] with them.
+// One direction of one layer under zoneout, forward direction: the ops
+// pipelstm::lstm_zoneout_layer_forward / _backward, keep_c and keep_h the
+// keep weights of each output element ([rows, H] where input has `rows`
+// rows). Dense input [T, B, I] with batch_sizes nullopt, or packed rows
+// [N, I] with them; no projection. The backward -> grad_input, grad_h0,
+// grad_c0, grad_w_ih, grad_w_hh, grad_bias.
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_zoneout_layer_forward(
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const Tensor& keep_c, const Tensor& keep_h);
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_zoneout_layer_backward(
+    const OptTensor& grad_output, const OptTensor& grad_h_n, const OptTensor& grad_c_n,
+    const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const Tensor& keep_c, const Tensor& keep_h,
+    const Tensor& output, const Tensor& workspace);
+
+// One direction of one LayerNorm LSTM layer, forward direction: the ops
+// pipelstm::lstm_layernorm_layer_forward / _backward (registration.cpp
+// gives their arguments; `bias` is the sum of the two gate biases). Dense
+// input [T, B, I] with batch_sizes nullopt, or packed rows [N, I] with
+// them; zoneout's keep weights as above, or nullopt for none.
 struct LayerNormWeights {
   Tensor w_ih, w_hh;
   OptTensor bias;
@@ -106,13 +122,16 @@ struct LayerNormWeights {
 };
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layernorm_layer_forward(
     const Tensor& input, const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-    const LayerNormWeights& w, double eps);
+    const LayerNormWeights& w, double eps, const OptTensor& keep_c = std::nullopt,
+    const OptTensor& keep_h = std::nullopt);
 // -> grad_input, grad_h0, grad_c0, then the weights' in LayerNormWeights'
 // order (grad_bias and grad_beta_c always given).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 lstm_layernorm_layer_backward(const OptTensor& grad_output, const OptTensor& grad_h_n,
                               const OptTensor& grad_c_n, const Tensor& input,
                               const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
-                              const LayerNormWeights& w, const Tensor& output, const Tensor& workspace);
+                              const LayerNormWeights& w, const Tensor& output, const Tensor& workspace,
+                              const OptTensor& keep_c = std::nullopt,
+                              const OptTensor& keep_h = std::nullopt);
 
 }  // namespace pipelstm

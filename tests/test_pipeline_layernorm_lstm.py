@@ -94,12 +94,6 @@ def test_packed_pipeline_matches_unsplit(K, M, checkpoint):
     _check(model, pipe, seq, len(LENGTHS))
 
 
-def test_zoneout_is_refused_by_name():
-    model = nn.Sequential(pipelstm.LayerNormLSTM(E, H, 2, zoneout=0.1))
-    with pytest.raises(ValueError, match=r"module '0' has zoneout=\(0.1, 0.1\)"):
-        pipelstm.Pipeline(model, ["cpu", "cpu"])
-
-
 @needs_gloo
 def test_pipeline_parallel_trains_it_and_keeps_its_state_dict(mesh):
     # PipelineParallel (a gloo group of one) on the same units: the loss and

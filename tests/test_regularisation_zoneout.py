@@ -206,17 +206,10 @@ def test_float32_matches_float64_within_float32_error():
     (dict(zoneout=(0.1,)), r"zoneout must be a probability or a pair \(p_c, p_h\), got \(0\.1,\)"),
     (dict(zoneout=(0.1, -0.2)), r"zoneout's p_h must be a probability in \[0, 1\), got -0\.2"),
     (dict(zoneout=0.1, proj_size=2), r"zoneout=\(0\.1, 0\.1\) with proj_size=2 is not supported"),
-    (dict(zoneout=0.1, devices=["cpu", "cpu"], num_layers=2), r"^LSTM with devices= has zoneout=\(0\.1, 0\.1\)"),
 ])
 def test_bad_zoneout_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         pipelstm.LSTM(I, H, **kwargs)
-
-
-def test_a_pipeline_refuses_zoneout_by_name():
-    model = nn.Sequential(pipelstm.LSTM(I, H, zoneout=0.2), nn.Linear(H, 2))
-    with pytest.raises(ValueError, match=r"Pipeline: module '0' has zoneout=\(0\.2, 0\.2\)"):
-        pipelstm.Pipeline(model, devices=["cpu", "cpu"])
 
 
 def test_paths_that_would_run_nn_lstm_refuse_zoneout():

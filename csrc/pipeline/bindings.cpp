@@ -49,7 +49,8 @@ void bind_specs(py::module_& m) {
   py::class_<UnitSpec>(m, "UnitSpec")
       .def(py::init([](UnitKind kind, std::string name, int64_t padding_idx,
                        bool scale_grad_by_freq, double p, int64_t state_index,
-                       int64_t ignore_index, bool mean, const std::string& activation, double eps) {
+                       int64_t ignore_index, bool mean, const std::string& activation, double eps,
+                       double zoneout_c, double zoneout_h) {
              UnitSpec u;
              u.kind = kind;
              u.name = std::move(name);
@@ -61,12 +62,15 @@ void bind_specs(py::module_& m) {
              u.mean = mean;
              u.activation = activation_index(activation);
              u.eps = eps;
+             u.zoneout_c = zoneout_c;
+             u.zoneout_h = zoneout_h;
              return u;
            }),
            py::arg("kind"), py::arg("name"), py::arg("padding_idx") = -1,
            py::arg("scale_grad_by_freq") = false, py::arg("p") = 0.0,
            py::arg("state_index") = -1, py::arg("ignore_index") = -100, py::arg("mean") = true,
-           py::arg("activation") = "relu", py::arg("eps") = 1e-5)
+           py::arg("activation") = "relu", py::arg("eps") = 1e-5, py::arg("zoneout_c") = 0.0,
+           py::arg("zoneout_h") = 0.0)
       .def_readonly("name", &UnitSpec::name);
 
   py::class_<StageSpec>(m, "StageSpec")
@@ -187,11 +191,36 @@ void bind_schedule(py::module_& m) {
       },
       py::arg("T"), py::arg("B"), py::arg("chunks"), py::arg("micro_batches"),
       "-> (K, M, t_sizes, b_sizes): how a pass cuts [T, B] into items (items.h)");
+  m.def(
+      "packed_item_grid",
+      [](const Tensor& batch_sizes, int64_t chunks, int64_t micro_batches) {
+        TORCH_CHECK(batch_sizes.dim() == 1 && batch_sizes.numel() >= 1 && chunks >= 1 && micro_batches >= 1,
+                    "packed_item_grid: expected 1-D batch_sizes and chunks, micro_batches >= 1");
+        const ItemGrid g = ItemGrid::packed_grid(batch_sizes.to(at::kLong), chunks, micro_batches);
+        return py::make_tuple(g.K, g.M, g.t_sizes, g.b_sizes);
+      },
+      py::arg("batch_sizes"), py::arg("chunks"), py::arg("micro_batches"),
+      "-> (K, M, t_sizes, b_sizes): how a pass cuts a packed batch into items, its steps by tokens (items.h)");
 
   m.def("join_runs", &join_runs, py::arg("rows"),
         "-> [(begin, end)]: the runs of chunks an LSTM unit's weight task joins, from each chunk's rows "
         "(-1: none) (items.h)");
   m.attr("JOIN_ROWS") = kJoinRows;
+
+  m.def("draw_pass_seed", &draw_pass_seed,
+        "-> a training pass's seed: one draw from the default CPU generator, as every pass takes it (units.h)");
+  m.def(
+      "zoneout_masks",
+      [](uint64_t pass_seed, int64_t unit, int64_t micro_batch, int64_t chunk, int64_t rows, int64_t H,
+         double p_c, double p_h, const Tensor& like) {
+        auto [keep_c, keep_h] =
+            zoneout_masks(dropout_seed(pass_seed, unit, micro_batch, chunk), rows, H, p_c, p_h, like);
+        return py::make_tuple(keep_c, keep_h);
+      },
+      py::arg("pass_seed"), py::arg("unit"), py::arg("micro_batch"), py::arg("chunk"), py::arg("rows"),
+      py::arg("H"), py::arg("p_c"), py::arg("p_h"), py::arg("like"),
+      "-> (keep_c, keep_h), each [rows, H]: the zoneout masks LSTM unit `unit` draws for item (m, k) of "
+      "a pass (units/kinds.h)");
 }
 
 void bind_testing(py::module_& m) {

@@ -2,11 +2,9 @@
 // LSTM layer's (h, c) carries over from chunk to chunk, the output's items
 // leave) and what a stage computes per item (ForwardWork).
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
 #include <memory>
-#include <mutex>
 #include <unordered_set>
 #include <utility>
 
@@ -200,14 +198,7 @@ void forward_pass(RunState& st, const Tensor& input, const std::vector<OptTensor
     plan.to = st.links.next.get();
     st.out_sizes.resize(grid.count());
   }
-  // One draw from the default generator per pass (so torch.manual_seed
-  // governs the dropout masks), whatever the units.
-  uint64_t pass_seed = 0;
-  if (st.training) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    pass_seed = gen.get<at::CPUGeneratorImpl>()->random64();
-  }
+  const uint64_t pass_seed = st.training ? draw_pass_seed() : 0;
   // What carries over: each layer's (h, c), from h0_parts to the final states.
   std::vector<Tensor> h_final(L * M), c_final(L * M);
   ForwardShared shared{st, targets, pass_seed, checkpoint, h_final, c_final};

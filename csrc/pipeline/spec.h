@@ -41,8 +41,11 @@ struct UnitSpec {
   // Activation: its row in the table of units/activation.cpp (by name:
   // activation_index, units/kinds.h)
   int64_t activation = 0;
-  // LayerNorm
+  // LayerNorm, LayerNorm LSTM
   double eps = 1e-5;
+  // LSTM, LayerNorm LSTM: zoneout's probabilities of keeping the previous
+  // cell and hidden state (both 0: no zoneout)
+  double zoneout_c = 0.0, zoneout_h = 0.0;
   // Lstm: index of this layer among all LSTM layers (its h0/c0 slot)
   int64_t state_index = -1;
   // CrossEntropy: targets equal to ignore_index do not count; mean or sum

@@ -70,6 +70,8 @@ void accumulate(std::vector<Tensor>& acc, size_t i, const Tensor& t) {
   }
 }
 
+void recompute_input_for_replay(std::vector<Tensor>& saved) { saved.clear(); }
+
 const char* unit_kind_name(UnitKind kind) { return ops(kind).name; }
 bool unit_kind_has_state(UnitKind kind) { return ops(kind).has_state; }
 bool unit_kind_is_loss(UnitKind kind) { return ops(kind).is_loss; }
@@ -99,6 +101,12 @@ at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
   }
   g.set_current_seed(seed);
   return g;
+}
+
+uint64_t draw_pass_seed() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
 }
 
 Tensor unit_forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training,
@@ -153,8 +161,10 @@ void replay(const std::vector<UnitSpec>& units, const std::vector<UnitParams>& p
       h = saved[0];
       c = saved[1];
     }
+    ItemContext again = context;
+    again.replaying = true;  // masks are replayed, never drawn here
     x = unit_forward(u, params[first_unit + j], x, training, /*keep=*/true, h, c, saved,
-                     /*seed=*/0, context);  // dropout masks are replayed, never drawn here
+                     /*seed=*/0, again);
   }
   item.recompute = false;
 }

@@ -29,6 +29,9 @@ struct ItemContext {
   // rows (a micro-batch whose sequences all ended before the chunk).
   Tensor batch_sizes;
   bool packed = false;
+  // A recomputed item's forward run again (units.cpp: replay): a unit draws
+  // nothing and reuses what its keep_for_replay kept.
+  bool replaying = false;
 };
 
 // What one stage keeps of one work item for its backward.
@@ -59,6 +62,10 @@ uint64_t unit_seed(const UnitSpec& u, uint64_t pass_seed, int64_t unit, int64_t 
 // A generator on `device` seeded with `seed` (the default one's kind, cloned
 // on a GPU), for a dropout mask.
 at::Generator seeded_generator(const c10::Device& device, uint64_t seed);
+
+// A training pass's seed: one draw from the default CPU generator (so
+// torch.manual_seed governs every mask of the pass), whatever the units.
+uint64_t draw_pass_seed();
 
 // One unit forward on x; returns the output and updates the carried (h, c)
 // of an LSTM layer. With `keep`, fills `saved` with what its backward needs.

@@ -82,7 +82,8 @@ class LSTM(nn.RNNBase):
         zoneout: ``p`` or ``(p_c, p_h)``: each unit of each step's cell
             (hidden) state keeps its previous value with probability
             ``p_c`` (``p_h``) while training; in evaluation the expected
-            blend. Not with ``proj_size`` or ``devices``. Default 0.
+            blend (pipelined, each time chunk draws its own masks). Not
+            with ``proj_size``. Default 0.
 
     Pipelined over devices (keyword-only, after nn.LSTM's arguments):
         devices: one device per pipeline stage, e.g. ``["cpu", "cpu"]`` or

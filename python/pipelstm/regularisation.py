@@ -115,12 +115,6 @@ class Regularisation:
             raise ValueError(f"LSTM: zoneout={self.zoneout} with proj_size={proj_size} is not supported (the state "
                              "zoned would be the projected h); use proj_size=0")
 
-    def check_pipelinable(self, who: str) -> None:
-        """Raises what a pipeline's units do not do (``who``: the message's start)."""
-        if self.zoned:
-            raise ValueError(f"{who} has zoneout={self.zoneout}, which the pipeline's LSTM units do not run yet; "
-                             "use zoneout=0 in a pipeline")
-
     def keep_weights(self, shape: Sequence[int], training: bool, like: Tensor) -> Tuple[Tensor, Tensor]:
         """Zoneout's keep weights ``(keep_c, keep_h)`` for a layer direction
         whose output (without projection) has ``shape``: masks while

@@ -56,8 +56,6 @@ Tensor backward_data(const UnitSpec& u, const UnitParams&, const Tensor& g,
   return activation_of(u).backward(g, saved[0], saved[1]);
 }
 
-void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the input is recomputed
-
 }  // namespace
 
 std::vector<std::string> activation_names() {
@@ -76,7 +74,7 @@ int64_t activation_index(const std::string& name) {
 const RegisterUnitKind kRegistered{{.name = "activation", .py_name = "activation",
                                     .forward = &forward, .backward_data = &backward_data,
                                     .weight_grads = nullptr,
-                                    .keep_for_replay = &keep_for_replay,
+                                    .keep_for_replay = &recompute_input_for_replay,
                                     .options = {"activation"}}};
 
 }  // namespace pipelstm::pipeline

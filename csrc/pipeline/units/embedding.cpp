@@ -25,27 +25,22 @@ Tensor backward_data(const UnitSpec&, const UnitParams&, const Tensor& g,
 void weight_grads(const UnitSpec& u, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   std::vector<Tensor> indices, grads;
-  for (const auto& row : pieces) {
-    for (const auto& piece : row) {
-      if (piece.empty()) continue;
-      indices.push_back(piece[0].reshape({-1}));
-      grads.push_back(piece[1].reshape({-1, piece[1].size(-1)}));
-    }
-  }
+  for_each_piece(pieces, [&](const Piece& piece) {
+    indices.push_back(piece[0].reshape({-1}));
+    grads.push_back(piece[1].reshape({-1, piece[1].size(-1)}));
+  });
   if (indices.empty()) return;
   accumulate(acc, 0,
              at::embedding_dense_backward(at::cat(grads, 0), at::cat(indices, 0), p[0]->size(0),
                                           u.padding_idx, u.scale_grad_by_freq));
 }
 
-void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the input is recomputed
-
 }  // namespace
 
 const RegisterUnitKind kRegistered{{.name = "Embedding", .py_name = "embedding",
                                     .forward = &forward, .backward_data = &backward_data,
                                     .weight_grads = &weight_grads,
-                                    .keep_for_replay = &keep_for_replay, .slots = {"weight"},
+                                    .keep_for_replay = &recompute_input_for_replay, .slots = {"weight"},
                                     .options = {"padding_idx", "scale_grad_by_freq"},
                                     .replay = Replay::InputIfLast}};
 

@@ -26,23 +26,18 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
 
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
-  for (const auto& row : pieces) {
-    for (const auto& piece : row) {
-      if (piece.empty()) continue;
-      if (p[0].has_value()) accumulate(acc, 0, piece[0]);
-      if (p[1].has_value()) accumulate(acc, 1, piece[1]);
-    }
-  }
+  for_each_piece(pieces, [&](const Piece& piece) {
+    if (p[0].has_value()) accumulate(acc, 0, piece[0]);
+    if (p[1].has_value()) accumulate(acc, 1, piece[1]);
+  });
 }
-
-void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the input is recomputed
 
 }  // namespace
 
 const RegisterUnitKind kRegistered{{.name = "LayerNorm", .py_name = "layer_norm",
                                     .forward = &forward, .backward_data = &backward_data,
                                     .weight_grads = &weight_grads,
-                                    .keep_for_replay = &keep_for_replay,
+                                    .keep_for_replay = &recompute_input_for_replay,
                                     .slots = {"weight", "bias"}, .options = {"eps"}}};
 
 }  // namespace pipelstm::pipeline

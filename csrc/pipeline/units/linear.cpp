@@ -29,26 +29,21 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   const Tensor& w = *p[0];
-  for (const auto& row : pieces) {
-    for (const auto& piece : row) {
-      if (piece.empty()) continue;
-      const Tensor x2 = piece[0].reshape({-1, w.size(1)}), g2 = piece[1].reshape({-1, w.size(0)});
-      const bool first = !acc[0].defined();
-      if (first) acc[0] = at::empty({w.size(0), w.size(1)}, g2.options());
-      backend::linear_mm_out(acc[0], g2.t(), x2, /*accumulate=*/!first);  // at::mm off the CPU
-      if (p[1].has_value()) accumulate(acc, 1, g2.sum(0));
-    }
-  }
+  for_each_piece(pieces, [&](const Piece& piece) {
+    const Tensor x2 = piece[0].reshape({-1, w.size(1)}), g2 = piece[1].reshape({-1, w.size(0)});
+    const bool first = !acc[0].defined();
+    if (first) acc[0] = at::empty({w.size(0), w.size(1)}, g2.options());
+    backend::linear_mm_out(acc[0], g2.t(), x2, /*accumulate=*/!first);  // at::mm off the CPU
+    if (p[1].has_value()) accumulate(acc, 1, g2.sum(0));
+  });
 }
-
-void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the input is recomputed
 
 }  // namespace
 
 const RegisterUnitKind kRegistered{{.name = "Linear", .py_name = "linear", .forward = &forward,
                                     .backward_data = &backward_data,
                                     .weight_grads = &weight_grads,
-                                    .keep_for_replay = &keep_for_replay,
+                                    .keep_for_replay = &recompute_input_for_replay,
                                     .slots = {"weight", "bias"},
                                     .replay = Replay::InputIfLast}};
 

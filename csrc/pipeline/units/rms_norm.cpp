@@ -45,21 +45,15 @@ Tensor backward_data(const UnitSpec&, const UnitParams& p, const Tensor& g,
 void weight_grads(const UnitSpec&, const UnitParams& p, const Pieces& pieces,
                   std::vector<Tensor>& acc) {
   if (!p[0].has_value()) return;
-  for (const auto& row : pieces) {
-    for (const auto& piece : row) {
-      if (!piece.empty()) accumulate(acc, 0, piece[0]);
-    }
-  }
+  for_each_piece(pieces, [&](const Piece& piece) { accumulate(acc, 0, piece[0]); });
 }
-
-void keep_for_replay(std::vector<Tensor>& saved) { saved.clear(); }  // the input is recomputed
 
 }  // namespace
 
 const RegisterUnitKind kRegistered{{.name = "RMSNorm", .py_name = "rms_norm", .forward = &forward,
                                     .backward_data = &backward_data,
                                     .weight_grads = &weight_grads,
-                                    .keep_for_replay = &keep_for_replay, .slots = {"weight"},
+                                    .keep_for_replay = &recompute_input_for_replay, .slots = {"weight"},
                                     .options = {"eps"}}};
 
 }  // namespace pipelstm::pipeline

@@ -46,9 +46,6 @@ class LSTMPipeline:
                 "end of the sequence before its first step, so it cannot run in time chunks; use a "
                 "unidirectional LSTM or drop devices="
             )
-        regularisation = getattr(lstm, "_regularisation", None)
-        if regularisation is not None:
-            regularisation.check_pipelinable("LSTM with devices=")
         model = prepare("LSTM", [("", lstm)], devices, chunks=chunks, micro_batches=micro_batches,
                         checkpoint=checkpoint)
         self.core = PipelineCore(model.units, model.devices, balance, threads, chunks=chunks,

@@ -155,14 +155,14 @@ def _lstm_units(name: str, child: nn.RNNBase, before: Sequence[Unit]) -> List[Un
             "use unidirectional LSTMs"
         )
     regularisation = getattr(child, "_regularisation", None)
-    if regularisation is not None:
-        regularisation.check_pipelinable(f"Pipeline: module {name!r}")
     prefix = f"{name}." if name else ""
     first = sum(u.kind in LSTM_KINDS for u in before)
     H, P = child.hidden_size, child.proj_size
     # pipelstm.LayerNormLSTM's layers are a kind of their own (their norms' eps an option)
     kind = getattr(child, "_pipeline_unit_kind", "lstm")
     options = dict(eps=child.eps) if kind == "layernorm_lstm" else {}
+    if regularisation is not None and regularisation.zoned:  # each item draws its own masks
+        options.update(zoneout_c=regularisation.zoneout[0], zoneout_h=regularisation.zoneout[1])
     units = []
     for l in range(child.num_layers):
         g = LayerGeometry(child.input_size if l == 0 else (P or H), H, P)

@@ -1,0 +1,37 @@
+// Zoneout's keep weights for an LSTM kind's item (kinds.h): masks drawn per
+// item from the pass's seed, as a dropout unit's are, so a pass is
+// reproducible under torch.manual_seed whatever order the stages run in.
+#include <ATen/ATen.h>
+
+#include "kinds.h"
+
+namespace pipelstm::pipeline {
+
+std::pair<Tensor, Tensor> zoneout_masks(uint64_t seed, int64_t rows, int64_t H, double p_c, double p_h,
+                                        const Tensor& like) {
+  at::Generator g = seeded_generator(like.device(), seed);
+  const auto options = like.options().dtype(at::kFloat);
+  Tensor keep_c = at::rand({rows, H}, g, options).lt_(p_c).to(like.scalar_type());
+  Tensor keep_h = at::rand({rows, H}, g, options).lt_(p_h).to(like.scalar_type());
+  return {keep_c, keep_h};
+}
+
+bool has_zoneout(const UnitSpec& u) { return u.zoneout_c > 0.0 || u.zoneout_h > 0.0; }
+
+ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& like, int64_t rows, int64_t H, bool training,
+                        uint64_t seed, const ItemContext& item, const std::vector<Tensor>& saved) {
+  if (!has_zoneout(u)) return {};
+  if (!training) {
+    const auto probability = [&](double p) { return at::full({H}, p, like.options()).expand({rows, H}); };
+    return {probability(u.zoneout_c), probability(u.zoneout_h)};
+  }
+  if (item.replaying) {
+    TORCH_CHECK(saved.size() >= 4 && saved[2].defined(), "pipelstm pipeline: ", u.name,
+                " replays an item whose zoneout masks were not kept");
+    return {saved[2], saved[3]};
+  }
+  auto [c, h] = zoneout_masks(seed, rows, H, u.zoneout_c, u.zoneout_h, like);
+  return {c, h};
+}
+
+}  // namespace pipelstm::pipeline
