@@ -28,9 +28,11 @@ def test_readme_and_quickstart_install_the_same_way():
 
 def test_each_command_is_timed_in_one_shell(tmp_path):
     with open(tmp_path / "log", "w") as log:
-        steps, cwd = first_hour.run_install(["mkdir sub && cd sub", "X=1", 'test "$X" = 1 && pwd'], tmp_path, log)
-    assert [s["command"] for s in steps] == ["mkdir sub && cd sub", "X=1", 'test "$X" = 1 && pwd']
+        lines = ["mkdir sub && cd sub", "X=1", 'test "$X" = 1 && pwd', 'python3 -c "import os; print(os.sep)"']
+        steps, cwd = first_hour.run_install(lines, tmp_path, log)
+    assert [s["command"] for s in steps] == lines
     assert all(s["seconds"] >= 0 for s in steps) and cwd == tmp_path / "sub"
+    assert "+ " + lines[-1] in (tmp_path / "log").read_text()  # each command shown as written
 
 
 def test_a_failing_command_is_named(tmp_path):

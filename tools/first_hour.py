@@ -63,7 +63,8 @@ def run_install(lines, where: Path, log):
     marks = where / "marks"
     script = ["set -euo pipefail", f"exec 3>{shlex.quote(str(marks))}"]
     for i, line in enumerate(lines):
-        script += [f'echo "+ {line}"', 't0=$EPOCHREALTIME', line, f'echo "{i} $t0 $EPOCHREALTIME" >&3']
+        script += [f"printf '+ %s\\n' {shlex.quote(line)}", "t0=$EPOCHREALTIME", line,
+                   f'echo "{i} $t0 $EPOCHREALTIME" >&3']
     script.append('echo "cwd $PWD" >&3')
     proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=where, stdout=log, stderr=subprocess.STDOUT)
     steps, cwd = [], None
