@@ -20,10 +20,7 @@
 #include "cpu_vector_math_impl.h"
 #include "pipelstm/kernels/cpu_recurrent.h"
 
-namespace pipelstm {
-namespace kernels {
-namespace cpu {
-namespace PIPELSTM_ISA {
+namespace pipelstm::kernels::cpu::PIPELSTM_ISA {
 namespace {
 
 // ---- prefetching -------------------------------------------------------
@@ -492,7 +489,4 @@ const RecurrentKernels& kernels() {
   return k;
 }
 
-}  // namespace PIPELSTM_ISA
-}  // namespace cpu
-}  // namespace kernels
-}  // namespace pipelstm
+}  // namespace pipelstm::kernels::cpu::PIPELSTM_ISA

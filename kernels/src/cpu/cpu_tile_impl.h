@@ -11,10 +11,7 @@
 
 #include "cpu_vector_math_impl.h"
 
-namespace pipelstm {
-namespace kernels {
-namespace cpu {
-namespace PIPELSTM_ISA {
+namespace pipelstm::kernels::cpu::PIPELSTM_ISA {
 namespace {
 
 // acc[m][q] += sum_k a[m][k * step] * panel[k][q*V .. q*V+V) for M rows and
@@ -184,7 +181,4 @@ inline void for_row_blocks(int64_t row_begin, int64_t row_end, const float* pane
 static_assert(MR <= 8, "with_rows handles up to 8 rows");
 
 }  // namespace
-}  // namespace PIPELSTM_ISA
-}  // namespace cpu
-}  // namespace kernels
-}  // namespace pipelstm
+}  // namespace pipelstm::kernels::cpu::PIPELSTM_ISA

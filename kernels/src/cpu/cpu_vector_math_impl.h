@@ -20,10 +20,7 @@
 
 #include "pipelstm/kernels/gate_math.h"
 
-namespace pipelstm {
-namespace kernels {
-namespace cpu {
-namespace PIPELSTM_ISA {
+namespace pipelstm::kernels::cpu::PIPELSTM_ISA {
 namespace {
 
 constexpr int V = PIPELSTM_VEC;
@@ -151,7 +148,4 @@ inline vf vsigmoid(vf x) {
 }
 
 }  // namespace
-}  // namespace PIPELSTM_ISA
-}  // namespace cpu
-}  // namespace kernels
-}  // namespace pipelstm
+}  // namespace pipelstm::kernels::cpu::PIPELSTM_ISA
