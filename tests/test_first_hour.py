@@ -26,6 +26,13 @@ def test_readme_and_quickstart_install_the_same_way():
     assert all("#" not in c for c in readme)  # comments left out
 
 
+def test_the_docs_installs_are_packages_never_a_build():
+    skip = {first_hour.install_block("README.md").id, first_hour.install_block("docs/quickstart.md").id}
+    found = dict((line, where) for where, line in first_hour.doc_installs(skip))
+    assert "pip install onnx onnxscript onnxruntime" in found  # the ONNX exporter's, docs/export.md
+    assert not any(" ." in line or " -e" in line for line in found)
+
+
 def test_each_command_is_timed_in_one_shell(tmp_path):
     with open(tmp_path / "log", "w") as log:
         lines = ["mkdir sub && cd sub", "X=1", 'test "$X" = 1 && pwd', 'python3 -c "import os; print(os.sep)"']

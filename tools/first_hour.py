@@ -10,7 +10,9 @@ environment's Python).
 `make first-hour` runs it. It needs the network (pip installs torch as the
 README says, which may be a newer torch than `make test`'s) and about
 6 GB of disk where torch's CUDA wheel is what pip picks. The quickstart's
-install block must hold the same commands as the README's (it is checked).
+install block must hold the same commands as the README's (it is checked);
+the packages a docs page tells its reader to install for its examples
+(`pip install NAME...` in its shell blocks) are installed after it.
 Writes the seconds of every command and every block, and the quickstart's
 total (install, then its blocks), to the JSON file; exits 1 when a command
 or a block fails.
@@ -56,6 +58,22 @@ def commands(code: str):
         if line and not line.startswith("#"):
             lines.append(line)
     return lines
+
+
+def doc_installs(skip):
+    """The packages the docs tell a reader to install for a page's examples
+    (``pip install NAME...`` lines of their shell blocks, outside ``skip``:
+    the install blocks; never a build of pipelstm)."""
+    found = []
+    for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]:
+        for b in blocks(doc):
+            if b.lang != "sh" or b.id in skip or (b.marker and b.marker[0] == "not run"):
+                continue
+            for line in commands(b.code):
+                words = line.split()
+                if words[:2] == ["pip", "install"] and all(not w.startswith((".", "-")) for w in words[2:]):
+                    found.append((b.id, line))
+    return found
 
 
 def run_install(lines, where: Path, log):
@@ -125,7 +143,8 @@ def main() -> int:
         with open(log_path, "w") as log:
             # The clone is of the committed tree, as a user's would be.
             filled = [line.replace(URL, shlex.quote(str(ROOT))) for line in lines]
-            steps, clone = run_install(filled, where, log)
+            extra = [line for _, line in doc_installs({readme.id, quick.id})]
+            steps, clone = run_install(filled + extra, where, log)
             for s in steps:
                 print(f"{s['seconds']:7.1f} s  {s['command']}", flush=True)
             code, results, blocks_seconds = run_blocks(clone, clone / ".venv" / "bin" / "python",
@@ -137,13 +156,14 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(where, ignore_errors=True)
     install = sum(s["seconds"] for s in steps)
+    readme_install = sum(s["seconds"] for s in steps[:len(lines)])
     quickstart = [r for r in results if "docs/quickstart.md" in r["test"]]
     failed = [r["test"] for r in results if r["outcome"] == "failed"]
     summary = dict(
         commit=head.strip(), machine=dict(cpu=_cpu(), cores=os.cpu_count(), system=platform.platform()),
         torch=installed, install=steps, install_seconds=round(install, 1), blocks=results,
         blocks_seconds=round(blocks_seconds, 1),
-        quickstart_seconds=round(install + sum(r["seconds"] for r in quickstart), 1),
+        quickstart_seconds=round(readme_install + sum(r["seconds"] for r in quickstart), 1),
         passed=sum(r["outcome"] == "passed" for r in results), skipped=sum(r["outcome"] == "skipped" for r in results),
         failed=failed)
     Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
