@@ -10,6 +10,7 @@
 #include "items.h"
 #include "schedule.h"
 #include "units/kinds.h"
+#include "units/zoneout_keeps.h"
 
 namespace py = pybind11;
 
@@ -220,7 +221,7 @@ void bind_schedule(py::module_& m) {
       py::arg("pass_seed"), py::arg("unit"), py::arg("micro_batch"), py::arg("chunk"), py::arg("rows"),
       py::arg("H"), py::arg("p_c"), py::arg("p_h"), py::arg("like"),
       "-> (keep_c, keep_h), each [rows, H]: the zoneout masks LSTM unit `unit` draws for item (m, k) of "
-      "a pass (units/kinds.h)");
+      "a pass (units/zoneout_keeps.h)");
 }
 
 void bind_testing(py::module_& m) {

@@ -8,6 +8,7 @@
 
 #include "../../lstm_ops.h"
 #include "kinds.h"
+#include "lstm_items.h"
 
 namespace pipelstm::pipeline {
 namespace {

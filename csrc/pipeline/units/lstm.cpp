@@ -9,6 +9,7 @@
 #include "../../lstm_ops.h"
 #include "../items.h"
 #include "kinds.h"
+#include "lstm_items.h"
 
 namespace pipelstm::pipeline {
 namespace {
@@ -37,7 +38,7 @@ Tensor forward_packed(const UnitSpec& u, const UnitParams& p, const Tensor& x, b
 }
 
 // Zoneout (UnitSpec::zoneout_c, zoneout_h): the zoneout layer op over the
-// item with its keep weights (kinds.h: zoneout_keeps). Saved: x, the
+// item with its keep weights (zoneout_keeps.h). Saved: x, the
 // micro-batch's (h, c) before the item, out, workspace, the batch sizes
 // (undefined: dense), keep_c, keep_h. Its backward gives the item's weight
 // gradients at once, its piece {w_ih, w_hh, bias}, summed in a fixed order.

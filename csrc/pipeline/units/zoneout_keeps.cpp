@@ -1,9 +1,6 @@
-// Zoneout's keep weights for an LSTM kind's item (kinds.h): masks drawn per
-// item from the pass's seed, as a dropout unit's are, so a pass is
-// reproducible under torch.manual_seed whatever order the stages run in.
-#include <ATen/ATen.h>
+#include "zoneout_keeps.h"
 
-#include "kinds.h"
+#include <ATen/ATen.h>
 
 namespace pipelstm::pipeline {
 
