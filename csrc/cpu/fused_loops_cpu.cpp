@@ -97,6 +97,19 @@ int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
   return blocks == threads && weights <= max_weights ? blocks : 1;
 }
 
+// row_blocks for a layer's loop over w_hh (and w_hr): dense input only.
+// Packed sequences end at different steps, so equal blocks of rows would
+// not stay balanced: they split panels.
+int64_t layer_row_blocks(const LayerSteps& steps, const LayerGeometry& g, int64_t max_weights) {
+  if (!steps.dense) return 1;
+  return row_blocks(steps.max_batch, 4 * g.hidden * g.out + (g.projected ? g.out * g.hidden : 0), max_weights);
+}
+
+// Rows from r0 of a row-major buffer with leading dimension ld (none stays none).
+const float* rows_at(const float* base, int64_t r0, int64_t ld) {
+  return base != nullptr ? base + r0 * ld : nullptr;
+}
+
 // How a weight [rows, cols] is packed for the kernels: as gate panels
 // (four gate rows interleaved, depth cols), plain panels of its rows (depth
 // cols), or of its columns (the transposed product, depth rows).
@@ -321,12 +334,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     m.ldo = P;
     K.gemm(m, pb, pe);
   };
-  // Packed sequences end at different steps: equal blocks of rows would not
-  // stay balanced, so they split panels.
-  const int64_t blocks =
-      steps.dense ? row_blocks(steps.max_batch, 4 * H * P + (projected ? P * H : 0),
-                               kMaxRowSplitWeightsForward)
-                  : 1;
+  const int64_t blocks = layer_row_blocks(steps, geometry, kMaxRowSplitWeightsForward);
   const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
   std::vector<int64_t> panels{cell_panels};
   if (projected) panels.push_back(proj_panels);
@@ -344,8 +352,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
 FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& geometry,
                                   bool reverse, const FusedBackwardInputs& in) {
   const auto& K = kernels();
-  const int64_t T = steps.steps(), B = steps.max_batch;
-  const int64_t H = geometry.hidden, P = geometry.out;
+  const int64_t T = steps.steps(), B = steps.max_batch, H = geometry.hidden, P = geometry.out;
   const bool projected = geometry.projected;
   FusedBackward r = new_backward_result(steps, geometry, in);
   const Tensor grad_out = dense_rows(in.grad_output);
@@ -371,16 +378,13 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   // A step's row r is sequence r: it reads row r of the per-sequence buffers
   // (grad_h_n, grad_c0) and of the next step, so rows [r0, r1) of a step
   // touch only rows [r0, r1) of those.
-  auto rows_of = [](const float* base, int64_t r0, int64_t ld) -> const float* {
-    return base != nullptr ? base + r0 * ld : nullptr;
-  };
   // Of step p's rows [r0, r1): how many go on to the next step (the first ones).
   auto going_on = [&](int64_t p, int64_t r0, int64_t r1) {
     return std::clamp<int64_t>(steps.going_on(p, reverse) - r0, 0, r1 - r0);
   };
   auto next_gates = [&](int64_t p, int64_t r0) {
     const int64_t next = p + 1 < T ? LayerSteps::step_at(p + 1, T, reverse) : -1;
-    return rows_of(step_rows(dg, steps, next, 4 * H), r0, 4 * H);
+    return rows_at(step_rows(dg, steps, next, 4 * H), r0, 4 * H);
   };
   // With w_hr, step p's total grad of h for rows [r0, r1), columns of
   // panels [pb, pe): grad_gates_next @ w_hh (or grad_h_n for rows that end
@@ -388,7 +392,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
   auto projection = [&](int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
     const int64_t row0 = steps.offset[LayerSteps::step_at(p, T, reverse)] + r0;
     const int64_t on = going_on(p, r0, r1);
-    const float* add = rows_of(go, row0, ldo);
+    const float* add = rows_at(go, row0, ldo);
     k::Gemm m;
     m.rows = on;
     m.n = P;
@@ -400,7 +404,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     m.out = dh + row0 * P;
     m.ldo = P;
     K.gemm(m, pb, pe);
-    const float* last = rows_of(state, r0, P);
+    const float* last = rows_at(state, r0, P);
     for (int64_t i = on; i < r1 - r0; ++i) {
       for (int64_t j = pb * panel_width, je = std::min(P, pe * panel_width); j < je; ++j) {
         dh[(row0 + i) * P + j] = (last ? last[i * P + j] : 0.0f) + (add ? add[i * ldo + j] : 0.0f);
@@ -428,9 +432,9 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
       b.a = next_gates(p, r0);
       b.lda = 4 * H;
       b.w = cptr(packed_hh);
-      b.state = rows_of(state, r0, P);
+      b.state = rows_at(state, r0, P);
       b.lds = P;
-      b.grad_out = rows_of(go, row0, ldo);
+      b.grad_out = rows_at(go, row0, ldo);
       b.ldo = ldo;
     }
     b.act = a + row0 * 4 * H;
@@ -447,14 +451,11 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     }
     K.backward_step(b, pb, pe);
   };
-  // As in the forward, dense input (every step has all B rows) may run
-  // blocks of rows as whole loops, here from the last step back.
-  const int64_t blocks =
-      steps.dense ? row_blocks(B, 4 * H * P + (projected ? P * H : 0), kMaxRowSplitWeights) : 1;
+  // As in the forward, blocks of rows may run as whole loops, here from the last step back.
+  const int64_t blocks = layer_row_blocks(steps, geometry, kMaxRowSplitWeights);
   const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
-  std::vector<int64_t> panels;
-  if (projected) panels.push_back(proj_panels);
-  panels.push_back(cell_panels);
+  const std::vector<int64_t> panels = projected ? std::vector<int64_t>{proj_panels, cell_panels}
+                                                : std::vector<int64_t>{cell_panels};
   run_steps(steps, reverse, /*backward=*/true, panels, blocks, threads,
             [&](int64_t q, int64_t p, int64_t r0, int64_t r1, int64_t pb, int64_t pe) {
               if (q + 1 == static_cast<int64_t>(panels.size())) {
