@@ -86,15 +86,16 @@ def num_batches(source: torch.Tensor, bptt: int) -> int:
 
 
 def build_model(vocab: int, emb: int, hidden: int, layers: int, dropout: float, seed: int, *,
-                weight_dropout: float = 0.0, dropout_mode: str = "element") -> nn.Sequential:
-    """The same model on every rank: built from the same seed. ``weight_dropout``
-    and ``dropout_mode`` are pipelstm.LSTM's (DropConnect on the recurrent
-    weights; variational dropout between the layers)."""
+                weight_dropout: float = 0.0, dropout_mode: str = "element", zoneout: float = 0.0) -> nn.Sequential:
+    """The same model on every rank: built from the same seed. ``weight_dropout``,
+    ``dropout_mode`` and ``zoneout`` are pipelstm.LSTM's (DropConnect on the
+    recurrent weights; variational dropout between the layers; zoneout of
+    the cell and hidden states)."""
     torch.manual_seed(seed)
     model = nn.Sequential(
         nn.Embedding(vocab, emb),
         pipelstm.LSTM(emb, hidden, num_layers=layers, dropout=dropout, weight_dropout=weight_dropout,
-                      dropout_mode=dropout_mode),
+                      dropout_mode=dropout_mode, zoneout=zoneout),
         nn.Dropout(dropout),
         nn.Linear(hidden, vocab),
     )
@@ -177,6 +178,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="DropConnect on the LSTM's recurrent weights, one mask per training step (AWD-LSTM)")
     ap.add_argument("--dropout-mode", choices=("element", "variational"), default="element",
                     help="the dropout between LSTM layers: per element, or one mask per sequence")
+    ap.add_argument("--zoneout", type=float, default=0.0,
+                    help="zoneout of the LSTM's cell and hidden states: the probability each keeps its previous value")
     ap.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     ap.add_argument("--lr", type=float, default=None, help="default 3e-3 (adam), 20 (sgd)")
     ap.add_argument("--clip", type=float, default=0.25)
@@ -255,7 +258,7 @@ def main(argv=None) -> dict:
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
     corpus = Corpus(args.data)
     model = build_model(len(corpus.vocab), args.emb, args.hidden, args.layers, args.dropout, args.seed,
-                        weight_dropout=args.weight_dropout, dropout_mode=args.dropout_mode)
+                        weight_dropout=args.weight_dropout, dropout_mode=args.dropout_mode, zoneout=args.zoneout)
     loss_fn = None if args.loss_outside else nn.CrossEntropyLoss()
     try:
         mesh = pdist.init_mesh(pp=args.pp, dp=args.dp, timeout=args.timeout,

@@ -162,9 +162,10 @@ def test_dead_or_stopped_rank_ends_the_run(kind, agents):
 
 def test_resume_after_killed_rank_loses_nothing(tmp_path):
     # Every kind of mask a pipeline draws: element dropout (after the LSTM),
-    # variational dropout between its layers, DropConnect on its weights.
+    # variational dropout between its layers, DropConnect on its weights,
+    # zoneout in its layers.
     args = SMALL + ["--pp", "2", "--max-steps", "6", "--checkpoint-every", "2", "--dropout", "0.2",
-                    "--dropout-mode", "variational", "--weight-dropout", "0.3"]
+                    "--dropout-mode", "variational", "--weight-dropout", "0.3", "--zoneout", "0.1"]
     whole = torchrun(2, args + ["--checkpoint-dir", str(tmp_path / "a"), "--save-model", str(tmp_path / "a.pt")])
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     resumed = torchrun(2, args + ["--checkpoint-dir", str(tmp_path / "b"), "--save-model", str(tmp_path / "b.pt"),
