@@ -1,14 +1,15 @@
 // The zoneout layer ops' kernels, once for every backend: one direction of
 // one layer, dense ([T, B, I]) or packed (batch_sizes given), with each
 // step's c and h blended with the previous ones by keep weights
-// (gate_math.h's zoned), applied inside the steps by the backend's
+// (gate_math.h's zoned), applied inside the steps: by the step loop of
+// layer_step_loop.h, or by a backend's own path where it has one (the CPU's
+// fused loops):
 //   static ForwardResult zoneout_forward(steps, geometry, x, h0, c0, w_ih,
 //       w_hh, b_ih, b_hh, reverse, zoneout);
 //   static LayerDataGrads zoneout_backward_data(steps, geometry, grad_output,
 //       grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, workspace, reverse, zoneout);
-// (the step loop of layer_step_loop.h, or the CPU's fused loops); the weight
-// gradients are layer_weight_grads.h's GEMMs over all steps, as for the
-// plain layer.
+// The weight gradients are layer_weight_grads.h's GEMMs over all steps, as
+// for the plain layer.
 // Registered by register_lstm_ops (layer_ops.h); schemas in registration.cpp.
 #pragma once
 
@@ -19,6 +20,7 @@
 
 #include "checks.h"
 #include "layer_checks.h"
+#include "layer_step_loop.h"
 #include "zoneout_keeps.h"
 #include "layer_steps.h"
 #include "layer_weight_grads.h"
@@ -85,7 +87,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> zoneout_layer_forward(
   check_biases(op, input, s, b_ih, b_hh);
   const Zoneout z = zoneout_rows(op, input, keep_c, keep_h, steps.rows, s.hidden);
   const Tensor x = input.contiguous().view({steps.rows, s.input});
-  auto r = Backend::zoneout_forward(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, z);
+  ForwardResult r;
+  if constexpr (requires { &Backend::zoneout_forward; }) {
+    r = Backend::zoneout_forward(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, z);
+  } else {
+    r = step_loop_forward<Backend>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, std::nullopt, reverse, &z);
+  }
   Tensor output = batch_sizes.has_value() ? r.output : r.output.view({input.size(0), input.size(1), s.out});
   return {output, r.h_n, r.c_n, r.workspace};
 }
@@ -119,8 +126,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> zoneout_layer_backwar
     grad_out = a.grad_out;
   }
   const Zoneout z = zoneout_rows(op, input, keep_c, keep_h, steps.rows, s.hidden);
-  const LayerDataGrads d = Backend::zoneout_backward_data(steps, s, grad_out, grad_h_n, grad_c_n, x,
-                                                         h0, c0, w_ih, w_hh, workspace, reverse, z);
+  LayerDataGrads d;
+  if constexpr (requires { &Backend::zoneout_backward_data; }) {
+    d = Backend::zoneout_backward_data(steps, s, grad_out, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, workspace,
+                                       reverse, z);
+  } else {
+    d = step_loop_backward_data<Backend>(steps, s, grad_out, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh,
+                                         std::nullopt, workspace, reverse, &z);
+  }
   BackwardResult r = with_weight_grads(steps, d, x, h0, out, reverse, Backend::kMath);
   Tensor grad_input = batch_sizes.has_value() ? r.grad_input : r.grad_input.view(input.sizes());
   return {grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh, r.grad_bias};

@@ -171,26 +171,6 @@ struct CudaLayer {
     return {out[0], out[1], out[2], out[3]};
   }
 
-  // Zoneout (zoneout_layer_ops.h): the step loop, its keep weights applied
-  // in the pointwise steps.
-  static ForwardResult zoneout_forward(const LayerSteps& steps, const LayerGeometry& s,
-                                       const Tensor& x, const Tensor& h0, const Tensor& c0,
-                                       const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
-                                       const OptTensor& b_hh, bool reverse, const Zoneout& z) {
-    return step_loop_forward<CudaLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, std::nullopt,
-                                        reverse, &z);
-  }
-
-  static LayerDataGrads zoneout_backward_data(const LayerSteps& steps, const LayerGeometry& s,
-                                              const OptTensor& grad_output, const OptTensor& grad_h_n,
-                                              const OptTensor& grad_c_n, const Tensor& x,
-                                              const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-                                              const Tensor& w_hh, const Tensor& workspace,
-                                              bool reverse, const Zoneout& z) {
-    return step_loop_backward_data<CudaLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0, c0,
-                                              w_ih, w_hh, std::nullopt, workspace, reverse, &z);
-  }
-
   // The step loop's, as layer_ops.h calls it (steps, geometry, the
   // gradients, x, h0, c0, the weights, workspace, reverse).
   template <typename... Args>
