@@ -47,8 +47,7 @@ Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool tra
     if (keep) saved.clear();
     return at::empty({0, w.w_hh.size(1)}, w.w_ih.options());
   }
-  const ItemKeeps k = zoneout_keeps(u, x, item.packed ? x.size(0) : x.size(0) * x.size(1), w.w_hh.size(1),
-                                    training, seed, item, saved);
+  const ItemKeeps k = zoneout_keeps(u, x, w.w_hh.size(1), training, seed, item, saved);
   return run_lstm_item(x, bs, k, keep, h, c, saved, [&](const Tensor& h0, const Tensor& c0) {
     return lstm_layernorm_layer_forward(x, given(bs), h0, c0, w, u.eps, given(k.c), given(k.h));
   });

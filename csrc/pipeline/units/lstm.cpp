@@ -55,8 +55,7 @@ Tensor forward_zoned(const UnitSpec& u, const UnitParams& p, const Tensor& x, bo
     if (keep) saved.clear();
     return at::empty({0, H}, w_ih.options());
   }
-  const ItemKeeps k = zoneout_keeps(u, x, item.packed ? x.size(0) : x.size(0) * x.size(1), H, training,
-                                    seed, item, saved);
+  const ItemKeeps k = zoneout_keeps(u, x, H, training, seed, item, saved);
   return run_lstm_item(x, bs, k, keep, h, c, saved, [&](const Tensor& h0, const Tensor& c0) {
     return lstm_zoneout_layer_forward(x, given(bs), h0, c0, w_ih, w_hh, p[2], p[3], k.c, k.h);
   });

@@ -15,11 +15,12 @@ std::pair<Tensor, Tensor> zoneout_masks(uint64_t seed, int64_t rows, int64_t H, 
 
 bool has_zoneout(const UnitSpec& u) { return u.zoneout_c > 0.0 || u.zoneout_h > 0.0; }
 
-ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& like, int64_t rows, int64_t H, bool training,
-                        uint64_t seed, const ItemContext& item, const std::vector<Tensor>& saved) {
+ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& x, int64_t H, bool training, uint64_t seed,
+                        const ItemContext& item, const std::vector<Tensor>& saved) {
   if (!has_zoneout(u)) return {};
+  const int64_t rows = item.packed ? x.size(0) : x.size(0) * x.size(1);
   if (!training) {
-    const auto probability = [&](double p) { return at::full({H}, p, like.options()).expand({rows, H}); };
+    const auto probability = [&](double p) { return at::full({H}, p, x.options()).expand({rows, H}); };
     return {probability(u.zoneout_c), probability(u.zoneout_h)};
   }
   if (item.replaying) {
@@ -27,7 +28,7 @@ ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& like, int64_t rows, int
                 " replays an item whose zoneout masks were not kept");
     return {saved[2], saved[3]};
   }
-  auto [c, h] = zoneout_masks(seed, rows, H, u.zoneout_c, u.zoneout_h, like);
+  auto [c, h] = zoneout_masks(seed, rows, H, u.zoneout_c, u.zoneout_h, x);
   return {c, h};
 }
 

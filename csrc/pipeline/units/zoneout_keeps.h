@@ -27,7 +27,8 @@ struct ItemKeeps {
   Tensor c, h;
 };
 bool has_zoneout(const UnitSpec& u);
-ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& like, int64_t rows, int64_t H, bool training,
-                        uint64_t seed, const ItemContext& item, const std::vector<Tensor>& saved);
+// The item's rows are x's: [T, B, ...] dense, [N, ...] packed.
+ItemKeeps zoneout_keeps(const UnitSpec& u, const Tensor& x, int64_t H, bool training, uint64_t seed,
+                        const ItemContext& item, const std::vector<Tensor>& saved);
 
 }  // namespace pipelstm::pipeline
