@@ -136,7 +136,7 @@ ForwardResult step_loop_forward(const LayerSteps& steps, const LayerGeometry& s,
         if (zoneout) {
           step.h_prev = begin < cont ? row_of<scalar_t>(r.output, steps.offset[prev] + begin, P)
                                      : row_of<scalar_t>(h_init, begin, P);
-          zoneout->template set<scalar_t>(step, row0 + begin);
+          step.keep = zoneout->template from_row<scalar_t>(row0 + begin);
         }
         Backend::step_forward(step);
       }
@@ -251,7 +251,7 @@ LayerDataGrads step_loop_backward_data(const LayerSteps& steps, const LayerGeome
           // The part of h's gradient that goes straight to the previous h,
           // in place: the recurrent GEMM below adds onto it.
           step.grad_h_prev = mutable_row_of<scalar_t>(grad_raw, begin, H);
-          zoneout->template set<scalar_t>(step, row0 + begin);
+          step.keep = zoneout->template from_row<scalar_t>(row0 + begin);
         }
         Backend::step_backward(step);
       }

@@ -9,18 +9,18 @@
 
 #include <cstdint>
 
+#include "pipelstm/kernels/keep_weights.h"
+
 namespace pipelstm {
 
 struct Zoneout {
   at::Tensor keep_c, keep_h;
   int64_t stride = 0;
 
-  // The keep weights of rows from `row` on, into a kernel's argument struct.
-  template <typename T, class Args>
-  void set(Args& step, int64_t row) const {
-    step.keep_c = keep_c.const_data_ptr<T>() + row * stride;
-    step.keep_h = keep_h.const_data_ptr<T>() + row * stride;
-    step.keep_stride = stride;
+  // The keep weights of rows from `row` on, as a kernel reads them.
+  template <typename T>
+  kernels::KeepWeights<T> from_row(int64_t row) const {
+    return kernels::KeepWeights<T>{keep_c.const_data_ptr<T>(), keep_h.const_data_ptr<T>(), stride}.from_row(row);
   }
 };
 

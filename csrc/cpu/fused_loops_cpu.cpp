@@ -316,9 +316,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     f.h = projected ? raw + row0 * H : out + row0 * P;
     f.ldh = projected ? H : P;
     if (zoneout) {
-      f.keep_c = cptr(zoneout->keep_c) + row0 * zoneout->stride;
-      f.keep_h = cptr(zoneout->keep_h) + row0 * zoneout->stride;
-      f.keep_ld = zoneout->stride;
+      f.keep = zoneout->from_row<float>(row0);
     }
     K.forward_step(f, pb, pe);
   };
@@ -444,9 +442,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     b.grad_c = dc + r0 * H;
     b.grad_gates = dg + row0 * 4 * H;
     if (zoneout) {
-      b.keep_c = cptr(zoneout->keep_c) + row0 * zoneout->stride;
-      b.keep_h = cptr(zoneout->keep_h) + row0 * zoneout->stride;
-      b.keep_ld = zoneout->stride;
+      b.keep = zoneout->from_row<float>(row0);
       b.carry = ptr(carry) + r0 * H;
     }
     K.backward_step(b, pb, pe);

@@ -187,9 +187,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layernorm_forward(
         a.h = mut<scalar_t>(output, r);
         if (zoneout) {
           a.h_prev = on ? ptr<scalar_t>(output, steps.offset[prev] + begin) : ptr<scalar_t>(h_init, begin);
-          a.keep_c = ptr<scalar_t>(zoneout->keep_c, r);
-          a.keep_h = ptr<scalar_t>(zoneout->keep_h, r);
-          a.keep_stride = zoneout->stride;
+          a.keep = zoneout->template from_row<scalar_t>(r);
         }
         a.batch = end - begin;
         a.hidden = H;
@@ -284,9 +282,7 @@ layernorm_backward(const OptTensor& grad_output, const OptTensor& grad_h_n, cons
         a.grad_r = mut<scalar_t>(grad_r, r);
         a.grad_n = mut<scalar_t>(grad_n, r);
         if (zoneout) {
-          a.keep_c = ptr<scalar_t>(zoneout->keep_c, r);
-          a.keep_h = ptr<scalar_t>(zoneout->keep_h, r);
-          a.keep_stride = zoneout->stride;
+          a.keep = zoneout->template from_row<scalar_t>(r);
         }
         a.batch = end - begin;
         a.hidden = H;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "pipelstm/kernels/flag_dispatch.h"
 #include "pipelstm/kernels/lstm_pointwise.h"
 #include "pipelstm/kernels/lstm_pointwise_indexing.h"
 
@@ -108,38 +109,28 @@ void run_grid(int64_t items, int64_t max_blocks, F&& item) {
       for (int64_t i = b * indexing::kBlockSize + t; i < items; i += stride) item(i);
 }
 
-// Host copy of the launcher's flag dispatch, for one chosen VEC.
+// The launcher's flag dispatch (lstm_pointwise.cu), on the host, for one chosen VEC.
 template <typename T, int VEC>
 void forward_grid(const PointwiseForwardArgs<T>& a, int64_t max_blocks) {
-  const bool hid = a.hidden_gates, bih = a.bias_ih, bhh = a.bias_hh;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
-  if (a.keep_c) {
+  if (a.keep.on()) {
     return run([&](int64_t i) { indexing::forward_item<T, VEC, false, false, false, true>(a, i); });
   }
-#define PIPELSTM_FWD(X, Y, Z) \
-  if (hid == X && bih == Y && bhh == Z) \
-    return run([&](int64_t i) { indexing::forward_item<T, VEC, X, Y, Z>(a, i); });
-  PIPELSTM_FWD(false, false, false) PIPELSTM_FWD(false, false, true)
-  PIPELSTM_FWD(false, true, false) PIPELSTM_FWD(false, true, true)
-  PIPELSTM_FWD(true, false, false) PIPELSTM_FWD(true, false, true)
-  PIPELSTM_FWD(true, true, false) PIPELSTM_FWD(true, true, true)
-#undef PIPELSTM_FWD
+  with_flags(
+      [&](auto hid, auto bih, auto bhh) {
+        run([&](int64_t i) { indexing::forward_item<T, VEC, hid, bih, bhh>(a, i); });
+      },
+      a.hidden_gates != nullptr, a.bias_ih != nullptr, a.bias_hh != nullptr);
 }
 
 template <typename T, int VEC>
 void backward_grid(const PointwiseBackwardArgs<T>& a, int64_t max_blocks) {
-  const bool gh = a.grad_h, go = a.grad_out, gc = a.grad_c;
   auto run = [&](auto fn) { run_grid(indexing::num_items<VEC>(a.batch, a.hidden), max_blocks, fn); };
-#define PIPELSTM_BWD(X, Y, Z) \
-  if (gh == X && go == Y && gc == Z && a.keep_c) \
-    return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z, true>(a, i); }); \
-  if (gh == X && go == Y && gc == Z) \
-    return run([&](int64_t i) { indexing::backward_item<T, VEC, X, Y, Z>(a, i); });
-  PIPELSTM_BWD(false, false, false) PIPELSTM_BWD(false, false, true)
-  PIPELSTM_BWD(false, true, false) PIPELSTM_BWD(false, true, true)
-  PIPELSTM_BWD(true, false, false) PIPELSTM_BWD(true, false, true)
-  PIPELSTM_BWD(true, true, false) PIPELSTM_BWD(true, true, true)
-#undef PIPELSTM_BWD
+  with_flags(
+      [&](auto gh, auto go, auto gc, auto zoned) {
+        run([&](int64_t i) { indexing::backward_item<T, VEC, gh, go, gc, zoned>(a, i); });
+      },
+      a.grad_h != nullptr, a.grad_out != nullptr, a.grad_c != nullptr, a.keep.on());
 }
 
 template <typename T, int VEC>
@@ -204,8 +195,8 @@ void check_forward(int64_t B, int64_t H, int misalign, unsigned mask, bool alias
   a.c_prev = c_prev.p;
   a.batch = B, a.hidden = H;
   if (mask & 8) {  // zoneout (16: one row of keep weights for every batch row)
-    a.h_prev = h_prev.p, a.keep_c = keep_c.p, a.keep_h = keep_h.p;
-    a.keep_stride = (mask & 16) ? 0 : H;
+    a.h_prev = h_prev.p;
+    a.keep = {keep_c.p, keep_h.p, (mask & 16) ? 0 : H};
   }
 
   PointwiseForwardArgs<T> ref = a;
@@ -250,7 +241,7 @@ void check_backward(int64_t B, int64_t H, int misalign, unsigned mask, bool alia
   a.grad_out_stride = (mask & 8) ? 0 : H;
   a.act_gates = act.p, a.c_prev = c_prev.p, a.c = c.p;
   a.batch = B, a.hidden = H;
-  if (zone) a.keep_c = keep_c.p, a.keep_h = keep_h.p, a.keep_stride = (mask & 32) ? 0 : H;
+  if (zone) a.keep = {keep_c.p, keep_h.p, (mask & 32) ? 0 : H};
 
   // The reference gets grad_out already added into grad_h (as one tensor
   // op did before the step took it), not the CPU loop's own grad_out.
@@ -310,7 +301,7 @@ void check_large_index() {
   for (int64_t idx : {int64_t(0), per_row - 1, per_row, items / 2 + 1, items - 1}) {
     const auto it = indexing::item_index<VEC>(idx, H);
     ok = ok && it.row * per_row + it.col / VEC == idx && it.col % VEC == 0 && it.col < H &&
-         it.row < B;
+         it.row < B && it.gates == it.row * 4 * H + it.col && it.state == it.row * H + it.col;
   }
   ok = ok && indexing::grid_blocks(items) == indexing::kMaxBlocks;
   report(ok, "large index decomposition VEC=" + std::to_string(VEC), "mismatch");

@@ -12,12 +12,20 @@
 #define PIPELSTM_CPU_CLONES
 #endif
 
-// `name(const Args<float>& a, int64_t b0, int64_t b1)`, built as clones: the
-// rows [b0, b1) of a step kernel, `body(a, b0, b1)`.
-#define PIPELSTM_CPU_CLONED_ROWS(name, Args, body)                                  \
-  PIPELSTM_CPU_CLONES void name(const Args<float>& a, int64_t b0, int64_t b1) { \
-    body(a, b0, b1);                                                                \
-  }
+// `template <typename T> void entry(const Args<T>& a, int64_t b0, int64_t b1)`:
+// the rows [b0, b1) of a step kernel, `body<T>(a, b0, b1)`, float through
+// clones of it (entry_f32), double as written; both instantiated. At the
+// scope of entry's declaration.
+#define PIPELSTM_CPU_ROWS_ENTRY(entry, Args, body)                                                \
+  PIPELSTM_CPU_CLONES static void entry##_f32(const Args<float>& a, int64_t b0, int64_t b1) { \
+    body<float>(a, b0, b1);                                                                    \
+  }                                                                                            \
+  template <typename T>                                                                        \
+  void entry(const Args<T>& a, int64_t b0, int64_t b1) {                                       \
+    float_through_clones<T>(entry##_f32, body<T>, a, b0, b1);                                  \
+  }                                                                                            \
+  template void entry<float>(const Args<float>&, int64_t, int64_t);                            \
+  template void entry<double>(const Args<double>&, int64_t, int64_t);
 
 namespace pipelstm {
 namespace kernels {

@@ -77,9 +77,9 @@ inline void forward_cell(const ForwardStep& s, int64_t r, int64_t j, int n, cons
   store_n<kFull>(g + H, f, n);
   store_n<kFull>(g + 2 * H, gg, n);
   store_n<kFull>(g + 3 * H, o, n);
-  if (s.keep_c) {  // zoneout: h from the new cell, then both blended
-    const vf keep_c = load_n<kFull>(s.keep_c + r * s.keep_ld + j, n);
-    const vf keep_h = load_n<kFull>(s.keep_h + r * s.keep_ld + j, n);
+  if (s.keep.on()) {  // zoneout: h from the new cell, then both blended
+    const vf keep_c = load_n<kFull>(s.keep.c_row(r) + j, n);
+    const vf keep_h = load_n<kFull>(s.keep.h_row(r) + j, n);
     c += keep_c * (c_prev - c);
     h += keep_h * (load_n<kFull>(s.h_prev.row(r) + j, n) - h);
   }
@@ -152,8 +152,8 @@ inline void backward_cell_zoneout(const BackwardStep& s, int64_t r, int64_t j, i
   float* carry = s.carry + r * H + j;
   float* grad_c = s.grad_c + r * H + j;
   grad_h += load_n<kFull>(carry, n);
-  const vf keep_c = load_n<kFull>(s.keep_c + r * s.keep_ld + j, n);
-  const vf keep_h = load_n<kFull>(s.keep_h + r * s.keep_ld + j, n);
+  const vf keep_c = load_n<kFull>(s.keep.c_row(r) + j, n);
+  const vf keep_h = load_n<kFull>(s.keep.h_row(r) + j, n);
   const vf gc = load_n<kFull>(grad_c, n);
   const vf fresh_h = (1.0f - keep_h) * grad_h;
   const vf tanh_c = vtanh(f * c_prev + i * g);
@@ -179,7 +179,7 @@ inline void backward_cell(const BackwardStep& s, int64_t r, int64_t j, int n, vf
   const vf c_prev = load_n<kFull>(s.c_prev.row(r) + j, n);
   const vf c = load_n<kFull>(s.c + r * H + j, n);
   float* grad_c = s.grad_c + r * H + j;
-  if (s.keep_c) {
+  if (s.keep.on()) {
     backward_cell_zoneout<kFull>(s, r, j, n, grad_h, i, f, g, o, c_prev);
     return;
   }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cpu_clones.h"
+#include "pipelstm/kernels/flag_dispatch.h"
 #include "pipelstm/kernels/gate_math.h"
 #include "pipelstm/kernels/layernorm_lstm_rows.h"
 
@@ -75,8 +76,8 @@ PIPELSTM_HD void forward_rows(const LayerNormStepForwardArgs<T>& a, int64_t b0, 
     T* __restrict__ tn = a.tanh_n + b * H;
     T* __restrict__ h = a.h + b * H;
     const T* __restrict__ hp = kZoneout ? a.h_prev + b * H : nullptr;
-    const T* __restrict__ kc = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
-    const T* __restrict__ kh = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
+    const T* __restrict__ kc = kZoneout ? a.keep.c_row(b) : nullptr;
+    const T* __restrict__ kh = kZoneout ? a.keep.h_row(b) : nullptr;
     a.r_rstd[b] = normalise(r, G, a.eps);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -140,8 +141,8 @@ PIPELSTM_HD void backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0
     T* __restrict__ ga = a.grad_a + b * G;
     T* __restrict__ gr = a.grad_r + b * G;
     T* __restrict__ gn = a.grad_n + b * H;
-    const T* __restrict__ kc = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
-    const T* __restrict__ kh = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
+    const T* __restrict__ kc = kZoneout ? a.keep.c_row(b) : nullptr;
+    const T* __restrict__ kh = kZoneout ? a.keep.h_row(b) : nullptr;
     // The gradient of tanh's argument, and the sums of the cell's normalisation.
     T s1 = 0, s2 = 0;
 #pragma omp simd reduction(+ : s1, s2)
@@ -192,29 +193,16 @@ PIPELSTM_HD void backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0
   }
 }
 
-// Runtime flags to template parameters, so the inner loops have no branches.
 template <typename T>
 PIPELSTM_HD void forward_dispatch(const LayerNormStepForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  const bool bias = a.bias != nullptr, beta = a.beta_c != nullptr, zoned = a.keep_c != nullptr;
-  if (zoned) {
-    if (bias && beta) return forward_rows<T, true, true, true>(a, b0, b1);
-    if (bias) return forward_rows<T, true, false, true>(a, b0, b1);
-    if (beta) return forward_rows<T, false, true, true>(a, b0, b1);
-    return forward_rows<T, false, false, true>(a, b0, b1);
-  }
-  if (bias && beta) return forward_rows<T, true, true, false>(a, b0, b1);
-  if (bias) return forward_rows<T, true, false, false>(a, b0, b1);
-  if (beta) return forward_rows<T, false, true, false>(a, b0, b1);
-  return forward_rows<T, false, false, false>(a, b0, b1);
+  with_flags([&](auto bias, auto beta, auto zoned) PIPELSTM_FLAGS_INLINE { forward_rows<T, bias, beta, zoned>(a, b0, b1); },
+             a.bias != nullptr, a.beta_c != nullptr, a.keep.on());
 }
 
 template <typename T>
 PIPELSTM_HD void backward_dispatch(const LayerNormStepBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  const bool out = a.grad_out != nullptr, zoned = a.keep_c != nullptr;
-  if (out && zoned) return backward_rows<T, true, true>(a, b0, b1);
-  if (out) return backward_rows<T, true, false>(a, b0, b1);
-  if (zoned) return backward_rows<T, false, true>(a, b0, b1);
-  return backward_rows<T, false, false>(a, b0, b1);
+  with_flags([&](auto out, auto zoned) PIPELSTM_FLAGS_INLINE { backward_rows<T, out, zoned>(a, b0, b1); },
+             a.grad_out != nullptr, a.keep.on());
 }
 
 PIPELSTM_CPU_CLONES void norm_rows_f32(float* x, float* rstd, int64_t n, float eps, int64_t b0,
@@ -226,9 +214,6 @@ PIPELSTM_CPU_CLONES void norm_backward_rows_f32(float* grad, const float* x_hat,
                                                 int64_t n, int64_t b0, int64_t b1) {
   norm_backward_rows(grad, x_hat, rstd, n, b0, b1);
 }
-
-PIPELSTM_CPU_CLONED_ROWS(forward_f32, LayerNormStepForwardArgs, forward_dispatch)
-PIPELSTM_CPU_CLONED_ROWS(backward_f32, LayerNormStepBackwardArgs, backward_dispatch)
 
 }  // namespace
 
@@ -243,23 +228,12 @@ void layer_norm_backward_rows(T* grad, const T* x_hat, const T* rstd, int64_t n,
   float_through_clones<T>(norm_backward_rows_f32, norm_backward_rows<T>, grad, x_hat, rstd, n, b0, b1);
 }
 
-template <typename T>
-void layernorm_step_forward_rows(const LayerNormStepForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  float_through_clones<T>(forward_f32, forward_dispatch<T>, a, b0, b1);
-}
+PIPELSTM_CPU_ROWS_ENTRY(layernorm_step_forward_rows, LayerNormStepForwardArgs, forward_dispatch)
+PIPELSTM_CPU_ROWS_ENTRY(layernorm_step_backward_rows, LayerNormStepBackwardArgs, backward_dispatch)
 
-template <typename T>
-void layernorm_step_backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  float_through_clones<T>(backward_f32, backward_dispatch<T>, a, b0, b1);
-}
-
-#define PIPELSTM_LAYERNORM_ROWS(T)                                                               \
-  template void layer_norm_rows<T>(T*, T*, int64_t, T, int64_t, int64_t);                        \
-  template void layer_norm_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);  \
-  template void layernorm_step_forward_rows<T>(const LayerNormStepForwardArgs<T>&, int64_t,      \
-                                               int64_t);                                         \
-  template void layernorm_step_backward_rows<T>(const LayerNormStepBackwardArgs<T>&, int64_t,    \
-                                                int64_t);
+#define PIPELSTM_LAYERNORM_ROWS(T)                                                        \
+  template void layer_norm_rows<T>(T*, T*, int64_t, T, int64_t, int64_t);                 \
+  template void layer_norm_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);
 PIPELSTM_LAYERNORM_ROWS(float)
 PIPELSTM_LAYERNORM_ROWS(double)
 #undef PIPELSTM_LAYERNORM_ROWS

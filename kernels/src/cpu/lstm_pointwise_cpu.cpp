@@ -8,6 +8,7 @@
 #include "pipelstm/kernels/lstm_pointwise.h"
 
 #include "cpu_clones.h"
+#include "pipelstm/kernels/flag_dispatch.h"
 #include "pipelstm/kernels/gate_math.h"
 
 namespace pipelstm {
@@ -28,8 +29,8 @@ PIPELSTM_HD void forward_rows(const PointwiseForwardArgs<T>& a, int64_t row_begi
     T* __restrict__ c = a.c + b * H;
     T* __restrict__ h = a.h + b * H;
     const T* __restrict__ h_prev = kZoneout ? a.h_prev + b * H : nullptr;
-    const T* __restrict__ keep_c = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
-    const T* __restrict__ keep_h = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
+    const T* __restrict__ keep_c = kZoneout ? a.keep.c_row(b) : nullptr;
+    const T* __restrict__ keep_h = kZoneout ? a.keep.h_row(b) : nullptr;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
       T p[4];
@@ -70,8 +71,8 @@ PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_be
     T* __restrict__ dg = a.grad_gates + b * 4 * H;
     T* dc_prev = a.grad_c_prev + b * H;
     T* dh_prev = kZoneout ? a.grad_h_prev + b * H : nullptr;
-    const T* __restrict__ keep_c = kZoneout ? a.keep_c + b * a.keep_stride : nullptr;
-    const T* __restrict__ keep_h = kZoneout ? a.keep_h + b * a.keep_stride : nullptr;
+    const T* __restrict__ keep_c = kZoneout ? a.keep.c_row(b) : nullptr;
+    const T* __restrict__ keep_h = kZoneout ? a.keep.h_row(b) : nullptr;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
       const T grad_h = kGradH ? (kGradOut ? gh[j] + go[j] : gh[j]) : (kGradOut ? go[j] : T(0));
@@ -94,66 +95,24 @@ PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_be
   }
 }
 
-// Runtime flags to template parameters, so the inner loops have no branches.
 template <typename T>
 PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  const bool hid = a.hidden_gates != nullptr;
-  const bool bih = a.bias_ih != nullptr;
-  const bool bhh = a.bias_hh != nullptr;
-  if (a.keep_c != nullptr) return forward_rows<T, false, false, false, true>(a, b0, b1);
-  if (hid && bih && bhh) return forward_rows<T, true, true, true>(a, b0, b1);
-  if (hid && !bih && !bhh) return forward_rows<T, true, false, false>(a, b0, b1);
-  if (!hid && bih && bhh) return forward_rows<T, false, true, true>(a, b0, b1);
-  if (!hid && !bih && !bhh) return forward_rows<T, false, false, false>(a, b0, b1);
-  // Rare mixes of present and absent biases.
-  if (hid && bih) return forward_rows<T, true, true, false>(a, b0, b1);
-  if (hid) return forward_rows<T, true, false, true>(a, b0, b1);
-  if (bih) return forward_rows<T, false, true, false>(a, b0, b1);
-  return forward_rows<T, false, false, true>(a, b0, b1);
-}
-
-template <typename T, bool kGradOut>
-PIPELSTM_HD void backward_dispatch_grad_out(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  const bool gh = a.grad_h != nullptr;
-  const bool gc = a.grad_c != nullptr;
-  if (a.keep_c != nullptr) {
-    if (gh && gc) return backward_rows<T, true, kGradOut, true, true>(a, b0, b1);
-    if (gh) return backward_rows<T, true, kGradOut, false, true>(a, b0, b1);
-    if (gc) return backward_rows<T, false, kGradOut, true, true>(a, b0, b1);
-    return backward_rows<T, false, kGradOut, false, true>(a, b0, b1);
-  }
-  if (gh && gc) return backward_rows<T, true, kGradOut, true>(a, b0, b1);
-  if (gh) return backward_rows<T, true, kGradOut, false>(a, b0, b1);
-  if (gc) return backward_rows<T, false, kGradOut, true>(a, b0, b1);
-  return backward_rows<T, false, kGradOut, false>(a, b0, b1);
+  if (a.keep.on()) return forward_rows<T, false, false, false, true>(a, b0, b1);
+  with_flags([&](auto hid, auto bih, auto bhh) PIPELSTM_FLAGS_INLINE { forward_rows<T, hid, bih, bhh>(a, b0, b1); },
+             a.hidden_gates != nullptr, a.bias_ih != nullptr, a.bias_hh != nullptr);
 }
 
 template <typename T>
 PIPELSTM_HD void backward_dispatch(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  if (a.grad_out != nullptr) return backward_dispatch_grad_out<T, true>(a, b0, b1);
-  backward_dispatch_grad_out<T, false>(a, b0, b1);
+  with_flags([&](auto gh, auto go, auto gc, auto zoned)
+                 PIPELSTM_FLAGS_INLINE { backward_rows<T, gh, go, gc, zoned>(a, b0, b1); },
+             a.grad_h != nullptr, a.grad_out != nullptr, a.grad_c != nullptr, a.keep.on());
 }
-
-PIPELSTM_CPU_CLONED_ROWS(forward_f32, PointwiseForwardArgs, forward_dispatch)
-PIPELSTM_CPU_CLONED_ROWS(backward_f32, PointwiseBackwardArgs, backward_dispatch)
 
 }  // namespace
 
-// float through the clones above, double as written.
-template <typename T>
-void pointwise_forward_cpu(const PointwiseForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  float_through_clones<T>(forward_f32, forward_dispatch<T>, a, b0, b1);
-}
-
-template <typename T>
-void pointwise_backward_cpu(const PointwiseBackwardArgs<T>& a, int64_t b0, int64_t b1) {
-  float_through_clones<T>(backward_f32, backward_dispatch<T>, a, b0, b1);
-}
-
-template void pointwise_forward_cpu<float>(const PointwiseForwardArgs<float>&, int64_t, int64_t);
-template void pointwise_forward_cpu<double>(const PointwiseForwardArgs<double>&, int64_t, int64_t);
-template void pointwise_backward_cpu<float>(const PointwiseBackwardArgs<float>&, int64_t, int64_t);
-template void pointwise_backward_cpu<double>(const PointwiseBackwardArgs<double>&, int64_t, int64_t);
+PIPELSTM_CPU_ROWS_ENTRY(pointwise_forward_cpu, PointwiseForwardArgs, forward_dispatch)
+PIPELSTM_CPU_ROWS_ENTRY(pointwise_backward_cpu, PointwiseBackwardArgs, backward_dispatch)
 
 }  // namespace kernels
 }  // namespace pipelstm

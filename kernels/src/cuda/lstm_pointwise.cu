@@ -6,8 +6,7 @@
 // branches, and the 16-byte vector path is chosen on the host.
 #include "pipelstm/kernels/lstm_pointwise_cuda.h"
 
-#include <type_traits>
-
+#include "pipelstm/kernels/flag_dispatch.h"
 #include "pipelstm/kernels/lstm_pointwise_indexing.h"
 
 namespace pipelstm {
@@ -36,50 +35,30 @@ void launch_items(const Args& a, cudaStream_t stream) {
   items_kernel<item><<<grid, kBlockSize, 0, stream>>>(a, items);
 }
 
-// Calls f(std::integral_constant<bool, b>{}): runtime flag to template flag.
-template <typename F>
-void with_flag(bool b, F&& f) {
-  if (b) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
-
 template <typename T, int VEC>
 void launch_forward(const PointwiseForwardArgs<T>& a, cudaStream_t stream) {
-  if (a.keep_c != nullptr) {
+  if (a.keep.on()) {
     launch_items<&indexing::forward_item<T, VEC, false, false, false, true>, VEC>(a, stream);
     return;
   }
-  with_flag(a.hidden_gates != nullptr, [&](auto hid) {
-    with_flag(a.bias_ih != nullptr, [&](auto bih) {
-      with_flag(a.bias_hh != nullptr, [&](auto bhh) {
+  with_flags(
+      [&](auto hid, auto bih, auto bhh) {
         launch_items<&indexing::forward_item<T, VEC, decltype(hid)::value, decltype(bih)::value,
                                              decltype(bhh)::value>,
                      VEC>(a, stream);
-      });
-    });
-  });
+      },
+      a.hidden_gates != nullptr, a.bias_ih != nullptr, a.bias_hh != nullptr);
 }
 
 template <typename T, int VEC>
 void launch_backward(const PointwiseBackwardArgs<T>& a, cudaStream_t stream) {
-  with_flag(a.grad_h != nullptr, [&](auto gh) {
-    with_flag(a.grad_out != nullptr, [&](auto go) {
-      with_flag(a.grad_c != nullptr, [&](auto gc) {
-        if (a.keep_c != nullptr) {
-          launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(go)::value,
-                                                decltype(gc)::value, true>,
-                       VEC>(a, stream);
-          return;
-        }
+  with_flags(
+      [&](auto gh, auto go, auto gc, auto zoned) {
         launch_items<&indexing::backward_item<T, VEC, decltype(gh)::value, decltype(go)::value,
-                                              decltype(gc)::value>,
+                                              decltype(gc)::value, decltype(zoned)::value>,
                      VEC>(a, stream);
-      });
-    });
-  });
+      },
+      a.grad_h != nullptr, a.grad_out != nullptr, a.grad_c != nullptr, a.keep.on());
 }
 
 template <typename T>

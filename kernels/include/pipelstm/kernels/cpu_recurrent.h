@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <string>
 
+#include "pipelstm/kernels/keep_weights.h"
+
 namespace pipelstm {
 namespace kernels {
 namespace cpu {
@@ -69,11 +71,9 @@ struct ForwardStep {
   float* c = nullptr;        // [rows, H] out
   float* h = nullptr;        // [rows, ldh] out (the first H columns)
   int64_t ldh = 0;
-  // Zoneout (gate_math.h's zoned), with keep_c set: c and h blended with
-  // c_prev and h_prev (k = H) by the keep weights, row r at keep_* + r * keep_ld.
-  const float* keep_c = nullptr;
-  const float* keep_h = nullptr;
-  int64_t keep_ld = 0;
+  // Zoneout, with keep on: c and h blended with c_prev and h_prev (k = H)
+  // by the keep weights.
+  KeepWeights<float> keep;
 };
 
 struct BackwardStep {
@@ -93,12 +93,10 @@ struct BackwardStep {
   const float* c = nullptr;    // [rows, H]
   float* grad_c = nullptr;     // [rows, H]: grad of c in, grad of c_prev out
   float* grad_gates = nullptr; // [rows, 4H] out
-  // Zoneout, with keep_c set (see ForwardStep): c is the blended cell, and
+  // Zoneout, with keep on (see ForwardStep): c is the blended cell, and
   // carry [rows, H] holds the part of h's gradient that the next step sent
   // straight back (added to grad_h), then this step's, keep_h * grad_h.
-  const float* keep_c = nullptr;
-  const float* keep_h = nullptr;
-  int64_t keep_ld = 0;
+  KeepWeights<float> keep;
   float* carry = nullptr;
 };
 

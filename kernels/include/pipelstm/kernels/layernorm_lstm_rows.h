@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "pipelstm/kernels/keep_weights.h"
+
 namespace pipelstm {
 namespace kernels {
 
@@ -38,11 +40,9 @@ struct LayerNormStepForwardArgs {
   T* tanh_n = nullptr;          // [B, H] out: tanh(gamma_c * c_hat + beta_c)
   T* c_rstd = nullptr;          // [B] out
   T* h = nullptr;               // [B, H] out: the hidden state carried on
-  // Zoneout, with keep_c set: row b's keep weights at keep_* + b * keep_stride.
+  // Zoneout, with keep on.
   const T* h_prev = nullptr;    // [B, H]
-  const T* keep_c = nullptr;
-  const T* keep_h = nullptr;
-  int64_t keep_stride = 0;
+  KeepWeights<T> keep;
   int64_t batch = 0;
   int64_t hidden = 0;
   T eps = T(0);
@@ -66,9 +66,7 @@ struct LayerNormStepBackwardArgs {
   T* grad_a = nullptr;            // [B, 4H] out: of the pre-activations a
   T* grad_r = nullptr;            // [B, 4H] out: of h_prev W_hh^T
   T* grad_n = nullptr;            // [B, H] out: of gamma_c * c_hat + beta_c
-  const T* keep_c = nullptr;      // zoneout, as in the forward
-  const T* keep_h = nullptr;
-  int64_t keep_stride = 0;
+  KeepWeights<T> keep;            // zoneout, as in the forward
   int64_t batch = 0;
   int64_t hidden = 0;
 };

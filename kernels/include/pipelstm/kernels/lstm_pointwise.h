@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "pipelstm/kernels/keep_weights.h"
+
 namespace pipelstm {
 namespace kernels {
 
@@ -21,13 +23,10 @@ struct PointwiseForwardArgs {
   T* act_gates = nullptr;           // [B, 4H] out: activated gates; may alias gates
   T* c = nullptr;                   // [B, H] out: new cell state
   T* h = nullptr;                   // [B, H] out: new hidden state
-  // Zoneout (gate_math.h's zoned), with keep_c set: c and h blended with
-  // c_prev and h_prev by the keep weights, row b at keep_* + b * keep_stride
-  // (0: one row for every b). Only without hidden_gates and biases.
+  // Zoneout, with keep on: c and h blended with c_prev and h_prev by the
+  // keep weights. Only without hidden_gates and biases.
   const T* h_prev = nullptr;        // [B, H]
-  const T* keep_c = nullptr;        // optional, with keep_h and h_prev
-  const T* keep_h = nullptr;
-  int64_t keep_stride = 0;
+  KeepWeights<T> keep;
   int64_t batch = 0;
   int64_t hidden = 0;
 };
@@ -44,13 +43,11 @@ struct PointwiseBackwardArgs {
   const T* c = nullptr;          // [B, H] this step's cell state
   T* grad_gates = nullptr;       // [B, 4H] out: gradient of the pre-activations
   T* grad_c_prev = nullptr;      // [B, H] out; may alias grad_c
-  // Zoneout, with keep_c set (see PointwiseForwardArgs): c is the blended
-  // cell, and grad_h_prev gets keep_h times the total gradient of h (the
+  // Zoneout, with keep on (see PointwiseForwardArgs): c is the blended
+  // cell, and grad_h_prev gets keep.h times the total gradient of h (the
   // part that flows straight to the previous h); it may alias grad_h.
-  const T* keep_c = nullptr;
-  const T* keep_h = nullptr;
-  int64_t keep_stride = 0;
-  T* grad_h_prev = nullptr;      // [B, H] out, with keep_c
+  KeepWeights<T> keep;
+  T* grad_h_prev = nullptr;      // [B, H] out, with keep on
   int64_t batch = 0;
   int64_t hidden = 0;
 };

@@ -86,18 +86,21 @@ PIPELSTM_HD void store_pack(T* p, const Pack<T, VEC>& x) {
   *reinterpret_cast<Pack<T, VEC>*>(p) = x;
 }
 
-// Row and first column of work item `idx`. 64-bit throughout: B * 4H may pass
+// Where work item `idx` lies. 64-bit throughout: B * 4H may pass
 // 2^31 (the device compiler takes a 32-bit division fast path when it can).
 struct ItemIndex {
   int64_t row;
   int64_t col;
+  int64_t gates;  // offset of its elements of gate 0 in a [B, 4H] tensor (gate k: + k * H)
+  int64_t state;  // offset of its elements in a [B, H] tensor
 };
 
 template <int VEC>
 PIPELSTM_HD ItemIndex item_index(int64_t idx, int64_t hidden) {
   const int64_t per_row = hidden / VEC;
   const int64_t row = idx / per_row;
-  return {row, (idx - row * per_row) * VEC};
+  const int64_t col = (idx - row * per_row) * VEC;
+  return {row, col, row * 4 * hidden + col, row * hidden + col};
 }
 
 // Number of work items; with VEC > 1 only valid when hidden % VEC == 0.
@@ -121,6 +124,11 @@ inline bool aligned_for(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * VEC) == 0;  // null is aligned
 }
 
+template <typename T, int VEC>
+inline bool aligned_for(const KeepWeights<T>& k) {
+  return aligned_for<T, VEC>(k.c) && aligned_for<T, VEC>(k.h) && k.stride % VEC == 0;
+}
+
 // Host-side choice of the vector path: every row and gate block then starts
 // on a Pack boundary, so all of one item's accesses are aligned.
 template <typename T, int VEC>
@@ -129,9 +137,7 @@ inline bool can_vectorize(const PointwiseForwardArgs<T>& a) {
          aligned_for<T, VEC>(a.hidden_gates) && aligned_for<T, VEC>(a.bias_ih) &&
          aligned_for<T, VEC>(a.bias_hh) && aligned_for<T, VEC>(a.c_prev) &&
          aligned_for<T, VEC>(a.act_gates) && aligned_for<T, VEC>(a.c) &&
-         aligned_for<T, VEC>(a.h) && aligned_for<T, VEC>(a.h_prev) &&
-         aligned_for<T, VEC>(a.keep_c) && aligned_for<T, VEC>(a.keep_h) &&
-         a.keep_stride % VEC == 0;
+         aligned_for<T, VEC>(a.h) && aligned_for<T, VEC>(a.h_prev) && aligned_for<T, VEC>(a.keep);
 }
 
 template <typename T, int VEC>
@@ -141,8 +147,7 @@ inline bool can_vectorize(const PointwiseBackwardArgs<T>& a) {
          aligned_for<T, VEC>(a.grad_c) && aligned_for<T, VEC>(a.act_gates) &&
          aligned_for<T, VEC>(a.c_prev) && aligned_for<T, VEC>(a.c) &&
          aligned_for<T, VEC>(a.grad_gates) && aligned_for<T, VEC>(a.grad_c_prev) &&
-         aligned_for<T, VEC>(a.keep_c) && aligned_for<T, VEC>(a.keep_h) &&
-         a.keep_stride % VEC == 0 && aligned_for<T, VEC>(a.grad_h_prev);
+         aligned_for<T, VEC>(a.keep) && aligned_for<T, VEC>(a.grad_h_prev);
 }
 
 // Same formulas and summation order as the CPU loops. act_gates may alias
@@ -156,8 +161,7 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
   using P = Pack<T, VEC>;
   const int64_t H = a.hidden;
   const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.row * 4 * H + it.col;  // gate k starts at g0 + k * H
-  const int64_t s0 = it.row * H + it.col;
+  const int64_t g0 = it.gates, s0 = it.state;
 
   C pre[4][VEC];
   PIPELSTM_UNROLL
@@ -179,10 +183,9 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
   const P cp = load_pack<T, VEC>(a.c_prev + s0);
   P hp{}, kc{}, kh{};
   if constexpr (kZoneout) {
-    const int64_t k0 = it.row * a.keep_stride + it.col;
     hp = load_pack<T, VEC>(a.h_prev + s0);
-    kc = load_pack<T, VEC>(a.keep_c + k0);
-    kh = load_pack<T, VEC>(a.keep_h + k0);
+    kc = load_pack<T, VEC>(a.keep.c_row(it.row) + it.col);
+    kh = load_pack<T, VEC>(a.keep.h_row(it.row) + it.col);
   }
 
   P act[4], c, h;
@@ -215,8 +218,7 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   using P = Pack<T, VEC>;
   const int64_t H = a.hidden;
   const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.row * 4 * H + it.col;
-  const int64_t s0 = it.row * H + it.col;
+  const int64_t g0 = it.gates, s0 = it.state;
 
   P gh{}, go{}, gc{};
   if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
@@ -228,9 +230,8 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   const P cp = load_pack<T, VEC>(a.c_prev + s0);
   P cc{}, kc{}, kh{};
   if constexpr (kZoneout) {
-    const int64_t k0 = it.row * a.keep_stride + it.col;
-    kc = load_pack<T, VEC>(a.keep_c + k0);
-    kh = load_pack<T, VEC>(a.keep_h + k0);
+    kc = load_pack<T, VEC>(a.keep.c_row(it.row) + it.col);
+    kh = load_pack<T, VEC>(a.keep.h_row(it.row) + it.col);
   } else {
     cc = load_pack<T, VEC>(a.c + s0);
   }
