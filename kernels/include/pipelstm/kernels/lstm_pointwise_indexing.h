@@ -161,14 +161,13 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
   using P = Pack<T, VEC>;
   const int64_t H = a.hidden;
   const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.gates, s0 = it.state;
 
   C pre[4][VEC];
   PIPELSTM_UNROLL
   for (int k = 0; k < 4; ++k) {
-    const P x = load_pack<T, VEC>(a.gates + g0 + k * H);
+    const P x = load_pack<T, VEC>(a.gates + it.gates + k * H);
     P hg{}, bi{}, bh{};
-    if constexpr (kHiddenGates) hg = load_pack<T, VEC>(a.hidden_gates + g0 + k * H);
+    if constexpr (kHiddenGates) hg = load_pack<T, VEC>(a.hidden_gates + it.gates + k * H);
     if constexpr (kBiasIh) bi = load_pack<T, VEC>(a.bias_ih + k * H + it.col);
     if constexpr (kBiasHh) bh = load_pack<T, VEC>(a.bias_hh + k * H + it.col);
     PIPELSTM_UNROLL
@@ -180,10 +179,10 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
       pre[k][e] = v;
     }
   }
-  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  const P cp = load_pack<T, VEC>(a.c_prev + it.state);
   P hp{}, kc{}, kh{};
   if constexpr (kZoneout) {
-    hp = load_pack<T, VEC>(a.h_prev + s0);
+    hp = load_pack<T, VEC>(a.h_prev + it.state);
     kc = load_pack<T, VEC>(a.keep.c_row(it.row) + it.col);
     kh = load_pack<T, VEC>(a.keep.h_row(it.row) + it.col);
   }
@@ -204,9 +203,9 @@ PIPELSTM_HD void forward_item(const PointwiseForwardArgs<T>& a, int64_t idx) {
     h.v[e] = S::store(r.h);
   }
   PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.act_gates + g0 + k * H, act[k]);
-  store_pack<T, VEC>(a.c + s0, c);
-  store_pack<T, VEC>(a.h + s0, h);
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.act_gates + it.gates + k * H, act[k]);
+  store_pack<T, VEC>(a.c + it.state, c);
+  store_pack<T, VEC>(a.h + it.state, h);
 }
 
 // grad_c_prev may alias grad_c, and grad_h_prev grad_h, for the same
@@ -218,22 +217,21 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
   using P = Pack<T, VEC>;
   const int64_t H = a.hidden;
   const ItemIndex it = item_index<VEC>(idx, H);
-  const int64_t g0 = it.gates, s0 = it.state;
 
   P gh{}, go{}, gc{};
-  if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + s0);
+  if constexpr (kGradH) gh = load_pack<T, VEC>(a.grad_h + it.state);
   if constexpr (kGradOut) go = load_pack<T, VEC>(a.grad_out + it.row * a.grad_out_stride + it.col);
-  if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + s0);
+  if constexpr (kGradC) gc = load_pack<T, VEC>(a.grad_c + it.state);
   P act[4];
   PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + g0 + k * H);
-  const P cp = load_pack<T, VEC>(a.c_prev + s0);
+  for (int k = 0; k < 4; ++k) act[k] = load_pack<T, VEC>(a.act_gates + it.gates + k * H);
+  const P cp = load_pack<T, VEC>(a.c_prev + it.state);
   P cc{}, kc{}, kh{};
   if constexpr (kZoneout) {
     kc = load_pack<T, VEC>(a.keep.c_row(it.row) + it.col);
     kh = load_pack<T, VEC>(a.keep.h_row(it.row) + it.col);
   } else {
-    cc = load_pack<T, VEC>(a.c + s0);
+    cc = load_pack<T, VEC>(a.c + it.state);
   }
 
   P dg[4], dcp, dhp;
@@ -259,9 +257,9 @@ PIPELSTM_HD void backward_item(const PointwiseBackwardArgs<T>& a, int64_t idx) {
     dcp.v[e] = S::store(r.d_c_prev);
   }
   PIPELSTM_UNROLL
-  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + g0 + k * H, dg[k]);
-  store_pack<T, VEC>(a.grad_c_prev + s0, dcp);
-  if constexpr (kZoneout) store_pack<T, VEC>(a.grad_h_prev + s0, dhp);
+  for (int k = 0; k < 4; ++k) store_pack<T, VEC>(a.grad_gates + it.gates + k * H, dg[k]);
+  store_pack<T, VEC>(a.grad_c_prev + it.state, dcp);
+  if constexpr (kZoneout) store_pack<T, VEC>(a.grad_h_prev + it.state, dhp);
 }
 
 }  // namespace indexing
