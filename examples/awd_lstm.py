@@ -64,7 +64,9 @@ class WeightDrop(nn.Module):
         lstm.weight_hh_l0 = raw.detach().clone()
 
     def forward(self, x, hx):
-        w = F.dropout(self.weight_hh_raw, p=self.p) if self.training else self.weight_hh_raw.view_as(self.weight_hh_raw)
+        # A view even where dropout hands back the parameter itself (p = 0,
+        # evaluation): a Parameter set here would become the LSTM's own.
+        w = F.dropout(self.weight_hh_raw, p=self.p, training=self.training).view_as(self.weight_hh_raw)
         self.lstm.weight_hh_l0 = w
         return self.lstm(x, hx)
 
@@ -115,11 +117,11 @@ class AWDModel(nn.Module):
         return (weight.new_zeros(self.nlayers, bsz, self.nhid), weight.new_zeros(self.nlayers, bsz, self.nhid))
 
 
-def evaluate(model, data, bptt, bsz) -> float:
+def evaluate(model, data, bptt, bsz, max_batches=None) -> float:
     model.eval()
     total, count, hidden = 0.0, 0, model.init_hidden(bsz)
     with torch.no_grad():
-        for i in range(0, data.size(0) - 1, bptt):
+        for i in range(0, data.size(0) - 1, bptt)[:max_batches]:
             x, y = get_batch(data, i, bptt)
             out, hidden = model(x, hidden)
             total += len(x) * F.cross_entropy(out.view(-1, out.size(-1)), y).item()
@@ -144,6 +146,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--bptt", type=int, default=35)
     p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
+    p.add_argument("--eval-batches", type=int, default=None, help="validate on at most this many batches")
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None, help="write the run (each epoch's validation perplexity and time) here")
@@ -183,7 +186,7 @@ def main(argv=None) -> dict:
             opt.step()
             batches += 1
         seconds = time.perf_counter() - start
-        valid_loss = evaluate(model, valid, args.bptt, 10)
+        valid_loss = evaluate(model, valid, args.bptt, 10, args.eval_batches)
         run["epochs"].append(dict(epoch=epoch, seconds=seconds, batches=batches, valid_ppl=math.exp(valid_loss)))
         print(f"epoch {epoch}: {seconds:.1f} s, {batches} batches, valid ppl {math.exp(valid_loss):.2f}", flush=True)
     if args.json:

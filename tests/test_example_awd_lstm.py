@@ -51,6 +51,18 @@ def test_both_kinds_drop_while_training():
         a.sum().backward()
 
 
+def test_the_nn_kind_without_weight_dropout_trains_and_evaluates():
+    # F.dropout with p = 0 hands back the raw parameter itself; set on the
+    # LSTM it became a parameter of its own, and evaluation then failed.
+    torch.manual_seed(0)
+    model = awd.AWDModel("nn", **dict(ARGS, weight_dropout=0.0))
+    x = torch.randint(0, 50, (7, 3))
+    model.train()(x, model.init_hidden(3))[0].sum().backward()
+    model.eval()(x, model.init_hidden(3))
+    assert [name for name, _ in model.named_parameters() if "weight_hh" in name] == \
+        [f"rnns.{k}.weight_hh_raw" for k in range(3)]
+
+
 def test_a_short_run_learns_and_writes_its_json(tmp_path):
     path = tmp_path / "run.json"
     run = awd.main(["--epochs", "2", "--max-batches", "12", "--emsize", "16", "--nhid", "32", "--threads", "1",

@@ -10,6 +10,7 @@ perplexity after the last epoch and the time per epoch, as a bench JSON
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,9 +35,13 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batches", type=int, default=None, help="each epoch's training batches at most")
+    ap.add_argument("--eval-batches", type=int, default=None, help="each validation's batches at most")
+    ap.add_argument("--nhid", type=int, default=None, help="the LSTM's hidden size (default: the example's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    meta = report.metadata("awd", sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    meta = report.metadata("awd", argv)
+    meta["command"] = shlex.join(["python", "tools/awd_compare.py", *argv])  # not a `python -m pipelstm.bench` one
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -46,8 +51,9 @@ def main(argv=None) -> int:
                        str(seed), "--epochs", str(args.epochs), "--threads", str(args.threads), "--json", out]
                 if args.data:
                     cmd += ["--data", args.data]
-                if args.max_batches:
-                    cmd += ["--max-batches", str(args.max_batches)]
+                for name in ("max_batches", "eval_batches", "nhid"):
+                    if getattr(args, name):
+                        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
                 subprocess.run(cmd, check=True)
                 run = json.load(open(out))
                 rows.append(dict(seed=seed, lstm=kind, valid_ppl=run["epochs"][-1]["valid_ppl"],
@@ -66,7 +72,9 @@ def main(argv=None) -> int:
     corpus = os.path.basename(os.path.normpath(args.data)) if args.data else "its embedded corpus"
     report.write_json(args.json, meta, COLUMNS, rows, tables=[dict(title="Summary", columns=SUMMARY, rows=summary)],
                       notes=[f"examples/awd_lstm.py on {corpus}, {args.epochs} epochs"
-                             f"{f' of {args.max_batches} batches' if args.max_batches else ''}, {args.threads} threads, "
+                             f"{f' of {args.max_batches} batches' if args.max_batches else ''}"
+                             f"{f', validated on {args.eval_batches} batches' if args.eval_batches else ''}"
+                             f"{f', nhid {args.nhid}' if args.nhid else ''}, {args.threads} threads, "
                              f"seeds "
                              f"{args.seeds}; nn: nn.LSTM layers each with the weight-drop wrapper, locked dropout "
                              "between them; both from the same initial weights per seed."])
