@@ -22,9 +22,9 @@ from torch import nn
 from ..layernorm_lstm import LayerNormLSTM
 from ..lstm import LSTM
 from . import report
-from .table import Column, add_row, header
+from .table import Column, header
 from .cell_loop import CellLoop
-from .timing import medians, training_step_times
+from .timing import training_step_rows
 
 __all__ = ["LayerNormCellLoop", "main"]
 
@@ -76,21 +76,18 @@ class LayerNormCellLoop(CellLoop):
                 self.cells.append(cell)
 
 
+def _models(x: torch.Tensor) -> dict:
+    H = x.size(-1)
+    models = {"plain": LSTM(H, H, num_layers=LAYERS), "layernorm": LayerNormLSTM(H, H, num_layers=LAYERS)}
+    models["cell_loop"] = LayerNormCellLoop(models["layernorm"])
+    want = models["layernorm"](x)[0]
+    torch.testing.assert_close(models["cell_loop"](x)[0], want, atol=2e-3, rtol=0)  # the same model (float32)
+    return models
+
+
 def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
-    rows = []
-    for n_threads in threads:
-        torch.set_num_threads(n_threads)
-        torch.manual_seed(0)
-        models = {"plain": LSTM(H, H, num_layers=LAYERS), "layernorm": LayerNormLSTM(H, H, num_layers=LAYERS)}
-        models["cell_loop"] = LayerNormCellLoop(models["layernorm"])
-        x = torch.randn(T, B, H, requires_grad=True)
-        want = models["layernorm"](x)[0]
-        torch.testing.assert_close(models["cell_loop"](x)[0], want, atol=2e-3, rtol=0)  # the same model (float32)
-        times = training_step_times(models, x, repeats)
-        t = medians(times)
-        add_row(rows, COLUMNS, dict(threads=n_threads, T=T, B=B, H=H, **t, cost=t["layernorm"] / t["plain"],
-                                    speedup=t["cell_loop"] / t["layernorm"], samples=times))
-    return rows
+    return training_step_rows(COLUMNS, threads, (T, B, H), repeats, _models,
+                              lambda t: dict(cost=t["layernorm"] / t["plain"], speedup=t["cell_loop"] / t["layernorm"]))
 
 
 def main(argv=None) -> List[dict]:

@@ -30,9 +30,9 @@ from torch import nn
 
 from ..lstm import LSTM
 from . import report
-from .table import Column, add_row, header
+from .table import Column, header
 from .cell_loop import CellLoop
-from .timing import medians, training_step_times
+from .timing import training_step_rows
 
 __all__ = ["WeightDropLSTM", "main"]
 
@@ -97,30 +97,30 @@ class ZoneoutCellLoop(CellLoop):
         return keep_h * h + (1 - keep_h) * new_h, keep_c * c + (1 - keep_c) * new_c
 
 
+def _models(x: torch.Tensor) -> dict:
+    H = x.size(-1)
+    base = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
+    options = dict(plain={}, weight=dict(weight_dropout=P_WEIGHT), variational=dict(dropout_mode="variational"),
+                   both=dict(weight_dropout=P_WEIGHT, dropout_mode="variational"), zoneout=dict(zoneout=ZONEOUT))
+    models = {}
+    for name, kw in options.items():
+        models[name] = LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN, **kw)
+        models[name].load_state_dict(base.state_dict())
+    peer = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
+    peer.load_state_dict(base.state_dict())
+    models["peer"] = WeightDropLSTM(peer, P_WEIGHT)
+    models["cell_loop"] = ZoneoutCellLoop(base, ZONEOUT)
+    return models
+
+
+def _ratios(t: dict) -> dict:
+    return dict(weight_cost=t["weight"] / t["plain"], variational_cost=t["variational"] / t["plain"],
+                both_cost=t["both"] / t["plain"], speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],
+                zoneout_speedup=t["cell_loop"] / t["zoneout"])
+
+
 def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
-    rows = []
-    for n_threads in threads:
-        torch.set_num_threads(n_threads)
-        torch.manual_seed(0)
-        base = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
-        options = dict(plain={}, weight=dict(weight_dropout=P_WEIGHT), variational=dict(dropout_mode="variational"),
-                       both=dict(weight_dropout=P_WEIGHT, dropout_mode="variational"), zoneout=dict(zoneout=ZONEOUT))
-        models = {}
-        for name, kw in options.items():
-            models[name] = LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN, **kw)
-            models[name].load_state_dict(base.state_dict())
-        peer = nn.LSTM(H, H, num_layers=LAYERS, dropout=P_BETWEEN)
-        peer.load_state_dict(base.state_dict())
-        models["peer"] = WeightDropLSTM(peer, P_WEIGHT)
-        models["cell_loop"] = ZoneoutCellLoop(base, ZONEOUT)
-        x = torch.randn(T, B, H, requires_grad=True)
-        times = training_step_times(models, x, repeats)
-        t = medians(times)
-        add_row(rows, COLUMNS, dict(threads=n_threads, T=T, B=B, H=H, **t, weight_cost=t["weight"] / t["plain"],
-                                    variational_cost=t["variational"] / t["plain"], both_cost=t["both"] / t["plain"],
-                                    speedup=t["peer"] / t["both"], zoneout_cost=t["zoneout"] / t["plain"],
-                                    zoneout_speedup=t["cell_loop"] / t["zoneout"], samples=times))
-    return rows
+    return training_step_rows(COLUMNS, threads, (T, B, H), repeats, _models, _ratios)
 
 
 def main(argv=None) -> List[dict]:

@@ -9,12 +9,14 @@ import argparse
 import math
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "training_step_times", "medians",
-           "median_index", "spread", "gemm_gflops"]
+from .table import Column, add_row
+
+__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "training_step_times",
+           "training_step_rows", "medians", "median_index", "spread", "gemm_gflops"]
 
 
 def interleaved_times(
@@ -75,6 +77,26 @@ def training_step_times(models: Dict[str, torch.nn.Module], x: torch.Tensor, rep
         model(x)[0].sum().backward()
 
     return interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+
+
+def training_step_rows(columns: List[Column], threads: List[int], shape: Tuple[int, int, int], repeats: int,
+                       make_models: Callable[[torch.Tensor], Dict[str, torch.nn.Module]],
+                       ratios: Callable[[Dict[str, float]], dict]) -> List[dict]:
+    """A row of ``columns`` for each thread count: the models ``make_models(x)`` builds for an input
+    ``x`` of ``shape`` (T, B, H), both drawn after ``torch.manual_seed(0)``, timed by
+    :func:`training_step_times`; the row holds the sizes, each model's median, ``ratios(medians)`` and
+    the samples."""
+    rows: List[dict] = []
+    T, B, H = shape
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        torch.manual_seed(0)
+        x = torch.randn(T, B, H, requires_grad=True)
+        models = make_models(x)
+        times = training_step_times(models, x, repeats)
+        t = medians(times)
+        add_row(rows, columns, dict(threads=n_threads, T=T, B=B, H=H, **t, **ratios(t), samples=times))
+    return rows
 
 
 def add_min_run_argument(parser: argparse.ArgumentParser) -> None:
