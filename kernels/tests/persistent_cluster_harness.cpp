@@ -32,6 +32,48 @@ void check(bool ok, const char* what, int64_t B, int64_t H, int64_t blocks) {
   }
 }
 
+// `copies` copies of `halves` halves each, row n at n * stride: the padding
+// (rows past B, columns past width) zero for good, the rest -1 (not stored).
+std::vector<float> empty_copies(int64_t copies, int64_t halves, int64_t stride, int64_t B, int64_t width) {
+  std::vector<float> copy(copies * halves, -1.0f);
+  for (int64_t i = 0; i < copies * halves; ++i) {
+    const int64_t n = (i % halves) / stride, k = (i % halves) % stride;
+    if (n >= B || k >= width) copy[i] = 0.0f;
+  }
+  return copy;
+}
+
+struct FragmentCheck {
+  bool right = true;          // every lane's B fragment reads what was stored
+  bool conflict_free = true;  // a warp's loads hit 32 banks
+};
+
+// Every lane's B fragment (`source(n_tile, kt, lane, e)` of its elements e)
+// read from `copy` at index(n, k): one aligned word of columns k, k + 1
+// holding want(n, k), zero where the element is not valid.
+template <class Source, class Index, class Want>
+FragmentCheck check_fragments(int64_t n_tiles, int64_t k_tiles, Source source, Index index,
+                              const std::vector<float>& copy, Want want) {
+  FragmentCheck r;
+  for (int64_t n_tile = 0; n_tile < n_tiles; ++n_tile) {
+    for (int64_t kt = 0; kt < k_tiles; ++kt) {
+      for (int e = 0; e < 4; e += 2) {
+        std::set<int64_t> banks;
+        for (int lane = 0; lane < tc::kLanes; ++lane) {
+          const tc::BSource lo = source(n_tile, kt, lane, e), hi = source(n_tile, kt, lane, e + 1);
+          const int64_t at = index(lo.n, lo.k);
+          r.right = r.right && at % 2 == 0 && hi.n == lo.n && hi.k == lo.k + 1;
+          r.right = r.right && copy[at] == (lo.valid ? want(lo.n, lo.k) : 0.0f) &&
+                    copy[at + 1] == (hi.valid ? want(hi.n, hi.k) : 0.0f);
+          banks.insert((at / 2) % 32);
+        }
+        r.conflict_free = r.conflict_free && banks.size() == 32;
+      }
+    }
+  }
+  return r;
+}
+
 void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
   const cluster::ClusterPlan c = cluster::make_cluster_plan(B, H, blocks, sync);
   const bool async = sync == cluster::Sync::kAsyncStores;
@@ -41,11 +83,8 @@ void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
   // Coverage: each (n, j) finished once, in the cluster's blocks.
   std::vector<int> finished(B * H, 0);
   float acc_h = 0.0f;  // each cell's h: a value only it has
-  std::vector<float> h(B * H, 0.0f), copy(c.copies * cluster::h_copy_halves(c), -1.0f);
-  for (int64_t i = 0; i < c.copies * cluster::h_copy_halves(c); ++i) {  // padding: zero for good
-    const int64_t n = (i % cluster::h_copy_halves(c)) / c.stride, k = (i % cluster::h_copy_halves(c)) % c.stride;
-    if (n >= B || k >= H) copy[i] = 0.0f;
-  }
+  std::vector<float> h(B * H, 0.0f);
+  std::vector<float> copy = empty_copies(c.copies, cluster::h_copy_halves(c), c.stride, B, H);
   for (int64_t block = 0; block < p.blocks; ++block) {
     for (int64_t it = 0; it < tc::item_count(p); ++it) {
       const tc::Item w = tc::item_at(p, it);
@@ -92,27 +131,12 @@ void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
   check(once, "every cell finished exactly once", B, H, blocks);
 
   // The B fragments read from buffer 1 what the cells stored.
-  bool right = true, conflict_free = true;
-  for (int64_t n_tile = 0; n_tile < p.n_tiles; ++n_tile) {
-    for (int64_t kt = 0; kt < p.k_tiles; ++kt) {
-      for (int r = 0; r < 2; ++r) {
-        std::set<int64_t> banks;
-        for (int lane = 0; lane < tc::kLanes; ++lane) {
-          const tc::BSource lo = tc::fwd_b_source(p, n_tile, kt, lane, 2 * r);
-          const tc::BSource hi = tc::fwd_b_source(p, n_tile, kt, lane, 2 * r + 1);
-          const int64_t at = cluster::h_index(c, 1, lo.n, lo.k);
-          right = right && at % 2 == 0 && hi.n == lo.n && hi.k == lo.k + 1;  // one aligned word
-          const float want_lo = lo.valid ? h[lo.n * H + lo.k] : 0.0f;
-          const float want_hi = hi.valid ? h[hi.n * H + hi.k] : 0.0f;
-          right = right && copy[at] == want_lo && copy[at + 1] == want_hi;
-          banks.insert((at / 2) % 32);
-        }
-        conflict_free = conflict_free && banks.size() == 32;
-      }
-    }
-  }
-  check(right, "B fragments read the stored h (zero padding)", B, H, blocks);
-  check(conflict_free, "a warp's B loads hit 32 banks", B, H, blocks);
+  const FragmentCheck read = check_fragments(
+      p.n_tiles, p.k_tiles, [&](int64_t nt, int64_t kt, int lane, int e) { return tc::fwd_b_source(p, nt, kt, lane, e); },
+      [&](int64_t n, int64_t k) { return cluster::h_index(c, 1, n, k); }, copy,
+      [&](int64_t n, int64_t k) { return h[n * H + k]; });
+  check(read.right, "B fragments read the stored h (zero padding)", B, H, blocks);
+  check(read.conflict_free, "a warp's B loads hit 32 banks", B, H, blocks);
 
   // Layout: the copies start past the slab and the partial sums, aligned.
   const int64_t offset = cluster::h_copies_offset(c);
@@ -134,11 +158,8 @@ void check_backward_shape(int64_t B, int64_t H, int64_t blocks) {
   const tc::BackwardPlan& p = c.tiles;
   check(p.blocks <= blocks, "backward: no more blocks than asked for", B, H, blocks);
   std::vector<int> finished(B * H, 0);
-  std::vector<float> gates(B * 4 * H, 0.0f), copy(2 * cluster::copy_halves(c), -1.0f);
-  for (int64_t i = 0; i < 2 * cluster::copy_halves(c); ++i) {
-    const int64_t n = (i % cluster::copy_halves(c)) / c.stride, k = (i % cluster::copy_halves(c)) % c.stride;
-    if (n >= B || k >= 4 * H) copy[i] = 0.0f;
-  }
+  std::vector<float> gates(B * 4 * H, 0.0f);
+  std::vector<float> copy = empty_copies(2, cluster::copy_halves(c), c.stride, B, 4 * H);
   float value = 0.0f;
   for (int64_t block = 0; block < p.blocks; ++block) {
     for (int64_t it = 0; it < tc::item_count(p); ++it) {
@@ -160,26 +181,12 @@ void check_backward_shape(int64_t B, int64_t H, int64_t blocks) {
   bool once = true;
   for (int v : finished) once = once && v == 1;
   check(once, "backward: every cell finished exactly once", B, H, blocks);
-  bool right = true, conflict_free = true;
-  for (int64_t n_tile = 0; n_tile < p.n_tiles; ++n_tile) {
-    for (int64_t kt = 0; kt < p.k_tiles; ++kt) {
-      for (int r = 0; r < 2; ++r) {
-        std::set<int64_t> banks;
-        for (int lane = 0; lane < tc::kLanes; ++lane) {
-          const tc::BSource lo = tc::bwd_b_source(p, n_tile, kt, lane, 2 * r);
-          const tc::BSource hi = tc::bwd_b_source(p, n_tile, kt, lane, 2 * r + 1);
-          const int64_t at = cluster::gates_index(c, 1, lo.n, lo.k);
-          right = right && at % 2 == 0 && hi.n == lo.n && hi.k == lo.k + 1;
-          right = right && copy[at] == (lo.valid ? gates[lo.n * 4 * H + lo.k] : 0.0f) &&
-                  copy[at + 1] == (hi.valid ? gates[hi.n * 4 * H + hi.k] : 0.0f);
-          banks.insert((at / 2) % 32);
-        }
-        conflict_free = conflict_free && banks.size() == 32;
-      }
-    }
-  }
-  check(right, "backward: B fragments read the stored grad_gates (zero padding)", B, H, blocks);
-  check(conflict_free, "backward: a warp's B loads hit 32 banks", B, H, blocks);
+  const FragmentCheck read = check_fragments(
+      p.n_tiles, p.k_tiles, [&](int64_t nt, int64_t kt, int lane, int e) { return tc::bwd_b_source(p, nt, kt, lane, e); },
+      [&](int64_t n, int64_t k) { return cluster::gates_index(c, 1, n, k); }, copy,
+      [&](int64_t n, int64_t k) { return gates[n * 4 * H + k]; });
+  check(read.right, "backward: B fragments read the stored grad_gates (zero padding)", B, H, blocks);
+  check(read.conflict_free, "backward: a warp's B loads hit 32 banks", B, H, blocks);
   check(cluster::copies_offset(c) % 16 == 0 && cluster::copies_offset(c) == tc::backward_smem_bytes(p) &&
             cluster::cluster_smem_bytes(c) >= cluster::copies_offset(c) + 2 * cluster::copy_halves(c) * 2,
         "backward: the copies after the slab and partials", B, H, blocks);

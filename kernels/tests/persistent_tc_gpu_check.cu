@@ -239,7 +239,7 @@ void check_cluster_backward(int64_t steps, int64_t batch, int64_t hidden, int64_
   check_outputs<T>(name, fit, {{&d_gg, &gg}, {&d_gh0, &gh0}, {&d_gc0, &gc0}});
 }
 
-// Median time (ms) of `steps` forward steps through `run(&fit)`, or NaN
+// Median time (ms) of a call `run(&fit)` (after 3 warm-up calls), or NaN
 // where it did not fit.
 template <typename Run>
 double median_ms(Run run) {
@@ -328,29 +328,8 @@ void time_shape(int64_t steps, int64_t batch, int64_t hidden) {
                                                   cells.ptr, steps, B, H, false);
   const PersistentBackwardArgs<T> b =
       backward_args(f, GradsIn<T>{go.ptr, nullptr, nullptr}, gg.ptr, gh0.ptr, gc0.ptr);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  double ms[2] = {NAN, NAN};
-  for (int dir = 0; dir < 2; ++dir) {
-    std::vector<float> runs;
-    for (int rep = 0; rep < 23; ++rep) {
-      TcFit fit;
-      CHECK_CUDA(cudaEventRecord(start));
-      CHECK_CUDA(dir == 0 ? tc_persistent_forward_cuda(f, 0, nullptr, &fit)
-                          : tc_persistent_backward_cuda(b, 0, nullptr, &fit));
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      if (fit != TcFit::kFits) break;
-      float t = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-      if (rep >= 3) runs.push_back(t);
-    }
-    if (!runs.empty()) {
-      std::sort(runs.begin(), runs.end());
-      ms[dir] = runs[runs.size() / 2];
-    }
-  }
+  const double ms[2] = {median_ms([&](TcFit* fit) { return tc_persistent_forward_cuda(f, 0, nullptr, fit); }),
+                        median_ms([&](TcFit* fit) { return tc_persistent_backward_cuda(b, 0, nullptr, fit); })};
   tc::ForwardPlan fp;
   tc::BackwardPlan bp;
   TcFit fit;
@@ -362,8 +341,6 @@ void time_shape(int64_t steps, int64_t batch, int64_t hidden) {
               "(%ld blocks, %ld slices)\n",
               Type<T>::name, long(steps), long(B), long(H), ms[0], long(fp.blocks),
               long(fp.slices), ms[1], long(bp.blocks), long(bp.slices));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 // Below compute capability 9.0 the cluster forward refuses, launching nothing.

@@ -195,7 +195,8 @@ PIPELSTM_HD void backward_rows(const LayerNormStepBackwardArgs<T>& a, int64_t b0
 
 template <typename T>
 PIPELSTM_HD void forward_dispatch(const LayerNormStepForwardArgs<T>& a, int64_t b0, int64_t b1) {
-  with_flags([&](auto bias, auto beta, auto zoned) PIPELSTM_FLAGS_INLINE { forward_rows<T, bias, beta, zoned>(a, b0, b1); },
+  with_flags([&](auto bias, auto beta, auto zoned)
+                 PIPELSTM_FLAGS_INLINE { forward_rows<T, bias, beta, zoned>(a, b0, b1); },
              a.bias != nullptr, a.beta_c != nullptr, a.keep.on());
 }
 

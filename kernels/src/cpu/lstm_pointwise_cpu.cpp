@@ -98,7 +98,8 @@ PIPELSTM_HD void backward_rows(const PointwiseBackwardArgs<T>& a, int64_t row_be
 template <typename T>
 PIPELSTM_HD void forward_dispatch(const PointwiseForwardArgs<T>& a, int64_t b0, int64_t b1) {
   if (a.keep.on()) return forward_rows<T, false, false, false, true>(a, b0, b1);
-  with_flags([&](auto hid, auto bih, auto bhh) PIPELSTM_FLAGS_INLINE { forward_rows<T, hid, bih, bhh>(a, b0, b1); },
+  with_flags([&](auto hid, auto bih, auto bhh)
+                 PIPELSTM_FLAGS_INLINE { forward_rows<T, hid, bih, bhh>(a, b0, b1); },
              a.hidden_gates != nullptr, a.bias_ih != nullptr, a.bias_hh != nullptr);
 }
 
