@@ -15,11 +15,7 @@ namespace pipelstm {
 namespace kernels {
 namespace {
 
-namespace cg = cooperative_groups;
-
-using indexing::Load;
-using indexing::Store;
-using namespace tc_device;
+using namespace tc_device;  // and its cg, Load, Store
 
 template <typename T>
 __device__ __forceinline__ unsigned short bits(T v) {
@@ -115,27 +111,13 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
       if (threadIdx.x == 0 && !last) arrive_expect(bar + next, static_cast<uint32_t>(cluster::fill_bytes(c)));
       if (pos > 0) wait_parity(bar + buf, static_cast<uint32_t>(((pos - 1) / c.copies) & 1));
     }
-    step_product<8>(
-        p, warp, partial,
-        [&](int64_t slice, int64_t pair, int e) {
-          return tc::partial_index(p, slice, pair, e, lane);
-        },
-        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
-        [&](const tc::Item& w, float (&acc)[8]) {
-          float part[kChains][8] = {};
-          product_in_chunks(
-              w,
-              [&](int64_t kt, int r) {
-                // Columns k, k + 1 of batch row n (k even): one aligned
-                // 32-bit word of this block's copy, padding included.
-                const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
-                return *reinterpret_cast<const uint32_t*>(h + cluster::h_index(c, buf, lo.n, lo.k));
-              },
-              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
-                mma<T>(part[chain], slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
-                mma<T>(part[chain] + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
-              });
-          sum_chains(part, acc);
+    forward_step(
+        a, p, block, warp, lane, t, pos, slab, partial, load,
+        [&](const tc::Item& w, int64_t kt, int r) {
+          // Columns k, k + 1 of batch row n (k even): one aligned 32-bit
+          // word of this block's copy, padding included.
+          const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+          return *reinterpret_cast<const uint32_t*>(h + cluster::h_index(c, buf, lo.n, lo.k));
         },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
           uint32_t mine0 = 0u, mine1 = 0u;  // this lane's two cells' h: rows n0, n0 + 1 of one unit
@@ -215,53 +197,24 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     }
   };
 
-  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
-    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
-    const int buf = static_cast<int>(pos & 1), read = static_cast<int>((pos + 1) & 1);
-    if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
-      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
-        const float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
-        tc::bwd_finish(a, in, t, pos, acc, store,
-                       [&](int64_t n, int64_t j, T i, T f, T gg, T o) { broadcast(buf, n, j, i, f, gg, o); });
-      }
-      cluster.sync();
-      continue;
-    }
-    step_product<4>(
-        p, warp, partial,
-        [&](int64_t slice, int64_t pair, int e) {
-          return tc::bwd_partial_index(p, slice, pair, e, lane);
-        },
-        [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
-          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
-        },
-        [&](const tc::Item& w, float (&acc)[4]) {
-          float part[kChains][4] = {};
-          product_in_chunks(
-              w,
-              [&](int64_t kt, int r) {
-                const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, lane, 2 * r);
-                return *reinterpret_cast<const uint32_t*>(g + cluster::gates_index(c, read, lo.n, lo.k));
-              },
-              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
-                mma<T>(part[chain], slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
-              });
-          sum_chains(part, acc);
-        },
-        [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
-          if (pos >= 0) {
-            tc::bwd_finish(a, in, t, pos, acc, store,
-                           [&](int64_t n, int64_t j, T i, T f, T gg, T o) { broadcast(buf, n, j, i, f, gg, o); });
-          } else {
-            tc::bwd_write_h0(a, p, block, w, lane, acc, store);
-          }
+  // Position pos stores its grad_gates into copy pos & 1 and reads the
+  // product's from copy (pos + 1) & 1, which the position before filled.
+  backward_positions(
+      a, p, block, warp, lane, slab, partial, load, store,
+      [&](int64_t pos, const tc::Item& w, int64_t kt, int r) {
+        const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+        const int read = static_cast<int>((pos + 1) & 1);
+        return *reinterpret_cast<const uint32_t*>(g + cluster::gates_index(c, read, lo.n, lo.k));
+      },
+      [&](int64_t pos, int64_t t, const tc::BwdCells& in, const float (&acc)[4]) {
+        tc::bwd_finish(a, in, t, pos, acc, store, [&](int64_t n, int64_t j, T i, T f, T gg, T o) {
+          broadcast(static_cast<int>(pos & 1), n, j, i, f, gg, o);
         });
-    // This position's grad_gates are in every copy before the next product
-    // reads them, and this product's reads are done before the next
-    // position stores into the copy they read.
-    if (pos >= 0) cluster.sync();
-  }
+      },
+      // A position's grad_gates are in every copy before the next product
+      // reads them, and its product's reads are done before the next
+      // position stores into the copy they read.
+      [&] { cluster.sync(); });
 #else
   __trap();  // never launched there: the plan answers TcFit::kArchitecture
 #endif

@@ -16,11 +16,7 @@ namespace pipelstm {
 namespace kernels {
 namespace {
 
-namespace cg = cooperative_groups;
-
-using indexing::Load;
-using indexing::Store;
-using namespace tc_device;
+using namespace tc_device;  // and its cg, Load, Store
 
 // Register r (0 or 1) of a lane's B fragment: elements 2r (low half) and
 // 2r + 1 (high half), consecutive columns k, k + 1 of one h row. h_{t-1}
@@ -62,22 +58,9 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
 
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
-    step_product<8>(
-        p, warp, partial,
-        [&](int64_t slice, int64_t pair, int e) {
-          return tc::partial_index(p, slice, pair, e, lane);
-        },
-        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
-        [&](const tc::Item& w, float (&acc)[8]) {
-          float part[kChains][8] = {};
-          product_in_chunks(
-              w, [&](int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
-              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
-                mma<T>(part[chain], slab[tc::slab_slot(p, w.tau, kt, 0, lane)], b0, b1);
-                mma<T>(part[chain] + 4, slab[tc::slab_slot(p, w.tau, kt, 1, lane)], b0, b1);
-              });
-          sum_chains(part, acc);
-        },
+    forward_step(
+        a, p, block, warp, lane, t, pos, slab, partial, load,
+        [&](const tc::Item& w, int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
           tc::fwd_finish(a, in, lane, t, acc, store);
         });
@@ -123,40 +106,15 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   stage_slab(slab, a.w_hh, tc::bwd_slab_slots(p),
              [&](int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
 
-  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
-    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
-    if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
-      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
-        const float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
+  backward_positions(
+      a, p, block, warp, lane, slab, partial, load, store,
+      [&](int64_t pos, const tc::Item& w, int64_t kt, int r) {
+        return load_bwd_b(a, p, pos, w, kt, lane, r, paired);
+      },
+      [&](int64_t pos, int64_t t, const tc::BwdCells& in, const float (&acc)[4]) {
         tc::bwd_finish(a, in, t, pos, acc, store);
-      }
-      grid.sync();
-      continue;
-    }
-    step_product<4>(
-        p, warp, partial,
-        [&](int64_t slice, int64_t pair, int e) {
-          return tc::bwd_partial_index(p, slice, pair, e, lane);
-        },
-        [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
-          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
-        },
-        [&](const tc::Item& w, float (&acc)[4]) {
-          float part[kChains][4] = {};
-          product_in_chunks(
-              w, [&](int64_t kt, int r) { return load_bwd_b(a, p, pos, w, kt, lane, r, paired); },
-              [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
-                mma<T>(part[chain], slab[tc::bwd_slab_slot(p, w.tau, kt, lane)], b0, b1);
-              });
-          sum_chains(part, acc);
-        },
-        [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
-          if (pos >= 0) tc::bwd_finish(a, in, t, pos, acc, store);
-          else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
-        });
-    if (pos >= 0) grid.sync();  // this step's grad_gates before the next product
-  }
+      },
+      [&] { grid.sync(); });
 }
 
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }

@@ -1,8 +1,10 @@
 // The device pieces the persistent tensor-core kernels share (the grid
-// kernels of lstm_persistent_tc.cu, the cluster kernel of
+// kernels of lstm_persistent_tc.cu, the cluster kernels of
 // lstm_persistent_cluster.cu): one mma tile, staging a block's weight slab,
-// a step's product over the block's items, and the K-tile loop with its
-// loads batched ahead of the mma.
+// a step's product over the block's items, the K-tile loop with its loads
+// batched ahead of the mma, a forward step and the backward's positions,
+// each kernel giving where its B fragments come from, how it finishes a
+// cell and how it separates the steps.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,11 +13,19 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "pipelstm/kernels/lstm_persistent_tc.h"
+#include "pipelstm/kernels/lstm_pointwise_indexing.h"
 
 namespace pipelstm {
 namespace kernels {
 namespace tc_device {
+
+namespace cg = cooperative_groups;
+
+using indexing::Load;
+using indexing::Store;
 
 // d[0..3] += A @ B for one 16 x 8 x 16 tile (fragments as in lstm_persistent_tc.h),
 // A and B of type `ab` ("f16" or "bf16").
@@ -148,6 +158,86 @@ __device__ __forceinline__ void sum_chains(const float (&part)[kChains][N], floa
     acc[e] = part[0][e];
 #pragma unroll
     for (int c = 1; c < kChains; ++c) acc[e] += part[c][e];
+  }
+}
+
+// An item's product into acc, N / 4 M-tiles (the forward's two, the
+// backward's one): the B fragment register r of its K-tile kt from
+// load_b(kt, r), the A fragment of M-tile m from the block's slab at
+// a_slot(kt, m).
+template <typename T, int N, typename LoadB, typename ASlot>
+__device__ __forceinline__ void item_product(const tc::Item& w, const uint4* slab, LoadB load_b,
+                                             ASlot a_slot, float (&acc)[N]) {
+  float part[kChains][N] = {};
+  product_in_chunks(w, load_b, [&](int64_t kt, int chain, uint32_t b0, uint32_t b1) {
+#pragma unroll
+    for (int m = 0; m < N / 4; ++m) mma<T>(part[chain] + 4 * m, slab[a_slot(kt, m)], b0, b1);
+  });
+  sum_chains(part, acc);
+}
+
+// Step pos (time t) of a forward: the block's product of h_{t-1} (register
+// r of a B fragment: load_b(item, kt, r)) with its weights, then
+// finish(item, cells, acc) of each of its pairs.
+template <typename T, typename Load, typename LoadB, typename Finish>
+__device__ __forceinline__ void forward_step(const PersistentForwardArgs<T>& a,
+                                             const tc::ForwardPlan& p, int64_t block, int warp,
+                                             int lane, int64_t t, int64_t pos, const uint4* slab,
+                                             float* partial, const Load& load, LoadB load_b,
+                                             Finish finish) {
+  step_product<8>(
+      p, warp, partial,
+      [&](int64_t slice, int64_t pair, int e) { return tc::partial_index(p, slice, pair, e, lane); },
+      [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
+      [&](const tc::Item& w, float (&acc)[8]) {
+        item_product<T>(
+            w, slab, [&](int64_t kt, int r) { return load_b(w, kt, r); },
+            [&](int64_t kt, int m) { return tc::slab_slot(p, w.tau, kt, m, lane); }, acc);
+      },
+      finish);
+}
+
+// Positions steps - 1 .. -1 of a backward: the first finishes its cells
+// from the incoming gradients alone; each later one takes the product of
+// the grad_gates the one before it wrote (load_b(pos, item, kt, r)) and
+// finishes its cells (finish(pos, t, cells, acc)), or at -1 writes grad_h0.
+// sync() separates two positions.
+template <typename T, typename Load, typename Store, typename LoadB, typename Finish, typename Sync>
+__device__ __forceinline__ void backward_positions(const PersistentBackwardArgs<T>& a,
+                                                   const tc::BackwardPlan& p, int64_t block,
+                                                   int warp, int lane, const uint4* slab,
+                                                   float* partial, const Load& load,
+                                                   const Store& store, LoadB load_b,
+                                                   Finish finish, Sync sync) {
+  for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
+    const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
+    if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
+      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+        const float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
+        finish(pos, t, in, acc);
+      }
+      sync();
+      continue;
+    }
+    step_product<4>(
+        p, warp, partial,
+        [&](int64_t slice, int64_t pair, int e) {
+          return tc::bwd_partial_index(p, slice, pair, e, lane);
+        },
+        [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
+          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
+        },
+        [&](const tc::Item& w, float (&acc)[4]) {
+          item_product<T>(
+              w, slab, [&](int64_t kt, int r) { return load_b(pos, w, kt, r); },
+              [&](int64_t kt, int) { return tc::bwd_slab_slot(p, w.tau, kt, lane); }, acc);
+        },
+        [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
+          if (pos >= 0) finish(pos, t, in, acc);
+          else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+        });
+    if (pos >= 0) sync();  // this position's grad_gates before the next product
   }
 }
 
