@@ -179,11 +179,11 @@ __device__ __forceinline__ void item_product(const tc::Item& w, const uint4* sla
 // Step pos (time t) of a forward: the block's product of h_{t-1} (register
 // r of a B fragment: load_b(item, kt, r)) with its weights, then
 // finish(item, cells, acc) of each of its pairs.
-template <typename T, typename Load, typename LoadB, typename Finish>
+template <typename T, typename CellLoad, typename LoadB, typename Finish>
 __device__ __forceinline__ void forward_step(const PersistentForwardArgs<T>& a,
                                              const tc::ForwardPlan& p, int64_t block, int warp,
                                              int lane, int64_t t, int64_t pos, const uint4* slab,
-                                             float* partial, const Load& load, LoadB load_b,
+                                             float* partial, const CellLoad& load, LoadB load_b,
                                              Finish finish) {
   step_product<8>(
       p, warp, partial,
@@ -202,12 +202,13 @@ __device__ __forceinline__ void forward_step(const PersistentForwardArgs<T>& a,
 // the grad_gates the one before it wrote (load_b(pos, item, kt, r)) and
 // finishes its cells (finish(pos, t, cells, acc)), or at -1 writes grad_h0.
 // sync() separates two positions.
-template <typename T, typename Load, typename Store, typename LoadB, typename Finish, typename Sync>
+template <typename T, typename CellLoad, typename CellStore, typename LoadB, typename Finish,
+          typename Sync>
 __device__ __forceinline__ void backward_positions(const PersistentBackwardArgs<T>& a,
                                                    const tc::BackwardPlan& p, int64_t block,
                                                    int warp, int lane, const uint4* slab,
-                                                   float* partial, const Load& load,
-                                                   const Store& store, LoadB load_b,
+                                                   float* partial, const CellLoad& load,
+                                                   const CellStore& store, LoadB load_b,
                                                    Finish finish, Sync sync) {
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
