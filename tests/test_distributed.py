@@ -214,6 +214,41 @@ def test_bad_configuration_stops_every_rank(nproc, args, message):
     assert time.monotonic() - t0 < 60
 
 
+def test_zoneout_stages_match_the_float64_reference_with_their_masks(tmp_path):
+    # Two processes, a stage each, the zoneout LSTM's layers one in each: the
+    # loss and every gradient of a training step equal a step-by-step float64
+    # reference in plain torch, each sequence alone, run with the masks the
+    # pass drew (the engine's zoneout_masks of the pass seed that the seed
+    # every rank was given yields; tests/test_pipeline_zoneout.py).
+    from distributed_utils import ROOT
+    from pipelstm import _C
+    from test_pipeline_zoneout import SEED, V, H, L, _item_masks, _model, _reference
+
+    T, B, K, M = 7, 4, 3, 2
+    result = torchrun(2, [str(tmp_path), str(T), str(B), str(K), str(M)],
+                      script=ROOT / "tests" / "scripts" / "zoneout_stages.py", timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    model = _model("lstm")
+    emb, lstm, dec = model
+    torch.manual_seed(SEED)
+    masks = _item_masks(_C.pipeline.draw_pass_seed(), 1, [T] * B, K, M)
+    zeros = torch.zeros(L, B, H, dtype=torch.float64)
+    sequences, _, _ = _reference("lstm", lstm, emb(ranks[0]["x"]), [T] * B, zeros, zeros, masks)
+    logits = torch.stack([dec(s) for s in sequences], 1)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ranks[0]["y"].reshape(-1))
+    loss.backward()
+    tol = dict(rtol=1e-10, atol=1e-10)
+    for r in ranks:
+        torch.testing.assert_close(r["loss"], loss.detach(), **tol)
+    grads = {**ranks[0]["grads"], **ranks[1]["grads"]}
+    assert set(grads) == {name for name, _ in model.named_parameters()}
+    assert {n for n in ranks[0]["grads"]} == {"0.weight", "1.weight_ih_l0", "1.weight_hh_l0", "1.bias_ih_l0",
+                                              "1.bias_hh_l0"}
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, **tol, msg=lambda m: f"{name}: {m}")
+
+
 def test_mismatched_models_stop_every_rank():
     import subprocess
 

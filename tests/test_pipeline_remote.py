@@ -52,7 +52,7 @@ def _worker(rank: int, store_path: str, out_dir: str, case: str) -> None:
         timeout = 2.0 if case == "silent" else 60.0
         prev = None if rank == 0 else _engine.RemoteSpec(group, 0, "stage 0 (rank 0)")
         nxt = _engine.RemoteSpec(group, 1, "stage 1 (rank 1)") if rank == 0 else None
-        core.connect(prev, nxt, timeout, rank, f"rank {rank}")  # one stage per process
+        core.connect(prev, nxt, timeout, rank, 0 if rank == 0 else cut, f"rank {rank}")  # one stage per process
         L = core.num_layers
         if case == "silent" and rank == 0:
             # Never runs, but stays alive: rank 1 waits for activations that

@@ -144,7 +144,7 @@ void bind_engine(py::module_& m) {
           py::arg("checkpoint") = Checkpoint::Never, py::arg("target") = std::nullopt,
           py::arg("batch_sizes") = std::nullopt)
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
-           py::arg("first_stage"), py::arg("process"))
+           py::arg("first_stage"), py::arg("first_unit"), py::arg("process"))
       .def("trace", &Engine::trace)
       .def_property_readonly("num_units", &Engine::num_units)
       .def_property_readonly("num_lstm_layers", &Engine::num_lstm_layers);

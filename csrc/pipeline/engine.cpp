@@ -15,9 +15,10 @@ Engine::Engine(std::vector<StageSpec> stages)
     : stages_(std::make_shared<Stages>(std::move(stages))) {}
 
 void Engine::connect(const std::optional<RemoteSpec>& prev, const std::optional<RemoteSpec>& next,
-                     double timeout_s, int64_t first_stage, const std::string& process) {
+                     double timeout_s, int64_t first_stage, int64_t first_unit,
+                     const std::string& process) {
   TORCH_CHECK(timeout_s > 0, "pipelstm: timeout must be positive, got ", timeout_s);
-  stages_->name(first_stage, process);
+  stages_->place(first_stage, first_unit, process);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   links_.prev = prev ? std::make_shared<RemoteLink>(*prev, timeout) : nullptr;
   links_.next = next ? std::make_shared<RemoteLink>(*next, timeout) : nullptr;

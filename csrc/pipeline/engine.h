@@ -68,11 +68,12 @@ class Engine {
   // Makes this engine one part of a pipeline over processes: its first
   // stage receives its input (activations) from `prev` and sends back the
   // gradient of it; its last stage sends its output to `next` and receives
-  // the gradient of it. Waits give up after `timeout_s`. `first_stage` (the
-  // global index of this engine's first stage) and `process` (e.g. "rank 1")
-  // name the stages in messages.
+  // the gradient of it. Waits give up after `timeout_s`. `first_stage` and
+  // `first_unit` (the global indices of this engine's first stage and of
+  // its first unit) and `process` (e.g. "rank 1") place its stages in the
+  // whole pipeline (Stages::place).
   void connect(const std::optional<RemoteSpec>& prev, const std::optional<RemoteSpec>& next,
-               double timeout_s, int64_t first_stage, const std::string& process);
+               double timeout_s, int64_t first_stage, int64_t first_unit, const std::string& process);
 
   const Stages& stages() const { return *stages_; }
   int64_t num_units() const { return stages_->num_units(); }

@@ -81,7 +81,7 @@ class ForwardWork final : public StageWork {
       const int64_t gu = first_unit_ + j;
       testing::check_fault(gu, Direction::Forward, it);
       const ProfileRange range({"forward", s_, &stage_.units[j], gu, m, it.k});
-      const uint64_t seed = unit_seed(stage_.units[j], sh_.pass_seed, gu, m, it.k);
+      const uint64_t seed = unit_seed(stage_.units[j], sh_.pass_seed, st.stages->model_unit(gu), m, it.k);
       x = unit_forward(stage_.units[j], st.params[gu], x, st.training, st.kept, state_.h(j, m),
                        state_.c(j, m), item.units[j], seed, context);
       if (item.recompute) keep_for_replay(stage_.units[j], item.units[j]);

@@ -37,8 +37,9 @@ const UnitSpec& Stages::unit(int64_t gu) const {
   return specs_[s].units[j];
 }
 
-void Stages::name(int64_t first_stage, std::string process) {
+void Stages::place(int64_t first_stage, int64_t first_unit, std::string process) {
   first_stage_ = first_stage;
+  units_before_ = first_unit;
   process_ = std::move(process);
 }
 

@@ -35,6 +35,10 @@ class Stages {
   int64_t num_units() const { return static_cast<int64_t>(unit_at_.size()); }
   // The global index of stage s's first unit.
   int64_t first_unit(int64_t s) const { return first_unit_[s]; }
+  // Unit `gu`'s index in the whole model, the units of the processes
+  // before this one counted: what its masks are seeded by, so that they do
+  // not depend on how the model is split into stages and processes.
+  int64_t model_unit(int64_t gu) const { return units_before_ + gu; }
   // Unit `gu` (global index) and the stage it runs on.
   const UnitSpec& unit(int64_t gu) const;
   int64_t stage_of(int64_t gu) const { return unit_at_[gu].first; }
@@ -44,9 +48,11 @@ class Stages {
   // The last unit when it is a CrossEntropy loss, else nullptr.
   const UnitSpec* loss() const { return has_loss_ ? &specs_.back().units.back() : nullptr; }
 
-  // Names the stages in messages as part of a pipeline over processes:
-  // `first_stage` is the global index of stage 0, `process` e.g. "rank 1".
-  void name(int64_t first_stage, std::string process);
+  // Places the stages in a pipeline over processes: `first_stage` and
+  // `first_unit` are the global indices of stage 0 and of its first unit
+  // (counting the stages and units of the processes before), `process`
+  // (e.g. "rank 1") names them in messages.
+  void place(int64_t first_stage, int64_t first_unit, std::string process);
   // "stage 3 (cpu, rank 1)" for local stage s.
   std::string label(int64_t s) const;
 
@@ -58,6 +64,7 @@ class Stages {
   std::vector<int64_t> layer_stage_;                  // LSTM layer -> stage
   bool has_loss_ = false;
   int64_t first_stage_ = 0;
+  int64_t units_before_ = 0;
   std::string process_;
 };
 

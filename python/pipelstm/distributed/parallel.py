@@ -111,7 +111,7 @@ class PipelineParallel(nn.Module):
                             checkpoint=checkpoint, loss=self._loss if mesh.is_last_stage else None,
                             who="PipelineParallel")
         self.threads = core.threads
-        core.connect(*mesh.neighbours(first_stage, len(local_devices)), mesh.timeout, first_stage,
+        core.connect(*mesh.neighbours(first_stage, len(local_devices)), mesh.timeout, first_stage, start,
                      f"rank {mesh.rank}")
         names = {id(p): name for name, p in model.named_parameters()}
         global_names = [names[id(p)] for ps in (u.params() for u in mine) for p in ps if p is not None]

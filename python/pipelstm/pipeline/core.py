@@ -112,12 +112,15 @@ class PipelineCore:
         return specs
 
     def connect(self, prev: Optional["_engine.RemoteSpec"], next: Optional["_engine.RemoteSpec"], timeout: float,
-                first_stage: int, name: str) -> None:
+                first_stage: int, first_unit: int, name: str) -> None:
         """Links the first stage to the process before (``prev``) and the last
         to the process after (``next``), as ``Engine.connect``: activations
-        and gradients then cross process boundaries point-to-point. A
-        connected core can be neither pickled nor copied."""
-        self._links = (prev, next, timeout, first_stage, name)
+        and gradients then cross process boundaries point-to-point.
+        ``first_stage`` and ``first_unit`` are the global indices of this
+        core's first stage and unit (its units' masks are seeded by their
+        index in the whole model). A connected core can be neither pickled
+        nor copied."""
+        self._links = (prev, next, timeout, first_stage, first_unit, name)
         self._engine.connect(*self._links)
 
     def _build_engine(self) -> None:
