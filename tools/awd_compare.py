@@ -10,7 +10,6 @@ perplexity after the last epoch and the time per epoch, as a bench JSON
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -39,9 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--nhid", type=int, default=None, help="the LSTM's hidden size (default: the example's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    meta = report.metadata("awd", argv)
-    meta["command"] = shlex.join(["python", "tools/awd_compare.py", *argv])  # not a `python -m pipelstm.bench` one
+    meta = report.metadata("awd", sys.argv[1:] if argv is None else argv, program="tools/awd_compare.py")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:

@@ -163,9 +163,11 @@ def command(bench: str, argv: Sequence[str]) -> str:
     return shlex.join(["python", "-m", "pipelstm.bench", bench, *argv])
 
 
-def metadata(bench: str, argv: Sequence[str]) -> Dict[str, object]:
-    """Everything but the results; take it when the run starts."""
-    return dict(bench=bench, command=command(bench, argv), machine=machine(), versions=versions(),
+def metadata(bench: str, argv: Sequence[str], program: Optional[str] = None) -> Dict[str, object]:
+    """Everything but the results; take it when the run starts. ``program``: the script that ran, where it
+    is not ``python -m pipelstm.bench BENCH`` (e.g. ``tools/awd_compare.py``)."""
+    cmd = shlex.join(["python", program, *argv]) if program else command(bench, argv)
+    return dict(bench=bench, command=cmd, machine=machine(), versions=versions(),
                 commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
