@@ -31,7 +31,7 @@ from .regularisation import Regularisation
 from .stack.graph import call_key, graphed_stack
 from .stack.route import stack_route
 from .stack.wavefront import run_wavefront
-from .pipeline.core import core_settings
+from .pipeline.core_settings import core_settings
 from .lstm_cell import LSTMCell  # noqa: F401  (its home before lstm_cell.py: pickles name pipelstm.lstm.LSTMCell)
 
 __all__ = ["LSTM", "LSTMCell"]

@@ -2,12 +2,13 @@
 
 ``pipelstm.Pipeline``, ``pipelstm.LSTM(devices=...)`` and each process's
 stage of ``pipelstm.distributed.PipelineParallel`` hold one core (built
-after the shared prologue, ``prologue.prepare``); the core owns the engine (and its links to other processes), places the units'
-parameters, runs a pipelined forward as one autograd node, and reports what
-ran (``trace``, ``timeline``) and what was planned (``plan``).
+after ``prologue.prepare``): it owns the engine and its links to other
+processes, places the units' parameters, runs a pipelined forward as one
+autograd node, and reports what ran (``trace``, ``timeline``) and what
+was planned (``plan``).
 """
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from .plan import Plan
 from .prologue import check_checkpoint, check_positive_ints
 from .units import Unit
 
-__all__ = ["PipelineCore", "SETTINGS", "core_settings"]
+__all__ = ["PipelineCore"]
 
 _engine = _C.pipeline
 
@@ -311,37 +312,6 @@ class PipelineCore:
         return (f"devices={[str(d) for d in self.devices]}, balance={self.balance}, chunks={self.chunks}, "
                 f"micro_batches={self.micro_batches}"
                 + (f", checkpoint={self.checkpoint!r}" if self.checkpoint != "never" else ""))
-
-
-# The core's settings a module holding it shows as its own: name -> doc.
-SETTINGS: Dict[str, str] = {
-    "balance": "Units per stage.",
-    "chunks": "K, the time chunks (clamped to the sequence length).",
-    "micro_batches": "M, the micro-batches (clamped to the batch).",
-    "threads": "Intra-op threads per stage (0 for accelerators).",
-    "checkpoint": "The activation recomputation mode.",
-    "saved_activation_bytes": "Bytes of activations the last forward with grad kept for backward.",
-}
-
-_Module = TypeVar("_Module", bound=type)
-
-
-def core_settings(core_of: Callable[[object], PipelineCore]) -> Callable[[_Module], _Module]:
-    """A class decorator for modules holding a core: each of ``SETTINGS``
-    becomes a property of the module that reads and sets the setting of
-    the core ``core_of(module)`` (which may raise AttributeError: the
-    module has no such attribute)."""
-
-    def setting(name: str, doc: str) -> property:
-        return property(lambda self: getattr(core_of(self), name),
-                        lambda self, value: setattr(core_of(self), name, value), doc=doc)
-
-    def decorate(cls: _Module) -> _Module:
-        for name, doc in SETTINGS.items():
-            setattr(cls, name, setting(name, doc))
-        return cls
-
-    return decorate
 
 
 def _shape(x: Tensor, batch_first: bool) -> List[int]:

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .core import PipelineCore, core_settings
+from .core import PipelineCore
+from .core_settings import core_settings
 from .packed import check_packed_input, packed_target, sort_states, unsort_states
 from .plan import Plan
 from .prologue import prepare
