@@ -74,8 +74,10 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& c : pipelstm::cpu::chosen_paths()) {
       py::dict seconds;
       for (const auto& [name, s] : c.seconds) seconds[py::str(name)] = s;
+      py::dict trials;
+      for (size_t i = 0; i < c.trials.size(); ++i) trials[py::str(c.seconds[i].first)] = c.trials[i];
       out.append(py::dict(py::arg("shape") = c.shape, py::arg("path") = c.path, py::arg("seconds") = seconds,
-                          py::arg("from_cache") = c.from_cache));
+                          py::arg("trials") = trials, py::arg("from_cache") = c.from_cache));
     }
     return out;
   }, "The CPU paths chosen by timing so far (cpu/cpu_path.h).");

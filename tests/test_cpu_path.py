@@ -6,6 +6,7 @@ fastest trial, the kept path is the one that runs afterwards (bit for bit
 its trial's output), a cache file carries the choice to a fresh chooser, and
 the switches restrict the candidates."""
 
+import pytest
 import torch
 
 import pipelstm
@@ -45,7 +46,23 @@ def _case(T=6, B=8, I=24, H=16, seed=3):
     return w, torch.randn(T, B, I), torch.randn(B, H), torch.randn(B, H)
 
 
+def _skip_without_candidates():
+    if cpu.current_isa() == "generic":
+        pytest.skip("the portable build is the only candidate: nothing is timed")
+
+
+def _trial_outputs(chosen: dict, outputs: list) -> dict:
+    """The output of each candidate's trial by path name: after the untimed
+    first call, every candidate once in turn, then again those with a
+    second trial (those whose first lost by far have none)."""
+    order = list(chosen["seconds"])
+    turns = order + [p for p in order if chosen["trials"][p] == 2]
+    assert len(outputs) == 1 + len(turns)
+    return dict(zip(turns, outputs[1:]))
+
+
 def test_each_trial_computes_float64_results_and_the_fastest_is_kept(monkeypatch):
+    _skip_without_candidates()
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
     monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)
     _C._cpu_forget_chosen_paths()
@@ -60,20 +77,59 @@ def test_each_trial_computes_float64_results_and_the_fastest_is_kept(monkeypatch
         assert len(outputs) <= 1 + 2 * 4, "no choice after every candidate's trials"
     (chosen,) = cpu.chosen_paths()
     assert chosen["shape"].startswith("forward T=6 B=8 rows=48 I=24 H=16 P=16 ")
-    seconds = chosen["seconds"]
-    assert chosen["path"] == min(seconds, key=seconds.get)
-    assert len(outputs) == 1 + 2 * len(seconds)
-    # The trials ran the candidates in turn after one untimed call: the
-    # call of the kept path gives the bits of its trial.
-    order = list(seconds)
-    trial_of = {order[i % len(order)]: outputs[1 + i] for i in range(len(order))}
+    seconds, trials = chosen["seconds"], chosen["trials"]
+    assert not any(p.endswith("/in-steps") for p in seconds)  # too little work a step to fit
+    assert chosen["path"] == min(seconds, key=seconds.get) and trials[chosen["path"]] == 2
+    # One trial only where the first lost by over 1.25x.
+    assert all(n == 2 or (n == 1 and seconds[p] > 1.25 * min(seconds.values())) for p, n in trials.items())
+    # The call of the kept path gives the bits of its trial.
+    trial_of = _trial_outputs(chosen, outputs)
     again = forward(x, h0, c0, *_args(w), False)[0]
     assert torch.equal(again, trial_of[chosen["path"]])
     assert torch.equal(again, forward(x, h0, c0, *_args(w), False)[0])
     _C._cpu_forget_chosen_paths()
 
 
+def test_the_forward_times_its_input_projection_in_the_steps_where_it_fits(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)
+    monkeypatch.delenv("PIPELSTM_INPUT_IN_STEPS", raising=False)
+    _C._cpu_forget_chosen_paths()
+    _skip_without_candidates()
+    w, x, h0, c0 = _case(T=4, B=8, I=64, H=64, seed=11)  # 8 rows a step over 32 K weights: it fits
+    want = layer(x.double(), h0.double(), c0.double(), **_float64(w))[0]
+    outputs = []
+    while not cpu.chosen_paths():
+        outputs.append(forward(x, h0, c0, *_args(w), False)[0])
+        assert rel_error(outputs[-1].double(), want) < 1e-5
+        assert len(outputs) <= 1 + 2 * 6, "no choice after every candidate's trials"
+    (chosen,) = cpu.chosen_paths()
+    order, isa = list(chosen["seconds"]), cpu.current_isa()
+    # Both vector builds where AVX-512 runs on narrower FMA units (Zen 4), else the widest only.
+    builds = 2 if isa == "avx512" and cpu.current_cpu()["vector_datapath_bits"] < 512 else 1
+    assert f"{isa}/in-steps" in order and len(order) == 3 * builds
+    trial_of = _trial_outputs(chosen, outputs)
+    # Each trial ran as its path says: the in-steps one gives the bits of the
+    # projection forced into the steps, the others those of the GEMM before them.
+    _C._cpu_forget_chosen_paths()
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "0")
+    monkeypatch.setenv("PIPELSTM_INPUT_IN_STEPS", "1")
+    in_steps = forward(x, h0, c0, *_args(w), False)[0]
+    monkeypatch.setenv("PIPELSTM_INPUT_IN_STEPS", "0")
+    gemm_first = forward(x, h0, c0, *_args(w), False)[0]
+    assert not torch.equal(in_steps, gemm_first), "both forms gave the same bits: nothing to tell them apart by"
+    assert torch.equal(trial_of[f"{isa}/in-steps"], in_steps)
+    assert torch.equal(trial_of[f"{isa}/{cpu.current_gemm()}"], gemm_first)
+    # Forced either way, the form is no candidate; nor is it in a backward.
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    for _ in range(1 + 2 * 4):
+        forward(x, h0, c0, *_args(w), False)
+    assert not any(p.endswith("/in-steps") for p in cpu.chosen_paths()[0]["seconds"])
+    _C._cpu_forget_chosen_paths()
+
+
 def test_the_backward_is_chosen_apart_and_matches_float64(monkeypatch):
+    _skip_without_candidates()
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
     _C._cpu_forget_chosen_paths()
     w, x, h0, c0 = _case(T=5, B=4, I=12, H=8, seed=5)
@@ -92,6 +148,7 @@ def test_the_backward_is_chosen_apart_and_matches_float64(monkeypatch):
 
 
 def test_a_cache_file_carries_the_choice_and_the_chosen_path_runs(monkeypatch, tmp_path):
+    _skip_without_candidates()
     cache = tmp_path / "paths.tsv"
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK_CACHE", str(cache))
@@ -100,13 +157,14 @@ def test_a_cache_file_carries_the_choice_and_the_chosen_path_runs(monkeypatch, t
     outputs = []
     while not cpu.chosen_paths():
         outputs.append(forward(x, h0, c0, *_args(w), False)[0])
+        assert len(outputs) <= 1 + 2 * 4, "no choice after every candidate's trials"
     (chosen,) = cpu.chosen_paths()
     (line,) = cache.read_text().splitlines()
     me = cpu.current_cpu()["microarchitecture"]
     assert line.split("\t") == [me, chosen["shape"], chosen["path"]]
     # A path whose bits differ from the default path's (the untimed first call).
     order = list(chosen["seconds"])
-    trial_of = {order[i % len(order)]: outputs[1 + i] for i in range(len(order))}
+    trial_of = _trial_outputs(chosen, outputs)
     other = [p for p, out in trial_of.items() if not torch.equal(out, outputs[0])]
     assert other, "every path gave the default path's bits: nothing to tell them apart by"
     # Another CPU class's line is passed over; this one's decides at once,
@@ -131,10 +189,15 @@ def test_switches_restrict_the_candidates_and_off_times_nothing(monkeypatch):
     assert cpu.chosen_paths() == []
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
     monkeypatch.setenv("PIPELSTM_CPU_GEMM", "aten")
-    while not cpu.chosen_paths():
+    _skip_without_candidates()
+    # Weights that fit the steps: the projection in the steps is a candidate
+    # too, so there are two at least even where one vector build is tried.
+    w, x, h0, c0 = _case(T=4, B=8, I=64, H=64, seed=9)
+    for _ in range(1 + 2 * 6):
         forward(x, h0, c0, *_args(w), False)
     (chosen,) = cpu.chosen_paths()
-    assert all(p.endswith("/aten") for p in chosen["seconds"]) and chosen["path"].endswith("/aten")
+    named = [p for p in chosen["seconds"] if not p.endswith("/in-steps")]
+    assert named and all(p.endswith("/aten") for p in named)
     _C._cpu_forget_chosen_paths()
 
 

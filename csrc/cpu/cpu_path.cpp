@@ -24,22 +24,28 @@ namespace {
 thread_local const CpuPath* t_path = nullptr;
 
 // Timed calls per candidate path, after one untimed call of the shape (its
-// first: buffers mapped, pages touched); the best of them counts.
+// first: buffers mapped, pages touched); the best of them counts. A
+// candidate whose first trial took over kDropAbove times the best first
+// trial is not tried again: it cannot win, and each of its trials costs a
+// training run that much more (an avx2 build on an AVX-512 CPU).
 constexpr int kTrials = 2;
+constexpr double kDropAbove = 1.25;
 
-// Every path a call may take here: each vector build the CPU runs (the
-// portable one only where it has none), with each GEMM that build allows.
-// Built once; their addresses are the paths' identities.
+// Every path a call may take here: each vector build the CPU runs, with
+// each GEMM and with the forward's input projection in its steps (which
+// leaves a forward no whole-batch GEMM: its GEMM is the default's), then
+// the portable build. Built once; their addresses are their identities.
 const std::vector<CpuPath>& all_paths() {
   static const std::vector<CpuPath> paths = [] {
     std::vector<CpuPath> v;
     for (const char* isa : {"avx512", "avx2"}) {
       if (const k::RecurrentKernels* r = k::recurrent_kernels_for(isa)) {
-        v.push_back({r, true});
-        v.push_back({r, false});
+        v.push_back({r, true, false});
+        v.push_back({r, false, false});
+        v.push_back({r, own_gemm_by_default(*r), true});
       }
     }
-    if (v.empty()) v.push_back({k::recurrent_kernels_for("generic"), false});
+    v.push_back({k::recurrent_kernels_for("generic"), false, false});  // under a generic cap
     return v;
   }();
   return paths;
@@ -49,18 +55,27 @@ int isa_rank(const char* isa) {
   return std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0 ? 1 : 0;
 }
 
-// The candidates now: no wider than the ISA cap, with the GEMM the
-// PIPELSTM_CPU_GEMM switch names if it names one.
-std::vector<const CpuPath*> candidates() {
+// The candidates of a call now: no wider than the ISA cap, with the GEMM
+// the PIPELSTM_CPU_GEMM switch names if it names one, and the input
+// projection in the steps where the call allows it and no
+// PIPELSTM_INPUT_IN_STEPS forces it either way. A narrower vector build
+// than the widest is a candidate only on a CPU whose FMA units are
+// narrower than 512 bits (Zen 4 runs AVX-512 as two halves): on a
+// full-width one it has half the FMA rate, and its trials only cost time.
+std::vector<const CpuPath*> candidates(const CallShape& shape) {
   const int widest = isa_rank(default_kernels().isa);
+  const bool full_width = cpu_identity().vector_datapath_bits >= 512;
   const std::string gemm = settings::cpu_gemm();
+  const bool in_steps = shape.in_steps && !settings::input_in_steps().has_value();
   std::vector<const CpuPath*> out;
   for (const CpuPath& p : all_paths()) {
-    if (isa_rank(p.kernels->isa) > widest) continue;
-    if (gemm != "auto" && p.own_gemm != (gemm == "own")) continue;
+    const int rank = isa_rank(p.kernels->isa);
+    if (rank > widest || (rank == 0 && widest > 0)) continue;  // the portable build: only as the cap
+    if (rank < widest && widest == 2 && full_width) continue;
+    const bool gemm_named = gemm != "auto" && rank > 0;
+    if (p.input_in_steps ? !in_steps : gemm_named && p.own_gemm != (gemm == "own")) continue;
     out.push_back(&p);
   }
-  if (out.empty()) out.push_back(&all_paths().back());
   return out;
 }
 
@@ -71,6 +86,23 @@ struct Trials {
   int calls = 0;
   const CpuPath* winner = nullptr;
   bool from_cache = false;
+
+  // Whether candidate i needs no more trials: it has them all, or its one
+  // trial lost by too much once every candidate has one.
+  bool settled(size_t i) const {
+    if (runs[i] >= kTrials) return true;
+    if (runs[i] == 0 || *std::min_element(runs.begin(), runs.end()) == 0) return false;
+    return best[i] > kDropAbove * *std::min_element(best.begin(), best.end());
+  }
+  // The next candidate to try (the first of the fewest trials among the
+  // unsettled), or npos when every one is settled.
+  size_t next() const {
+    size_t pick = std::string::npos;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      if (!settled(i) && (pick == std::string::npos || runs[i] < runs[pick])) pick = i;
+    }
+    return pick;
+  }
 };
 
 struct Chooser {
@@ -146,7 +178,7 @@ std::string seconds_text(const Trials& t) {
 }  // namespace
 
 std::string CpuPath::name() const {
-  return std::string(kernels->isa) + (own_gemm ? "/own" : "/aten");
+  return std::string(kernels->isa) + (input_in_steps ? "/in-steps" : own_gemm ? "/own" : "/aten");
 }
 
 const CpuPath* scoped_path() { return t_path; }
@@ -182,7 +214,7 @@ std::string CallShape::key() const {
 
 PathChoice choose_path(const CallShape& shape) {
   if (!settings::cpu_benchmark()) return {};
-  const std::vector<const CpuPath*> paths = candidates();
+  const std::vector<const CpuPath*> paths = candidates(shape);
   if (paths.size() == 1) return {paths[0], false, {}};
   const std::string key = shape.key() + " paths=" + candidates_key(paths);
   Chooser& c = chooser();
@@ -197,8 +229,10 @@ PathChoice choose_path(const CallShape& shape) {
   }
   // The first call warms up, untimed, on the default path.
   if (t.calls++ == 0) return {};
-  const auto fewest = std::min_element(t.runs.begin(), t.runs.end());
-  return {t.paths[fewest - t.runs.begin()], true, key};
+  const size_t next = t.next();
+  // Every candidate settled, the last trial not yet recorded (another thread's): the default path.
+  if (next == std::string::npos) return {};
+  return {t.paths[next], true, key};
 }
 
 void record_trial(const PathChoice& trial, double seconds) {
@@ -214,7 +248,7 @@ void record_trial(const PathChoice& trial, double seconds) {
     const size_t i = it - t.paths.begin();
     t.best[i] = std::min(t.best[i], seconds);
     ++t.runs[i];
-    if (*std::min_element(t.runs.begin(), t.runs.end()) < kTrials) return;
+    if (t.next() != std::string::npos) return;
     t.winner = t.paths[std::min_element(t.best.begin(), t.best.end()) - t.best.begin()];
     append_to_cache(c.cache_path, trial.key, *t.winner);
     chosen = "CPU path for " + trial.key + ": " + t.winner->name() + " (best trials: " + seconds_text(t) + ")";
@@ -228,8 +262,11 @@ std::vector<ChosenPath> chosen_paths() {
   std::vector<ChosenPath> out;
   for (const auto& [key, t] : c.shapes) {
     if (t.winner == nullptr) continue;
-    ChosenPath p{key, t.winner->name(), {}, t.from_cache};
-    for (size_t i = 0; i < t.paths.size(); ++i) p.seconds.emplace_back(t.paths[i]->name(), t.best[i]);
+    ChosenPath p{key, t.winner->name(), {}, {}, t.from_cache};
+    for (size_t i = 0; i < t.paths.size(); ++i) {
+      p.seconds.emplace_back(t.paths[i]->name(), t.best[i]);
+      p.trials.push_back(t.runs[i]);
+    }
     out.push_back(std::move(p));
   }
   return out;

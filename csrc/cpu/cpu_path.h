@@ -24,8 +24,11 @@ namespace cpu {
 struct CpuPath {
   const kernels::cpu::RecurrentKernels* kernels = nullptr;
   bool own_gemm = false;  // whole-batch GEMMs on the kernels' GEMM, else ATen's
+  // The forward's input projection inside its steps (fused_loops_cpu.h),
+  // not one GEMM before them: a candidate of forward calls only.
+  bool input_in_steps = false;
 
-  // "avx2/own", "avx512/aten", ...
+  // "avx2/own", "avx512/aten", "avx512/in-steps", ...
   std::string name() const;
 };
 
@@ -62,6 +65,9 @@ struct CallShape {
   const char* pass = "";  // "forward", "backward" or "backward_data"
   int64_t steps = 0, batch = 0, rows = 0, input = 0, hidden = 0, out = 0;
   int64_t threads = 1;
+  // Whether the input projection inside the steps is a candidate (forward
+  // calls whose weights and rows allow it: input_in_steps_fit).
+  bool in_steps = false;
   std::string key() const;
 };
 
@@ -96,6 +102,7 @@ struct ChosenPath {
   std::string shape;  // CallShape::key() and the candidates
   std::string path;   // CpuPath::name()
   std::vector<std::pair<std::string, double>> seconds;  // each candidate's best trial
+  std::vector<int> trials;  // each candidate's timed calls (fewer where it lost by far)
   bool from_cache = false;  // read from PIPELSTM_CPU_BENCHMARK_CACHE
 };
 std::vector<ChosenPath> chosen_paths();

@@ -238,24 +238,34 @@ void check_fused_loops_isa() { kernels(); }
 
 const char* fused_loops_isa() { return kernels().isa; }
 
-bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps) {
-  const std::optional<bool> forced = settings::input_in_steps();  // read per call: cheap beside a loop
-  if (forced.has_value()) return *forced;
-  // Measured against the GEMM in the avx512 build only, where it is the
-  // kernels' own (not on an Intel CPU, whose MKL keeps the GEMMs).
-  if (std::strcmp(kernels().isa, "avx512") != 0 || std::strcmp(gemm_backend(), "own") != 0) {
-    return false;
-  }
-  const int64_t T = steps.steps();
-  if (T == 0) return false;
-  const int64_t rows = steps.rows / T;  // per step, on average (packed input)
-  const int64_t weights = 4 * geometry.hidden * (geometry.input + geometry.out);
-  if (rows < kMinInStepRows) return false;
+namespace {
+
+// Rows per step, on average (packed input), and the weights w_ih and w_hh.
+int64_t rows_per_step(const LayerSteps& steps) { return steps.steps() == 0 ? 0 : steps.rows / steps.steps(); }
+int64_t in_step_weights(const LayerGeometry& g) { return 4 * g.hidden * (g.input + g.out); }
+
+}  // namespace
+
+bool input_in_steps_fit(const LayerGeometry& geometry, const LayerSteps& steps) {
+  const int64_t rows = rows_per_step(steps), weights = in_step_weights(geometry);
   // Work for two threads a step (team_size), as the GEMM would have. Not
   // the thread count itself: results stay bitwise the same on any number
   // of threads.
-  if (rows * weights < 2 * kMinMacsPerThread) return false;
-  return weights <= (rows >= kMinInStepRowsBeyondL2 ? kMaxInStepWeights : kMaxInStepWeightsL2);
+  return rows >= kMinInStepRows && rows * weights >= 2 * kMinMacsPerThread && weights <= kMaxInStepWeights;
+}
+
+bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps) {
+  const std::optional<bool> forced = settings::input_in_steps();  // read per call: cheap beside a loop
+  if (forced.has_value()) return *forced;
+  if (const CpuPath* path = scoped_path()) return path->input_in_steps && input_in_steps_fit(geometry, steps);
+  // Measured against the GEMM in the avx512 build only, where it is the
+  // kernels' own (an Intel CPU's MKL keeps the GEMMs: there timing decides).
+  if (std::strcmp(kernels().isa, "avx512") != 0 || std::strcmp(gemm_backend(), "own") != 0 ||
+      !input_in_steps_fit(geometry, steps)) {
+    return false;
+  }
+  return in_step_weights(geometry) <=
+         (rows_per_step(steps) >= kMinInStepRowsBeyondL2 ? kMaxInStepWeights : kMaxInStepWeightsL2);
 }
 
 void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,

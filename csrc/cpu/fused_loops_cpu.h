@@ -32,7 +32,13 @@ const char* fused_loops_isa();
 // small enough to be read at every step and the steps have rows enough
 // (fused_loops_cpu.cpp). PIPELSTM_INPUT_IN_STEPS=0 never does, =1 always
 // (for measuring).
+// With a path chosen by timing (cpu_path.h), as that path says.
 bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps);
+
+// Whether the input projection may run inside the steps at all: rows
+// enough per step and weights small enough to read at every step (a
+// candidate path for timing where it may).
+bool input_in_steps_fit(const LayerGeometry& geometry, const LayerSteps& steps);
 
 // Forward of all steps. In: with x [N, I] and w_ih [4H, I] defined (where
 // input_projection_in_steps), each step computes its rows' input

@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -60,7 +61,8 @@ struct CpuLayer {
   // The facts a call's path is chosen by (cpu_path.h).
   static cpu::CallShape shape(const char* pass, const LayerSteps& steps, const LayerGeometry& s) {
     return {pass, steps.steps(), steps.max_batch, steps.rows, s.input, s.hidden, s.out,
-            at::in_parallel_region() ? 1 : at::get_num_threads()};
+            at::in_parallel_region() ? 1 : at::get_num_threads(),
+            std::strcmp(pass, "forward") == 0 && cpu::input_in_steps_fit(s, steps)};
   }
 
   static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,

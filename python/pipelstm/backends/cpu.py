@@ -13,8 +13,10 @@ drops the override; docs/configuration.md has the whole table):
   AVX2 or AVX-512, ``at::mm`` elsewhere), ``"own"`` or ``"aten"``.
 * ``benchmark`` (``PIPELSTM_CPU_BENCHMARK``): ``True`` times each float32
   layer call shape on every candidate path (the kernels' ISA builds, each
-  with its own GEMM or ATen's) over its first calls and keeps the fastest
-  for the process, as ``torch.backends.cudnn.benchmark`` does on the GPU;
+  with its own GEMM or ATen's, and for a forward with small enough
+  weights with the input projection inside the steps) over its first
+  calls and keeps the fastest for the process, as
+  ``torch.backends.cudnn.benchmark`` does on the GPU;
   ``False`` (the default) takes the CPU's default path. The paths differ
   only in rounding; once chosen, a shape's path does not change.
 * ``benchmark_cache`` (``PIPELSTM_CPU_BENCHMARK_CACHE``): a file that keeps
@@ -93,9 +95,12 @@ def chosen_paths() -> List[Dict[str, object]]:
     Returns:
         One dict per call shape: ``shape`` (the pass, T, B, rows, I, H, P,
         threads and the candidate paths), ``path`` (the one kept, e.g.
-        ``"avx2/own"``: the kernels' ISA build, then whose GEMM), ``seconds``
-        (each candidate's best timed call; empty where read from the cache
-        file) and ``from_cache``.
+        ``"avx2/own"``: the kernels' ISA build, then whose GEMM, or
+        ``"avx512/in-steps"``: a forward's input projection in its
+        steps), ``seconds`` (each candidate's best timed call; empty where
+        read from the cache file), ``trials`` (each candidate's timed
+        calls: 2, or 1 where its first took over 1.25x the best first) and
+        ``from_cache``.
     """
     return list(_C._cpu_chosen_paths())
 
