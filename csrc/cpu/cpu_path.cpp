@@ -71,7 +71,7 @@ std::vector<const CpuPath*> candidates(const CallShape& shape) {
   for (const CpuPath& p : all_paths()) {
     const int rank = isa_rank(p.kernels->isa);
     if (rank > widest || (rank == 0 && widest > 0)) continue;  // the portable build: only as the cap
-    if (rank < widest && widest == 2 && full_width) continue;
+    if (rank < widest && full_width) continue;  // rank > 0 here: the avx2 build under an avx512 one
     const bool gemm_named = gemm != "auto" && rank > 0;
     if (p.input_in_steps ? !in_steps : gemm_named && p.own_gemm != (gemm == "own")) continue;
     out.push_back(&p);

@@ -58,6 +58,10 @@ constexpr int64_t kMinInStepRowsBeyondL2 = 32;
 constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
 constexpr int64_t kMaxInStepWeights = int64_t{1} << 21;
 
+// Rows per step, on average (packed input), and the weights w_ih and w_hh.
+int64_t rows_per_step(const LayerSteps& steps) { return steps.steps() == 0 ? 0 : steps.rows / steps.steps(); }
+int64_t in_step_weights(const LayerGeometry& g) { return 4 * g.hidden * (g.input + g.out); }
+
 int team_size(int64_t macs_per_step, int64_t panels) {
   if (at::in_parallel_region()) return 1;
   const int64_t by_work = std::max<int64_t>(1, macs_per_step / kMinMacsPerThread);
@@ -237,14 +241,6 @@ bool all_zero(const Tensor& t) {
 void check_fused_loops_isa() { kernels(); }
 
 const char* fused_loops_isa() { return kernels().isa; }
-
-namespace {
-
-// Rows per step, on average (packed input), and the weights w_ih and w_hh.
-int64_t rows_per_step(const LayerSteps& steps) { return steps.steps() == 0 ? 0 : steps.rows / steps.steps(); }
-int64_t in_step_weights(const LayerGeometry& g) { return 4 * g.hidden * (g.input + g.out); }
-
-}  // namespace
 
 bool input_in_steps_fit(const LayerGeometry& geometry, const LayerSteps& steps) {
   const int64_t rows = rows_per_step(steps), weights = in_step_weights(geometry);

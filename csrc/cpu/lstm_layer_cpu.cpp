@@ -14,7 +14,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -59,10 +58,11 @@ struct CpuLayer {
   }
 
   // The facts a call's path is chosen by (cpu_path.h).
-  static cpu::CallShape shape(const char* pass, const LayerSteps& steps, const LayerGeometry& s) {
+  // in_steps: a forward whose input projection may run inside its steps.
+  static cpu::CallShape shape(const char* pass, const LayerSteps& steps, const LayerGeometry& s,
+                              bool in_steps = false) {
     return {pass, steps.steps(), steps.max_batch, steps.rows, s.input, s.hidden, s.out,
-            at::in_parallel_region() ? 1 : at::get_num_threads(),
-            std::strcmp(pass, "forward") == 0 && cpu::input_in_steps_fit(s, steps)};
+            at::in_parallel_region() ? 1 : at::get_num_threads(), in_steps};
   }
 
   static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
@@ -73,7 +73,7 @@ struct CpuLayer {
       return step_loop_forward<CpuLayer>(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
                                          reverse);
     }
-    return cpu::on_chosen_path(shape("forward", steps, s), [&] {
+    return cpu::on_chosen_path(shape("forward", steps, s, cpu::input_in_steps_fit(s, steps)), [&] {
       return fused_forward(steps, s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
     });
   }
