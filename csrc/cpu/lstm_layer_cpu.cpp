@@ -4,7 +4,7 @@
 // kernel (GEMM and cell together) on weights packed once per call, for
 // small layers with the step's input projection in it too.
 // float64: the step loop (layer_step_loop.h) on this backend's pointwise
-// step (pointwise_cpu.h) and the layer GEMMs.
+// step (the kernels' rows, split over threads below) and the layer GEMMs.
 // The cell ops run the pointwise step once (cell_ops.h).
 // bfloat16 and float16: the float32 kernels on float32 copies, the results
 // rounded to the call's dtype (float32_upcast.h); what the backward needs is
@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -21,20 +23,37 @@
 #include "../float32_upcast.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
+#include "pipelstm/kernels/lstm_pointwise.h"
 #include "cpu_path.h"
 #include "fused_loops_cpu.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
 #include "layer_math_cpu.h"
-#include "pointwise_cpu.h"
 
 namespace pipelstm {
 namespace {
 
+// The pointwise step's batch rows split over ATen's intra-op threads, enough
+// elements per task to amortise the fork.
+template <class Args, class Rows>
+void over_batch_rows(const Args& a, const Rows& rows) {
+  constexpr int64_t kElementsPerTask = 16384;
+  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, 4 * a.hidden));
+  at::parallel_for(0, a.batch, grain, [&](int64_t b0, int64_t b1) { rows(a, b0, b1); });
+}
+
 struct CpuLayer {
   static constexpr const LayerMath& kMath = cpu::kLayerMath;
-  static constexpr auto step_forward = [](const auto& a) { cpu::pointwise_forward(a); };
-  static constexpr auto step_backward = [](const auto& a) { cpu::pointwise_backward(a); };
+  static constexpr auto step_forward = [](const auto& a) {
+    over_batch_rows(a, [](const auto& args, int64_t b0, int64_t b1) {
+      kernels::pointwise_forward_cpu(args, b0, b1);
+    });
+  };
+  static constexpr auto step_backward = [](const auto& a) {
+    over_batch_rows(a, [](const auto& args, int64_t b0, int64_t b1) {
+      kernels::pointwise_backward_cpu(args, b0, b1);
+    });
+  };
   // No whole-sequence kernel: float32 has the fused loops instead.
   template <typename T>
   static bool sequence_forward(const SequenceForward<T>&) {
