@@ -17,7 +17,7 @@ import torch
 import pipelstm
 from pipelstm.stack import graph as stack_graph, route as stack_route
 from pipelstm.backends import cuda
-from stack_graph_cases import two_calls_before_one_backward
+from stack_graph_cases import check_two_calls_before_one_backward
 
 I, H, LAYERS, T, B = 5, 7, 3, 9, 4
 
@@ -131,10 +131,7 @@ def test_gradients_are_copies_the_next_replay_leaves_alone(graphs):
 def test_two_calls_before_one_backward_are_both_right(graphs):
     plain, graphed = _models()
     x = [_inputs(seed)[0] for seed in range(3)]
-    with cuda.flags(stack_graph=3):
-        got = two_calls_before_one_backward(graphed, *x)
-    assert graphs.replays == 1  # the first of the two; the second ran eagerly
-    _close(got, two_calls_before_one_backward(plain, *x))
+    check_two_calls_before_one_backward(plain, graphed, x, graphs, 3, _close)
 
 
 def test_a_backward_whose_buffers_were_replayed_over_raises(graphs):
