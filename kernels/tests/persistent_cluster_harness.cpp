@@ -14,6 +14,7 @@
 // persistent_tc_harness.cpp.
 #include <cstdio>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "pipelstm/kernels/lstm_persistent_cluster.h"
@@ -74,6 +75,34 @@ FragmentCheck check_fragments(int64_t n_tiles, int64_t k_tiles, Source source, I
   return r;
 }
 
+// f(block, item, lane) for every lane of every item that finishes cells: one
+// item of a split pair finishes it.
+template <class Plan, class F>
+void for_each_finishing_lane(const Plan& p, F f) {
+  for (int64_t block = 0; block < p.blocks; ++block) {
+    for (int64_t it = 0; it < tc::item_count(p); ++it) {
+      const tc::Item w = tc::item_at(p, it);
+      if (w.slice != 0 && p.slices > 1) continue;
+      for (int lane = 0; lane < tc::kLanes; ++lane) f(block, w, lane);
+    }
+  }
+}
+
+// The (batch row, unit) of a forward lane's cell 0 or 1.
+std::pair<int64_t, int64_t> fwd_cell(const tc::ForwardPlan& p, int64_t block, const tc::Item& w, int lane,
+                                     int cell) {
+  const tc::Coord home = tc::c_elem(lane, cell);
+  return {w.n_tile * tc::kTileN + home.col,
+          (block * p.unit_tiles + w.tau) * tc::kUnitsPerTile + tc::fwd_row(0, home.row).unit};
+}
+
+bool each_once(const std::vector<int>& finished) {
+  for (int v : finished) {
+    if (v != 1) return false;
+  }
+  return true;
+}
+
 void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
   const cluster::ClusterPlan c = cluster::make_cluster_plan(B, H, blocks, sync);
   const bool async = sync == cluster::Sync::kAsyncStores;
@@ -85,50 +114,32 @@ void check_shape(int64_t B, int64_t H, int64_t blocks, cluster::Sync sync) {
   float acc_h = 0.0f;  // each cell's h: a value only it has
   std::vector<float> h(B * H, 0.0f);
   std::vector<float> copy = empty_copies(c.copies, cluster::h_copy_halves(c), c.stride, B, H);
-  for (int64_t block = 0; block < p.blocks; ++block) {
-    for (int64_t it = 0; it < tc::item_count(p); ++it) {
-      const tc::Item w = tc::item_at(p, it);
-      if (w.slice != 0 && p.slices > 1) continue;  // a pair is finished by one item
-      for (int lane = 0; lane < tc::kLanes; ++lane) {
-        for (int cell = 0; cell < 2; ++cell) {
-          const tc::Coord home = tc::c_elem(lane, cell);
-          const int64_t j = (block * p.unit_tiles + w.tau) * tc::kUnitsPerTile + tc::fwd_row(0, home.row).unit;
-          const int64_t n = w.n_tile * tc::kTileN + home.col;
-          if (j >= H || n >= B) continue;
-          ++finished[n * H + j];
-          h[n * H + j] = acc_h += 1.0f;
-          if (!async) copy[cluster::h_index(c, 1, n, j)] = h[n * H + j];  // what every block stores
-        }
-      }
+  for_each_finishing_lane(p, [&](int64_t block, const tc::Item& w, int lane) {
+    for (int cell = 0; cell < 2; ++cell) {
+      const auto [n, j] = fwd_cell(p, block, w, lane, cell);
+      if (j >= H || n >= B) continue;
+      ++finished[n * H + j];
+      h[n * H + j] = acc_h += 1.0f;
+      if (!async) copy[cluster::h_index(c, 1, n, j)] = h[n * H + j];  // what every block stores
     }
-  }
+  });
   if (async) {  // after the step: the word stores of the even-groupID lanes
     int64_t bytes = 0;
-    for (int64_t block = 0; block < p.blocks; ++block) {
-      for (int64_t it = 0; it < tc::item_count(p); ++it) {
-        const tc::Item w = tc::item_at(p, it);
-        if (w.slice != 0 && p.slices > 1) continue;
-        for (int lane = 0; lane < tc::kLanes; ++lane) {
-          if ((lane >> 2) & 1) continue;
-          for (int cell = 0; cell < 2; ++cell) {
-            const tc::Coord home = tc::c_elem(lane, cell);
-            const int64_t j = (block * p.unit_tiles + w.tau) * tc::kUnitsPerTile + tc::fwd_row(0, home.row).unit;
-            const int64_t n = w.n_tile * tc::kTileN + home.col;
-            if (j >= H || n >= B) continue;
-            const int64_t at = cluster::h_index(c, 1, n, j);
-            check(j % 2 == 0 && at % 2 == 0, "a pair's word is aligned", B, H, blocks);
-            copy[at] = h[n * H + j];
-            copy[at + 1] = j + 1 < H ? h[n * H + j + 1] : 0.0f;  // the lane 4 up's cell, or zero
-            bytes += 4;
-          }
-        }
+    for_each_finishing_lane(p, [&](int64_t block, const tc::Item& w, int lane) {
+      if ((lane >> 2) & 1) return;
+      for (int cell = 0; cell < 2; ++cell) {
+        const auto [n, j] = fwd_cell(p, block, w, lane, cell);
+        if (j >= H || n >= B) continue;
+        const int64_t at = cluster::h_index(c, 1, n, j);
+        check(j % 2 == 0 && at % 2 == 0, "a pair's word is aligned", B, H, blocks);
+        copy[at] = h[n * H + j];
+        copy[at + 1] = j + 1 < H ? h[n * H + j + 1] : 0.0f;  // the lane 4 up's cell, or zero
+        bytes += 4;
       }
-    }
+    });
     check(bytes == cluster::fill_bytes(c), "the stores bring fill_bytes", B, H, blocks);
   }
-  bool once = true;
-  for (int v : finished) once = once && v == 1;
-  check(once, "every cell finished exactly once", B, H, blocks);
+  check(each_once(finished), "every cell finished exactly once", B, H, blocks);
 
   // The B fragments read from buffer 1 what the cells stored.
   const FragmentCheck read = check_fragments(
@@ -161,26 +172,18 @@ void check_backward_shape(int64_t B, int64_t H, int64_t blocks) {
   std::vector<float> gates(B * 4 * H, 0.0f);
   std::vector<float> copy = empty_copies(2, cluster::copy_halves(c), c.stride, B, 4 * H);
   float value = 0.0f;
-  for (int64_t block = 0; block < p.blocks; ++block) {
-    for (int64_t it = 0; it < tc::item_count(p); ++it) {
-      const tc::Item w = tc::item_at(p, it);
-      if (w.slice != 0 && p.slices > 1) continue;
-      for (int lane = 0; lane < tc::kLanes; ++lane) {
-        for (int i = 0; i < 4; ++i) {
-          const tc::Cell cell = tc::bwd_cell(p, block, w, lane, i);
-          if (!cell.valid) continue;
-          ++finished[cell.b * H + cell.j];
-          for (int k = 0; k < 4; ++k) {
-            gates[cell.b * 4 * H + k * H + cell.j] = value += 1.0f;
-            copy[cluster::gates_index(c, 1, cell.b, k * H + cell.j)] = value;
-          }
-        }
+  for_each_finishing_lane(p, [&](int64_t block, const tc::Item& w, int lane) {
+    for (int i = 0; i < 4; ++i) {
+      const tc::Cell cell = tc::bwd_cell(p, block, w, lane, i);
+      if (!cell.valid) continue;
+      ++finished[cell.b * H + cell.j];
+      for (int k = 0; k < 4; ++k) {
+        gates[cell.b * 4 * H + k * H + cell.j] = value += 1.0f;
+        copy[cluster::gates_index(c, 1, cell.b, k * H + cell.j)] = value;
       }
     }
-  }
-  bool once = true;
-  for (int v : finished) once = once && v == 1;
-  check(once, "backward: every cell finished exactly once", B, H, blocks);
+  });
+  check(each_once(finished), "backward: every cell finished exactly once", B, H, blocks);
   const FragmentCheck read = check_fragments(
       p.n_tiles, p.k_tiles, [&](int64_t nt, int64_t kt, int lane, int e) { return tc::bwd_b_source(p, nt, kt, lane, e); },
       [&](int64_t n, int64_t k) { return cluster::gates_index(c, 1, n, k); }, copy,
