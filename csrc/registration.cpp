@@ -77,6 +77,13 @@ TORCH_LIBRARY(pipelstm, m) {
       "Tensor output, Tensor workspace, bool reverse) -> (Tensor grad_input, Tensor grad_h0, "
       "Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, Tensor grad_gamma_ih, "
       "Tensor grad_gamma_hh, Tensor grad_gamma_c, Tensor grad_beta_c)");
+  // A mask of `size`: each element `below` with probability p, else `above`,
+  // drawn by Philox from `seed` (0-dim int64, itself drawn from torch's
+  // generator, so torch.manual_seed reproduces the mask). CPU only
+  // (cpu/bernoulli_mask_cpu.h): on a GPU torch.rand is already parallel.
+  m.def(
+      "bernoulli_mask(Tensor seed, SymInt[] size, float p, float below, float above, "
+      "ScalarType dtype) -> Tensor");
   m.def(
       "lstm_cell_composite(Tensor input_gates, Tensor hidden_gates, Tensor cx, Tensor? b_ih, "
       "Tensor? b_hh) -> (Tensor hy, Tensor cy)");

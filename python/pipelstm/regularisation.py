@@ -37,10 +37,20 @@ __all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask", "z
 DROPOUT_MODES = ("element", "variational")
 
 
+def _drawn_on_cpu(shape, p: float, below: float, above: float, like: Tensor) -> Tensor:
+    """``below`` with probability ``p``, else ``above``, in ``like``'s dtype:
+    drawn by every intra-op thread (``pipelstm::bernoulli_mask``) from a seed
+    torch's generator draws; torch.rand's Mersenne Twister is serial."""
+    seed = torch.randint(0, 2**62, (), dtype=torch.int64)
+    return torch.ops.pipelstm.bernoulli_mask(seed, list(shape), p, below, above, like.dtype)
+
+
 def _mask(shape, p: float, like: Tensor) -> Tensor:
     """0 with probability ``p``, else ``1 / (1 - p)``, in ``like``'s dtype and
-    device. From float32 uniforms compared with ``p`` (a 16-bit uniform would
-    round ``p``): on the CPU far faster than ``bernoulli_``."""
+    device. From float32-resolution uniforms compared with ``p`` (a 16-bit
+    uniform would round ``p``)."""
+    if like.device.type == "cpu":
+        return _drawn_on_cpu(shape, p, 0.0, 1.0 / (1.0 - p), like)
     keep = torch.rand(shape, dtype=torch.float32, device=like.device).ge_(p)
     return keep.to(like.dtype).div_(1.0 - p)
 
@@ -59,6 +69,8 @@ def sequence_mask(batch: int, features: int, p: float, like: Tensor) -> Tensor:
 def zoneout_mask(shape: Sequence[int], p: float, like: Tensor) -> Tensor:
     """Zoneout's keep weights for a training step: 1 (the previous value
     kept) with probability ``p``, else 0, in ``like``'s dtype and device."""
+    if like.device.type == "cpu":
+        return _drawn_on_cpu(shape, p, 1.0, 0.0, like)
     return torch.rand(tuple(shape), dtype=torch.float32, device=like.device).lt_(p).to(like.dtype)
 
 

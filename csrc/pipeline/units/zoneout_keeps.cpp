@@ -2,10 +2,16 @@
 
 #include <ATen/ATen.h>
 
+#include "../../cpu/bernoulli_mask_cpu.h"
+
 namespace pipelstm::pipeline {
 
 std::pair<Tensor, Tensor> zoneout_masks(uint64_t seed, int64_t rows, int64_t H, double p_c, double p_h,
                                         const Tensor& like) {
+  if (like.is_cpu()) {  // every thread draws (the serial at::rand would cost a step's time)
+    return {cpu::bernoulli_mask(seed, 0, {rows, H}, p_c, 1.0, 0.0, like.scalar_type()),
+            cpu::bernoulli_mask(seed, 1, {rows, H}, p_h, 1.0, 0.0, like.scalar_type())};
+  }
   at::Generator g = seeded_generator(like.device(), seed);
   const auto options = like.options().dtype(at::kFloat);
   Tensor keep_c = at::rand({rows, H}, g, options).lt_(p_c).to(like.scalar_type());

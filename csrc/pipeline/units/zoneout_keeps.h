@@ -14,8 +14,9 @@ namespace pipelstm::pipeline {
 
 // The keep weights of item (m, k) of unit `unit` in a pass, seeded with
 // dropout_seed(pass_seed, unit, m, k): keep_c then keep_h, each [rows, H] of
-// 0 and 1 (1, the previous value kept, with probability p_c or p_h), drawn
-// from a generator on like's device, in like's dtype.
+// 0 and 1 (1, the previous value kept, with probability p_c or p_h), in
+// like's dtype, drawn on the CPU by Philox streams 0 and 1 of the seed
+// (cpu/bernoulli_mask_cpu.h), elsewhere by a generator on like's device.
 std::pair<Tensor, Tensor> zoneout_masks(uint64_t seed, int64_t rows, int64_t H, double p_c, double p_h,
                                         const Tensor& like);
 

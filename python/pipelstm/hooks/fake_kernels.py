@@ -314,6 +314,15 @@ def _fake_lstm_layernorm_layer_backward(grad_output, grad_h_n, grad_c_n, input, 
             input.new_empty(H), input.new_empty(H))
 
 
+def _fake_bernoulli_mask(seed, size, p, below, above, dtype):
+    op = "bernoulli_mask"
+    torch._check(seed.dim() == 0 and seed.dtype == torch.int64,
+                 lambda: f"pipelstm::{op}: expected `seed` to be a 0-dim int64 tensor, got a {seed.dim()}-D "
+                 f"{seed.dtype} tensor")
+    torch._check(0.0 <= p <= 1.0, lambda: f"pipelstm::{op}: expected p in [0, 1], got {p}")
+    return seed.new_empty(size, dtype=dtype)
+
+
 _FAKE_KERNELS = {
     "pipelstm::lstm_cell_forward": _fake_lstm_cell_forward,
     "pipelstm::lstm_cell_backward": _fake_lstm_cell_backward,
@@ -325,6 +334,7 @@ _FAKE_KERNELS = {
     "pipelstm::lstm_zoneout_layer_backward": _fake_lstm_zoneout_layer_backward,
     "pipelstm::lstm_layernorm_layer_forward": _fake_lstm_layernorm_layer_forward,
     "pipelstm::lstm_layernorm_layer_backward": _fake_lstm_layernorm_layer_backward,
+    "pipelstm::bernoulli_mask": _fake_bernoulli_mask,
 }
 
 
