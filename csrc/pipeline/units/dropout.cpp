@@ -1,8 +1,10 @@
-// Dropout as a unit: a Bernoulli mask per item, drawn from a generator
-// seeded by (pass, unit, item) (units.h: dropout_seed), kept for backward
-// and for replaying a recomputed item.
+// Dropout as a unit: a Bernoulli mask per item, seeded by (pass, unit,
+// item) (units.h: dropout_seed), kept for backward and for replaying a
+// recomputed item. On the CPU the mask is cpu/bernoulli_mask_cpu.h's,
+// elsewhere drawn from a generator of that seed.
 #include <ATen/ATen.h>
 
+#include "../../cpu/bernoulli_mask_cpu.h"
 #include "kinds.h"
 
 namespace pipelstm::pipeline {
@@ -11,10 +13,13 @@ namespace {
 Tensor forward(const UnitSpec& u, const UnitParams&, const Tensor& x, bool training, bool keep,
                Tensor&, Tensor&, std::vector<Tensor>& saved, uint64_t seed, const ItemContext&) {
   if (!training || u.p == 0.0) return x;
-  Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
+  Tensor mask;
   if (u.p >= 1.0) {
-    mask.zero_();
+    mask = at::zeros_like(x, at::MemoryFormat::Contiguous);
+  } else if (x.is_cpu()) {  // drawn by every thread (bernoulli_ draws serially)
+    mask = cpu::bernoulli_mask(seed, 0, x.sizes(), u.p, 0.0, 1.0 / (1.0 - u.p), x.scalar_type());
   } else {
+    mask = at::empty_like(x, at::MemoryFormat::Contiguous);
     mask.bernoulli_(1.0 - u.p, seeded_generator(x.device(), seed)).div_(1.0 - u.p);
   }
   if (keep) saved = {mask};
