@@ -38,6 +38,16 @@ bool use_own_gemm(int64_t rows) {
   return (path != nullptr ? path->own_gemm : own_gemm_by_default(default_kernels())) && rows >= kMinOwnRows;
 }
 
+// A step loop's products (pack_operand) under `auto`: the kernels' GEMM
+// wherever they are a vector build, on Intel's CPUs too, as the fused
+// loops' steps are: a small product every step pays a BLAS call's fixed cost
+// each time, and its threads fork and join around it.
+bool use_own_step_gemm(int64_t rows) {
+  const std::string v = gemm_setting();
+  if (v != "auto") return v == "own";
+  return std::strcmp(step_kernels().isa, "generic") != 0 && rows >= kMinOwnRows;
+}
+
 bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
 // A weight gradient (a transposed: grad_gates.t() @ x, 4H x TB @ TB x I)
@@ -243,14 +253,14 @@ void gemm_packed(const at::Tensor& out, const at::Tensor& rows, int64_t lda, int
 
 PackedOperand pack_operand(const at::Tensor& b, int64_t rows) {
   PackedOperand p{b, at::Tensor()};
-  if (cpu_float(b) && b.size(0) > 0 && b.size(1) > 0 && use_own_gemm(rows)) p.panels = pack_panels(b);
+  if (cpu_float(b) && b.size(0) > 0 && b.size(1) > 0 && use_own_step_gemm(rows)) p.panels = pack_panels(b);
   return p;
 }
 
 void packed_mm_out(const at::Tensor& out, const at::Tensor& a, const PackedOperand& b,
                    bool accumulate) {
   if (!b.panels.defined() || !cpu_float(out) || !cpu_float(a) || out.stride(1) != 1 ||
-      a.size(0) == 0 || !use_own_gemm(a.size(0))) {
+      a.size(0) == 0 || !use_own_step_gemm(a.size(0))) {
     return layer_mm_out(out, a, b.b, accumulate);
   }
   TORCH_CHECK(out.dim() == 2 && a.dim() == 2 && a.size(0) == out.size(0) &&

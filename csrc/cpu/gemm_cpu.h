@@ -24,8 +24,10 @@ void layer_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& 
                   bool accumulate = false);
 
 // b [K, N] packed once for many products with it (a step loop's recurrent
-// weight): the kernels' panels where layer_mm_out would run its own GEMM
-// for `rows` rows, else nothing (packed_mm_out then calls layer_mm_out).
+// weight): the kernels' panels for products of `rows` rows wherever the
+// kernels are a vector build (PIPELSTM_CPU_GEMM=auto; on every vendor's CPU,
+// as the fused loops' steps), else nothing (packed_mm_out then calls
+// layer_mm_out).
 struct PackedOperand {
   at::Tensor b;
   at::Tensor panels;  // undefined: not packed
