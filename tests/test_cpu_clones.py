@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 # The float entry points that cpu_clones.h builds as clones.
 CLONED = {"pointwise_forward_cpu_f32", "pointwise_backward_cpu_f32", "layernorm_step_forward_rows_f32",
-          "layernorm_step_backward_rows_f32", "norm_rows_f32", "norm_backward_rows_f32"}
+          "layernorm_step_backward_rows_f32", "norm_rows_f32", "norm_backward_rows_f32", "philox_blocks"}
 
 
 def _clones(library):

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu_clones.h"
+
 namespace pipelstm {
 namespace kernels {
 namespace {
@@ -18,12 +20,9 @@ constexpr int64_t kWords = 4 * kBlocks;
 
 // Words 4 b .. 4 b + 3 of `out`: the Philox block at counter
 // (first + b, stream) under key `seed`. The 32-bit words sit in 64-bit lanes
-// so that each round's 32 x 32 -> 64 products vectorise; one clone per
-// x86-64 level, picked at load time (the words are the same in each).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first, uint32_t (&out)[kWords]) {
+// so that each round's 32 x 32 -> 64 products vectorise (cpu_clones.h: the
+// words are the same in each clone).
+PIPELSTM_CPU_CLONES void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first, uint32_t (&out)[kWords]) {
   uint64_t c0[kBlocks], c1[kBlocks], c2[kBlocks], c3[kBlocks];
   for (int64_t b = 0; b < kBlocks; ++b) {
     const uint64_t n = first + static_cast<uint64_t>(b);
