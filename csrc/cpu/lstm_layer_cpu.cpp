@@ -33,26 +33,21 @@
 namespace pipelstm {
 namespace {
 
-// The pointwise step's batch rows split over ATen's intra-op threads, enough
-// elements per task to amortise the fork.
-template <class Args, class Rows>
-void over_batch_rows(const Args& a, const Rows& rows) {
+// rows(b0, b1) over a pointwise step's batch rows on ATen's intra-op
+// threads, enough elements per task to amortise the fork.
+template <class Rows>
+void over_batch_rows(int64_t batch, int64_t hidden, const Rows& rows) {
   constexpr int64_t kElementsPerTask = 16384;
-  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, 4 * a.hidden));
-  at::parallel_for(0, a.batch, grain, [&](int64_t b0, int64_t b1) { rows(a, b0, b1); });
+  at::parallel_for(0, batch, std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, 4 * hidden)), rows);
 }
 
 struct CpuLayer {
   static constexpr const LayerMath& kMath = cpu::kLayerMath;
   static constexpr auto step_forward = [](const auto& a) {
-    over_batch_rows(a, [](const auto& args, int64_t b0, int64_t b1) {
-      kernels::pointwise_forward_cpu(args, b0, b1);
-    });
+    over_batch_rows(a.batch, a.hidden, [&](int64_t b0, int64_t b1) { kernels::pointwise_forward_cpu(a, b0, b1); });
   };
   static constexpr auto step_backward = [](const auto& a) {
-    over_batch_rows(a, [](const auto& args, int64_t b0, int64_t b1) {
-      kernels::pointwise_backward_cpu(args, b0, b1);
-    });
+    over_batch_rows(a.batch, a.hidden, [&](int64_t b0, int64_t b1) { kernels::pointwise_backward_cpu(a, b0, b1); });
   };
   // No whole-sequence kernel: float32 has the fused loops instead.
   template <typename T>
