@@ -65,12 +65,12 @@ def recorded(monkeypatch):
     gen = torch.Generator().manual_seed(7)
 
     def weight_mask(w, p):
-        m = (torch.rand(w.shape, generator=gen) >= p).to(w.dtype) / (1 - p)
+        m = ((torch.rand(w.shape, generator=gen) >= p).to(w.dtype) / (1 - p)).to(w.device)
         drawn["weight"].append(m)
         return m
 
     def sequence_mask(batch, features, p, like):
-        m = (torch.rand(batch, features, generator=gen) >= p).to(like.dtype) / (1 - p)
+        m = ((torch.rand(batch, features, generator=gen) >= p).to(like.dtype) / (1 - p)).to(like.device)
         drawn["sequence"].append(m)
         return m
 

@@ -48,7 +48,7 @@ def recorded(monkeypatch):
     gen = torch.Generator().manual_seed(11)
 
     def zoneout_mask(shape, p, like):
-        m = (torch.rand(tuple(shape), generator=gen) < p).to(like.dtype)
+        m = (torch.rand(tuple(shape), generator=gen) < p).to(like.dtype).to(like.device)
         drawn.append(m)
         return m
 
