@@ -390,8 +390,18 @@ void run_cluster(bool quick, int major) {
   for (cluster::Sync sync : {cluster::Sync::kClusterBarrier, cluster::Sync::kAsyncStores})
     for (const auto& s : shapes)
       for (bool reverse : {false, true}) check_cluster_shape<T>(s[0], s[1], s[2], s[3], reverse, sync);
-  for (const auto& s : shapes)
+  // The backward's blocks hold more (two grad_gates copies): B = 9,
+  // H = 264 needs 8 of them where the forward fits 4.
+  const int64_t backward_shapes[][4] = {{3, 1, 1, 2}, {5, 3, 7, 2}, {4, 5, 100, 0}, {3, 9, 264, 8},
+                                        {3, 17, 40, 3}, {2, 64, 48, 0}, {6, 8, 256, 0}, {6, 8, 512, 0},
+                                        {4, 8, 512, 16}, {3, 33, 256, 8}};
+  for (const auto& s : backward_shapes)
     for (bool reverse : {false, true}) check_cluster_backward<T>(s[0], s[1], s[2], s[3], reverse);
+  cluster::BackwardClusterPlan too_small;
+  TcFit fit;
+  CHECK_CUDA(cluster_backward_plan<T>(9, 264, 4, 0, &too_small, &fit));
+  report(fit == TcFit::kSharedMemory,
+         std::string(Type<T>::name) + " cluster backward B=9 H=264 refuses 4 blocks: " + tc_fit_message(fit));
   if (quick) return;
   for (int64_t H : {256, 512})
     for (int64_t B : {1, 8, 32}) time_cluster<T>(100, B, H);

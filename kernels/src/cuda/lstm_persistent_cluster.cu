@@ -110,6 +110,9 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     if constexpr (kAsync) {
       if (threadIdx.x == 0 && !last) arrive_expect(bar + next, static_cast<uint32_t>(cluster::fill_bytes(c)));
       if (pos > 0) wait_parity(bar + buf, static_cast<uint32_t>(((pos - 1) / c.copies) & 1));
+      // The last step's K-slice sums are read before this step's are
+      // written: the h copies' barrier orders only the lanes that stored.
+      if (pos > 0 && p.slices > 1) __syncthreads();
     }
     forward_step(
         a, p, block, warp, lane, t, pos, slab, partial, load,
@@ -289,13 +292,18 @@ cudaError_t cluster_forward_plan(int64_t batch, int64_t hidden, int64_t blocks, 
   const int64_t n = blocks ? blocks
                            : cluster::smallest_cluster(batch, hidden, cluster::kMaxCluster, limits.smem_per_block,
                                                        sync);
-  const cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n ? n : cluster::kMaxCluster, sync);
+  cluster::ClusterPlan c = cluster::make_cluster_plan(batch, hidden, n ? n : cluster::kMaxCluster, sync);
+  if (c.tiles.blocks == 1) {
+    // All units in one block: no peer to store into, and st.async wants one
+    // (compute-sanitizer: "Cluster needs to have at least 2 blocks").
+    c = cluster::make_cluster_plan(batch, hidden, 1, cluster::Sync::kClusterBarrier);
+  }
   if (n == 0 || cluster::cluster_smem_bytes(c) > limits.smem_per_block) {
     *fit = TcFit::kSharedMemory;
     return cudaSuccess;
   }
   *plan = c;
-  return check_cluster(reinterpret_cast<const void*>(kernel_for<T>(sync)), c.tiles.blocks,
+  return check_cluster(reinterpret_cast<const void*>(kernel_for<T>(c.sync)), c.tiles.blocks,
                        cluster::cluster_smem_bytes(c), fit);
 }
 
@@ -310,7 +318,7 @@ cudaError_t cluster_forward_cuda(const PersistentForwardArgs<T>& args, int64_t b
   if (err != cudaSuccess || *fit != TcFit::kFits || args.steps == 0) return err;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t config = cluster_config(c.tiles.blocks, cluster::cluster_smem_bytes(c), stream, &attr);
-  return cudaLaunchKernelEx(&config, kernel_for<T>(sync), args, c);
+  return cudaLaunchKernelEx(&config, kernel_for<T>(c.sync), args, c);
 }
 
 template <typename T>
