@@ -4,7 +4,8 @@
 For each size, after warm-up, one profiled step (forward and backward of the
 output's sum) gives its wall time, the GPU's busy time (the union of its
 kernels' intervals: time with at least one kernel running), the kernel
-count, and the host operators that took the most time of their own. A step
+count, the host operators that took the most time of their own, and the
+kernels and copies that took the GPU longest. A step
 whose busy time is well under its wall time waits on the host.
 
     python tools/gpu_profile.py --json out.json                     # the default sizes
@@ -51,11 +52,24 @@ def profile_step(model, x, steps=3):
         prof.export_chrome_trace(os.path.join(d, "trace.json"))
         with open(os.path.join(d, "trace.json")) as f:
             events = json.load(f)["traceEvents"]
-    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    device_work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in device_work if e["cat"] == "kernel"]
     ops = prof.key_averages()
     top = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     return dict(wall=wall, busy=busy_seconds(kernels), kernels=len(kernels),
-                host_ops=[dict(name=e.key, calls=e.count, self_ms=e.self_cpu_time_total / 1e3) for e in top])
+                host_ops=[dict(name=e.key, calls=e.count, self_ms=e.self_cpu_time_total / 1e3) for e in top],
+                device_ops=top_device_work(device_work))
+
+
+def top_device_work(events, n=8):
+    """The kernels, copies and fills that took the GPU longest, by name
+    (calls and milliseconds together)."""
+    by_name = {}
+    for e in events:
+        calls, us = by_name.get(e["name"], (0, 0.0))
+        by_name[e["name"]] = (calls + 1, us + e["dur"])
+    top = sorted(by_name.items(), key=lambda kv: kv[1][1], reverse=True)[:n]
+    return [dict(name=name[:120], calls=calls, ms=us / 1e3) for name, (calls, us) in top]
 
 
 def main(argv=None):
@@ -79,6 +93,8 @@ def main(argv=None):
                           f"{r['kernels']} kernels; host: " +
                           ", ".join(f"{o['name']} {o['self_ms']:.2f} ms/{o['calls']}" for o in r["host_ops"][:4]),
                           flush=True)
+                    for o in r["device_ops"][:5]:
+                        print(f"    GPU {o['ms']:7.3f} ms/{o['calls']:<4} {o['name'][:90]}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
