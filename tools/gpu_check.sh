@@ -20,7 +20,10 @@
 # is stopped after this many seconds (default 300), PIPELSTM_SOURCE_COMMIT:
 # the commit the tree was copied from, recorded in the JSON (the copy a lent
 # machine gets carries no .git of its own: name it; default: git rev-parse HEAD).
-# Run from the repository root.
+# Run from the repository root, one call at a time: a step run beside
+# another on the same GPU (the tc step's compute-sanitizer beside a bench)
+# slows both, and its timings mean nothing. Only the build may overlap the
+# tc step's GPU work.
 set -uo pipefail
 
 PY="${PYTHON:-python3}"
