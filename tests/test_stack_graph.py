@@ -177,6 +177,12 @@ def test_a_failed_capture_warns_and_the_shape_runs_eagerly(graphs):
     assert (graphs.captures, graphs.replays) == (0, 0)
 
 
+def test_a_capture_failure_names_the_direction_that_failed():
+    with pytest.raises(RuntimeError, match="^the backward's capture: boom$"):
+        with stack_graph._naming_failure("the backward's capture"):
+            raise RuntimeError("boom")
+
+
 def test_shapes_kept_are_bounded(graphs):
     graphs.max_graphs = 2
     _, graphed = _models()

@@ -32,6 +32,7 @@ initialise outside a capture), the second captures; at most
 whose capture fails warns and runs eagerly from then on.
 """
 
+import contextlib
 import warnings
 import weakref
 from collections import OrderedDict
@@ -111,14 +112,25 @@ def capture_cuda(entry: Captured, body: Body, inputs: Sequence[Tensor], params: 
     # stage's) do not break the capture. "thread_local" should have done as
     # much, but it broke the backward's capture of a stack run layer after
     # layer (docs/design/cuda.md); "relaxed" and "global" captured it.
-    with torch.cuda.graph(forward, pool=pool, stream=stream, capture_error_mode="relaxed"):
+    with _naming_failure("the forward's capture"), \
+            torch.cuda.graph(forward, pool=pool, stream=stream, capture_error_mode="relaxed"):
         outputs = body(*entry.inputs, *params)
     entry.grad_outputs = [torch.empty_like(o) for o in outputs]
-    with torch.cuda.graph(backward, pool=pool, stream=stream, capture_error_mode="relaxed"):
+    with _naming_failure("the backward's capture"), \
+            torch.cuda.graph(backward, pool=pool, stream=stream, capture_error_mode="relaxed"):
         entry.grads = list(torch.autograd.grad(outputs, targets, entry.grad_outputs, allow_unused=True))
     entry.outputs = [o.detach() for o in outputs]
     entry.forward, entry.backward = forward, backward
     entry.bytes = _pool_bytes(device, pool)
+
+
+@contextlib.contextmanager
+def _naming_failure(what: str):
+    """A RuntimeError raised inside, with ``what`` failed in front."""
+    try:
+        yield
+    except RuntimeError as e:
+        raise RuntimeError(f"{what}: {e}") from e
 
 
 def _pool_bytes(device: torch.device, pool) -> int:
