@@ -14,7 +14,11 @@ fails unless every kernel
     forward, 4 cells x 8 values in the backward) before the product's mma,
     with no store or barrier between them and it, and
   - accumulates into kChains independent register sets per M-tile (the
-    mma into one set wait for each other's results one by one).
+    mma into one set wait for each other's results one by one);
+and unless the cluster forward (lstm_persistent_cluster.cu), both ways of
+separating its steps, loads a lane's cells' inputs for the next step (2
+cells x 5 values) after the step's last store and before it waits for the
+next step's h.
 
 Usage: python tools/check_sass.py  (from the repository root; nvcc from
 $NVCC or PATH, nvdisasm from PATH, $CUDA_HOME/bin or the nvidia-cuda-nvdisasm
@@ -32,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path("kernels/src/cuda/lstm_persistent_tc.cu")
+CLUSTER_SOURCE = Path("kernels/src/cuda/lstm_persistent_cluster.cu")
 DEVICE = Path("kernels/src/cuda/tc_device.cuh")  # the pieces the kernels share (kChains)
 HEADER = Path("kernels/include/pipelstm/kernels/lstm_persistent_tc.h")
 KERNELS = ("tc_forward_kernel", "tc_backward_kernel")
@@ -64,11 +69,11 @@ def find_nvdisasm() -> str:
              "or put the CUDA toolkit's bin on PATH")
 
 
-def disassemble(workdir: Path) -> str:
+def disassemble(workdir: Path, source: Path = SOURCE) -> str:
     nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or "/usr/local/bin/nvcc"
-    cubin = workdir / "persistent_tc.cubin"
+    cubin = workdir / f"{source.stem}.cubin"
     subprocess.run([nvcc, "-std=c++17", "-O3", "-cubin", "-arch=sm_90", "-I", "kernels/include",
-                    str(SOURCE), "-o", str(cubin)], check=True)
+                    str(source), "-o", str(cubin)], check=True)
     return subprocess.run([find_nvdisasm(), str(cubin)], check=True, capture_output=True,
                           text=True).stdout
 
@@ -117,11 +122,41 @@ def measures(sass: str) -> dict[str, tuple[int, int, int]]:
     return {name: (l2, plain, len(accumulators[name])) for name, (l2, plain) in runs.items()}
 
 
+def cluster_loads_ahead(sass: str) -> dict[str, int]:
+    """Per cluster forward kernel (element type, way of separating steps):
+    the most global loads issued after a store and before a wait for the
+    next step's h (the mbarrier's try-wait, or the cluster barrier's wait)."""
+    most: dict[str, int] = {}
+    name, run = None, 0
+    for line in sass.splitlines():
+        header = re.match(r"^\.text\.(\S+):", line)
+        if header:
+            symbol = header.group(1)
+            sync = re.search(r"SyncE([01])E", symbol)
+            name = (f"cluster_forward_kernel ({'bf16' if 'bfloat16' in symbol else 'fp16'}, "
+                    f"{'st.async' if sync and sync.group(1) == '1' else 'barrier'})"
+                    if "cluster_forward_kernel" in symbol else None)
+            run = 0
+            if name:
+                most[name] = 0
+            continue
+        if name is None:
+            continue
+        if "LDG" in line:
+            run += 1
+        elif re.search(r"\b(STG|STAS|STS|ST)\b", line):
+            run = 0
+        elif "SYNCS.PHASECHK" in line or "UCGABAR_WAIT" in line:
+            most[name] = max(most[name], run)
+    return most
+
+
 def main() -> int:
     depth = constant(HEADER, "kLoadDepth")
     chains = constant(DEVICE, "kChains")
     with tempfile.TemporaryDirectory() as tmp:
         runs = measures(disassemble(Path(tmp)))
+        ahead = cluster_loads_ahead(disassemble(Path(tmp), CLUSTER_SOURCE))
     if len(runs) != 2 * len(KERNELS):
         print(f"FAIL {SOURCE}: expected {2 * len(KERNELS)} kernels in the cubin, found {sorted(runs)}")
         return 1
@@ -137,6 +172,15 @@ def main() -> int:
             ok = got >= want
             status |= not ok
             print(f"{'OK  ' if ok else 'FAIL'} {name}: {got} {what}, want >= {want}")
+    if len(ahead) != 4:
+        print(f"FAIL {CLUSTER_SOURCE}: expected 4 forward kernels in the cubin, found {sorted(ahead)}")
+        return 1
+    want = FINISH_LOADS["tc_forward_kernel"]
+    for name, got in sorted(ahead.items()):
+        ok = got >= want
+        status |= not ok
+        print(f"{'OK  ' if ok else 'FAIL'} {name}: {got} loads of the next step's cells between the "
+              f"step's last store and its wait, want >= {want}")
     return status
 
 

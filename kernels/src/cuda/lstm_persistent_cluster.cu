@@ -103,6 +103,13 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   // Every block's copies (and barriers) exist before any block stores into them.
   cluster.sync();
 
+  // Where each warp finishes at most one item a step (the same one every
+  // step), a lane loads what its cells read besides the product (the input
+  // gates, c_{t-1}) for the next step as soon as it has finished this one,
+  // so those loads travel while the block waits for the next h.
+  const bool ahead_of_time = p.slices > 1 || tc::item_count(p) <= tc::kWarps;
+  tc::FwdCells ahead{};
+
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
     const int buf = static_cast<int>(pos % c.copies), next = static_cast<int>((pos + 1) % c.copies);
@@ -114,15 +121,18 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
       // written: the h copies' barrier orders only the lanes that stored.
       if (pos > 0 && p.slices > 1) __syncthreads();
     }
-    forward_step(
-        a, p, block, warp, lane, t, pos, slab, partial, load,
+    forward_step<T>(
+        p, warp, lane, slab, partial,
+        [&](const tc::Item& w) {
+          return ahead_of_time && pos > 0 ? ahead : tc::fwd_cells(a, p, block, w, lane, t, pos, load);
+        },
         [&](const tc::Item& w, int64_t kt, int r) {
           // Columns k, k + 1 of batch row n (k even): one aligned 32-bit
           // word of this block's copy, padding included.
           const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
           return *reinterpret_cast<const uint32_t*>(h + cluster::h_index(c, buf, lo.n, lo.k));
         },
-        [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
+        [&](const tc::Item& w, const tc::FwdCells& in, const float (&acc)[8]) {
           uint32_t mine0 = 0u, mine1 = 0u;  // this lane's two cells' h: rows n0, n0 + 1 of one unit
           tc::fwd_finish(a, in, lane, t, acc, store, [&](int64_t n, int64_t j, T v) {
             if constexpr (kAsync) {
@@ -136,14 +146,17 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
             // The lane 4 up holds the next unit of the same rows: lanes of
             // even groupID store units (j, j + 1) as one word a row.
             const uint32_t up = __shfl_down_sync(0xffffffffu, mine0 | mine1 << 16, 4);
-            if (last || ((lane >> 2) & 1)) return;
-            for (int cell = 0; cell < 2; ++cell) {
+            for (int cell = 0; cell < 2 && !last && !((lane >> 2) & 1); ++cell) {
               if (!in.valid[cell]) continue;
               const uint32_t word = (cell == 0 ? mine0 : mine1) | ((up >> (16 * cell)) & 0xffffu) << 16;
               const uint32_t at = smem_addr(h + cluster::h_index(c, next, in.row[cell], in.unit[cell]));
               const uint32_t at_bar = smem_addr(bar + next);
               for (int rank = 0; rank < blocks; ++rank) store_async(peer(at, rank), word, peer(at_bar, rank));
             }
+          }
+          if (ahead_of_time && !last) {  // c_{t-1} of step pos + 1 is the c this lane just wrote
+            ahead = tc::fwd_cells(a, p, block, w, lane, persistent::step_at(pos + 1, a.steps, a.reverse), pos + 1,
+                                  load);
           }
         });
     if constexpr (!kAsync) {

@@ -58,8 +58,9 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
 
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
-    forward_step(
-        a, p, block, warp, lane, t, pos, slab, partial, load,
+    forward_step<T>(
+        p, warp, lane, slab, partial,
+        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
         [&](const tc::Item& w, int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
           tc::fwd_finish(a, in, lane, t, acc, store);

@@ -176,19 +176,18 @@ __device__ __forceinline__ void item_product(const tc::Item& w, const uint4* sla
   sum_chains(part, acc);
 }
 
-// Step pos (time t) of a forward: the block's product of h_{t-1} (register
-// r of a B fragment: load_b(item, kt, r)) with its weights, then
-// finish(item, cells, acc) of each of its pairs.
-template <typename T, typename CellLoad, typename LoadB, typename Finish>
-__device__ __forceinline__ void forward_step(const PersistentForwardArgs<T>& a,
-                                             const tc::ForwardPlan& p, int64_t block, int warp,
-                                             int lane, int64_t t, int64_t pos, const uint4* slab,
-                                             float* partial, const CellLoad& load, LoadB load_b,
-                                             Finish finish) {
+// Step pos of a forward: the block's product of h_{t-1} (register r of a B
+// fragment: load_b(item, kt, r)) with its weights, then finish(item, cells,
+// acc) of each of its pairs, where cells(item) gives the item's
+// tc::FwdCells of this step.
+template <typename T, typename Cells, typename LoadB, typename Finish>
+__device__ __forceinline__ void forward_step(const tc::ForwardPlan& p, int warp, int lane,
+                                             const uint4* slab, float* partial, Cells cells,
+                                             LoadB load_b, Finish finish) {
   step_product<8>(
       p, warp, partial,
       [&](int64_t slice, int64_t pair, int e) { return tc::partial_index(p, slice, pair, e, lane); },
-      [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
+      cells,
       [&](const tc::Item& w, float (&acc)[8]) {
         item_product<T>(
             w, slab, [&](int64_t kt, int r) { return load_b(w, kt, r); },
