@@ -226,7 +226,23 @@ def _regularised_reference(kind, x, y, K, M, seed):
     from test_pipeline_zoneout import H, L, _item_masks, _model, _reference
 
     T, B = x.shape
-    if kind == "zoneout":  # each sequence alone, step by step (tests/test_pipeline_zoneout.py)
+    if kind == "weight":  # nn.LSTM with each weight_hh times the mask its unit drew from the pass seed
+        from pipeline_models import weight_dropped_model
+        from pipelstm.regularisation import unit_seed, weight_mask
+
+        torch.manual_seed(1)
+        model = weight_dropped_model()
+        emb, lstm, dec = model
+        torch.manual_seed(seed)
+        pass_seed = _C.pipeline.draw_pass_seed()
+        ref = torch.nn.LSTM(lstm.input_size, lstm.hidden_size, lstm.num_layers).double()
+        weights = dict(lstm.named_parameters())
+        for layer in range(lstm.num_layers):  # global units 1 and 2
+            w = weights[f"weight_hh_l{layer}"]
+            weights[f"weight_hh_l{layer}"] = w * weight_mask(w, 0.3, unit_seed(pass_seed, 1 + layer))
+        out, _ = torch.func.functional_call(ref, weights, (emb(x),))
+        logits = dec(out)
+    elif kind == "zoneout":  # each sequence alone, step by step (tests/test_pipeline_zoneout.py)
         model = _model("lstm")
         emb, lstm, dec = model
         torch.manual_seed(seed)
@@ -245,7 +261,7 @@ def _regularised_reference(kind, x, y, K, M, seed):
     return model, loss.detach()
 
 
-@pytest.mark.parametrize("kind", ["zoneout", "variational"])
+@pytest.mark.parametrize("kind", ["zoneout", "variational", "weight"])
 def test_regularised_stages_match_the_float64_reference_with_their_masks(tmp_path, kind):
     # Two processes, a stage each, the LSTM's layers one in each: the loss
     # and every gradient of a training step equal a float64 reference in

@@ -64,7 +64,7 @@ def recorded(monkeypatch):
     drawn = dict(weight=[], sequence=[])
     gen = torch.Generator().manual_seed(7)
 
-    def weight_mask(w, p):
+    def weight_mask(w, p, seed=None):
         m = ((torch.rand(w.shape, generator=gen) >= p).to(w.dtype) / (1 - p)).to(w.device)
         drawn["weight"].append(m)
         return m
@@ -135,6 +135,20 @@ def test_the_masks_drop_p_and_scale_the_rest():
     s = regularisation.sequence_mask(300, 400, 0.6, w)
     assert s.shape == (300, 400) and abs((s == 0).float().mean().item() - 0.6) < 0.01
     assert s.unique().tolist() == pytest.approx([0.0, 1 / 0.4])
+
+
+def test_a_seeded_weight_mask_is_its_seeds_alone():
+    # A pipeline's masks: from the pass seed and the unit's place, not from
+    # torch's generator, so stages in other processes draw them alike.
+    w = torch.ones(300, 400)
+    seeds = [regularisation.unit_seed(12345, u) for u in range(4)]
+    assert len(set(seeds)) == 4 and all(0 <= s < 2**62 for s in seeds)
+    assert regularisation.unit_seed(None, 0) is None
+    state = torch.get_rng_state()
+    a, b = (regularisation.weight_mask(w, 0.3, seeds[1]) for _ in range(2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a, b) and not torch.equal(a, regularisation.weight_mask(w, 0.3, seeds[2]))
+    assert abs((a == 0).float().mean().item() - 0.3) < 0.01 and a.unique().tolist() == pytest.approx([0.0, 1 / 0.7])
 
 
 def test_variational_dropout_is_the_same_at_every_step():
@@ -217,7 +231,7 @@ def test_weight_dropout_through_the_pipeline_is_the_modules(recorded, chunks, mi
     recorded["weight"].clear()
     with pytest.MonkeyPatch.context() as m:
         replay = iter(masks)
-        m.setattr(regularisation, "weight_mask", lambda w, p: next(replay))
+        m.setattr(regularisation, "weight_mask", lambda w, p, seed=None: next(replay))
         want, (want_h, want_c) = plain(x)
     grads = torch.autograd.grad(out.sum() + h.sum(), list(piped.parameters()))
     want_grads = torch.autograd.grad(want.sum() + want_h.sum(), list(plain.parameters()))

@@ -134,15 +134,16 @@ void bind_engine(py::module_& m) {
           [](Engine& e, const at::Tensor& input, const std::vector<OptTensor>& h0,
              const std::vector<OptTensor>& c0, const std::vector<UnitParams>& params,
              int64_t chunks, int64_t micro_batches, bool training, bool keep_for_backward,
-             Checkpoint checkpoint, const OptTensor& target, const OptTensor& batch_sizes) {
+             Checkpoint checkpoint, const OptTensor& target, const OptTensor& batch_sizes,
+             std::optional<uint64_t> pass_seed) {
             py::gil_scoped_release no_gil;
             return e.forward(input, h0, c0, params, chunks, micro_batches, training,
-                             keep_for_backward, checkpoint, target, batch_sizes);
+                             keep_for_backward, checkpoint, target, batch_sizes, pass_seed);
           },
           py::arg("input"), py::arg("h0"), py::arg("c0"), py::arg("params"), py::arg("chunks"),
           py::arg("micro_batches"), py::arg("training"), py::arg("keep_for_backward"),
           py::arg("checkpoint") = Checkpoint::Never, py::arg("target") = std::nullopt,
-          py::arg("batch_sizes") = std::nullopt)
+          py::arg("batch_sizes") = std::nullopt, py::arg("pass_seed") = std::nullopt)
       .def("connect", &Engine::connect, py::arg("prev"), py::arg("next"), py::arg("timeout_s"),
            py::arg("first_stage"), py::arg("first_unit"), py::arg("process"))
       .def("trace", &Engine::trace)

@@ -29,7 +29,8 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
                                      const std::vector<UnitParams>& params, int64_t chunks,
                                      int64_t micro_batches, bool training,
                                      bool keep_for_backward, Checkpoint checkpoint,
-                                     const OptTensor& target, const OptTensor& batch_sizes) {
+                                     const OptTensor& target, const OptTensor& batch_sizes,
+                                     std::optional<uint64_t> pass_seed) {
   const int64_t U = stages_->num_units(), L = stages_->num_lstm_layers();
   TORCH_CHECK(static_cast<int64_t>(params.size()) == U, "pipelstm.Pipeline: expected ", U,
               " parameter lists, got ", params.size());
@@ -60,6 +61,7 @@ std::shared_ptr<Run> Engine::forward(const Tensor& input, const std::vector<OptT
   st->trace = trace_;
   st->grid = std::move(grid);
   st->training = training;
+  st->pass_seed = pass_seed;
   st->kept = keep_for_backward;
   st->index_input = !at::isFloatingType(input.scalar_type());
   st->input_sizes = input.sizes().vec();

@@ -56,6 +56,8 @@ class Engine {
   // output is then the loss, a scalar). batch_sizes: packed input (items.h),
   // a PackedSequence's: input is then its data, [N] or [N, I], the target [N],
   // the states those of the sorted sequences, the output [N, ...].
+  // pass_seed: what the units' masks are drawn from (training); nullopt:
+  // drawn from torch's default CPU generator (draw_pass_seed).
   // Runs the forward pass; raises naming the stage and unit that failed.
   std::shared_ptr<Run> forward(const Tensor& input, const std::vector<OptTensor>& h0,
                                const std::vector<OptTensor>& c0,
@@ -63,7 +65,8 @@ class Engine {
                                int64_t micro_batches, bool training, bool keep_for_backward,
                                Checkpoint checkpoint = Checkpoint::Never,
                                const OptTensor& target = std::nullopt,
-                               const OptTensor& batch_sizes = std::nullopt);
+                               const OptTensor& batch_sizes = std::nullopt,
+                               std::optional<uint64_t> pass_seed = std::nullopt);
 
   // Makes this engine one part of a pipeline over processes: its first
   // stage receives its input (activations) from `prev` and sends back the

@@ -198,7 +198,7 @@ void forward_pass(RunState& st, const Tensor& input, const std::vector<OptTensor
     plan.to = st.links.next.get();
     st.out_sizes.resize(grid.count());
   }
-  const uint64_t pass_seed = st.training ? draw_pass_seed() : 0;
+  const uint64_t pass_seed = !st.training ? 0 : st.pass_seed ? *st.pass_seed : draw_pass_seed();
   // What carries over: each layer's (h, c), from h0_parts to the final states.
   std::vector<Tensor> h_final(L * M), c_final(L * M);
   ForwardShared shared{st, targets, pass_seed, checkpoint, h_final, c_final};

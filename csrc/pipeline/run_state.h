@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "items.h"
@@ -65,6 +66,7 @@ struct RunState {
   std::shared_ptr<TraceLog> trace;
   ItemGrid grid;
   bool training = false;
+  std::optional<uint64_t> pass_seed;  // the caller's, else drawn (training only)
   bool index_input = false;
   double loss_divisor = 1.0;  // the counted targets, for a mean loss
   std::vector<int64_t> input_sizes;

@@ -32,32 +32,50 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask", "zoneout_mask"]
+__all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask", "zoneout_mask", "unit_seed"]
 
 DROPOUT_MODES = ("element", "variational")
 
 
-def _drawn_on_cpu(shape, p: float, below: float, above: float, like: Tensor) -> Tensor:
+def _drawn_on_cpu(shape, p: float, below: float, above: float, like: Tensor, seed: Optional[int] = None) -> Tensor:
     """``below`` with probability ``p``, else ``above``, in ``like``'s dtype:
-    drawn by every intra-op thread (``pipelstm::bernoulli_mask``) from a seed
-    torch's generator draws; torch.rand's Mersenne Twister is serial."""
-    seed = torch.randint(0, 2**62, (), dtype=torch.int64)
+    drawn by every intra-op thread (``pipelstm::bernoulli_mask``) from
+    ``seed``, else from a seed torch's generator draws; torch.rand's
+    Mersenne Twister is serial."""
+    seed = torch.randint(0, 2**62, (), dtype=torch.int64) if seed is None else torch.tensor(seed, dtype=torch.int64)
     return torch.ops.pipelstm.bernoulli_mask(seed, list(shape), p, below, above, like.dtype)
 
 
-def _mask(shape, p: float, like: Tensor) -> Tensor:
+def _mask(shape, p: float, like: Tensor, seed: Optional[int] = None) -> Tensor:
     """0 with probability ``p``, else ``1 / (1 - p)``, in ``like``'s dtype and
-    device. From float32-resolution uniforms compared with ``p`` (a 16-bit
-    uniform would round ``p``)."""
+    device, drawn from ``seed`` or else torch's generator. From
+    float32-resolution uniforms compared with ``p`` (a 16-bit uniform would
+    round ``p``)."""
     if like.device.type == "cpu":
-        return _drawn_on_cpu(shape, p, 0.0, 1.0 / (1.0 - p), like)
-    keep = torch.rand(shape, dtype=torch.float32, device=like.device).ge_(p)
+        return _drawn_on_cpu(shape, p, 0.0, 1.0 / (1.0 - p), like, seed)
+    gen = None if seed is None else torch.Generator(device=like.device).manual_seed(seed)
+    keep = torch.rand(shape, dtype=torch.float32, device=like.device, generator=gen).ge_(p)
     return keep.to(like.dtype).div_(1.0 - p)
 
 
-def weight_mask(weight: Tensor, p: float) -> Tensor:
-    """A DropConnect mask for ``weight``: 0 with probability ``p``, else ``1 / (1 - p)``."""
-    return _mask(weight.shape, p, weight)
+def weight_mask(weight: Tensor, p: float, seed: Optional[int] = None) -> Tensor:
+    """A DropConnect mask for ``weight``: 0 with probability ``p``, else
+    ``1 / (1 - p)``; drawn from ``seed`` (a pipeline's, ``unit_seed``) or
+    else torch's generator."""
+    return _mask(weight.shape, p, weight, seed)
+
+
+def unit_seed(pass_seed: Optional[int], unit: int) -> Optional[int]:
+    """The seed of the weight masks of unit ``unit`` (its index in the whole
+    pipelined model) in a pass drawn from ``pass_seed`` (None: not
+    training): splitmix64 of the two, so that every unit draws its own
+    stream whichever process holds it."""
+    if pass_seed is None:
+        return None
+    z = (pass_seed + 0x9E3779B97F4A7C15 * (unit + 1)) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) % 2**62
 
 
 def sequence_mask(batch: int, features: int, p: float, like: Tensor) -> Tensor:
@@ -138,13 +156,15 @@ class Regularisation:
         p_c, p_h = self.zoneout
         return keep(p_c), keep(p_h)
 
-    def layer_weights(self, weights: List[Optional[Tensor]], training: bool) -> List[Optional[Tensor]]:
+    def layer_weights(self, weights: List[Optional[Tensor]], training: bool,
+                      seed: Optional[int] = None) -> List[Optional[Tensor]]:
         """``[w_ih, w_hh, b_ih, b_hh, w_hr]`` of one layer and direction for
-        this call: ``w_hh`` dropped while training with ``weight_dropout``."""
+        this call: ``w_hh`` dropped while training with ``weight_dropout``
+        (its mask drawn from ``seed``, else torch's generator)."""
         if not training or self.weight_dropout == 0.0:
             return weights
         w_ih, w_hh, *rest = weights
-        return [w_ih, w_hh * weight_mask(w_hh, self.weight_dropout), *rest]
+        return [w_ih, w_hh * weight_mask(w_hh, self.weight_dropout, seed), *rest]
 
     def between_layers(self, x: Tensor, p: float, training: bool, batch_sizes: Optional[Tensor] = None) -> Tensor:
         """The dropout between two layers on ``x``, time-major ``[T, B, F]``

@@ -25,12 +25,12 @@ class _PipelineFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, core, layout, training: bool, target: Optional[Tensor], input: Tensor,
                 *tensors: Optional[Tensor]):
-        L, unit_counts, batch_sizes = layout
+        L, unit_counts, batch_sizes, pass_seed = layout
         h0, c0 = list(tensors[:L]), list(tensors[L : 2 * L])
         params = _unflatten(tensors[2 * L :], unit_counts)
         run = core.engine.forward(
             input, h0, c0, params, core.chunks, core.micro_batches, training, True,
-            getattr(_engine.Checkpoint, core.checkpoint), target, batch_sizes,
+            getattr(_engine.Checkpoint, core.checkpoint), target, batch_sizes, pass_seed,
         )
         core.saved_activation_bytes = run.saved_bytes
         ctx.run, ctx.layout = run, layout
@@ -44,7 +44,7 @@ class _PipelineFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *grad_states):
-        L, unit_counts, _ = ctx.layout
+        L, unit_counts = ctx.layout[:2]
         run = ctx.run  # frees its saved activations as it goes; a second backward raises
         grad_input, gh0, gc0, gparams = run.backward(
             grad_output, list(grad_states[:L]), list(grad_states[L:])

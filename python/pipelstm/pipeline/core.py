@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from ..regularisation import unit_seed
 from ..timeline import write_timeline
 from .autograd import _PipelineFunction, _unflatten
 from .balance import resolve_balance
@@ -262,7 +263,13 @@ class PipelineCore:
             tells what a forward with grad kept.
         """
         L = len(h0)
-        params = [u.params_for_call(training) for u in self.units] + ([[]] if target is not None else [])
+        # One seed a pass for every mask the pass draws, the engine's units'
+        # and the weights' alike, each unit's from its place in the whole
+        # model: ranks seeded alike draw the masks one process would.
+        pass_seed = _engine.draw_pass_seed() if training else None
+        first_unit = self._links[4] if self._links is not None else 0
+        params = [u.params_for_call(training, unit_seed(pass_seed, first_unit + i))
+                  for i, u in enumerate(self.units)] + ([[]] if target is not None else [])
         unit_counts = [tuple(p is not None for p in ps) for ps in params]
         flat = [p for ps in params for p in ps if p is not None]
         needs_grad = torch.is_grad_enabled() and (
@@ -270,10 +277,12 @@ class PipelineCore:
             or any(t is not None and t.requires_grad for t in list(h0) + list(c0))
         )
         if needs_grad:
-            outs = _PipelineFunction.apply(self, (L, unit_counts, batch_sizes), training, target, x, *h0, *c0, *flat)
+            outs = _PipelineFunction.apply(self, (L, unit_counts, batch_sizes, pass_seed), training, target, x, *h0,
+                                           *c0, *flat)
             return outs[0], list(outs[1 : 1 + L]), list(outs[1 + L :])
         run = self._engine.forward(x, list(h0), list(c0), _unflatten(flat, unit_counts), self.chunks,
-                                   self.micro_batches, training, False, _engine.Checkpoint.never, target, batch_sizes)
+                                   self.micro_batches, training, False, _engine.Checkpoint.never, target, batch_sizes,
+                                   pass_seed)
         output, h_n, c_n = run.take_outputs()
         return output, list(h_n), list(c_n)
 

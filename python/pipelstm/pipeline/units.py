@@ -82,16 +82,16 @@ class Unit:
         """The parameter slots, looked up on the module by name each call."""
         return [None if n is None else getattr(self.module, n) for n in self.param_names]
 
-    def params_for_call(self, training: bool) -> List[Optional[Tensor]]:
+    def params_for_call(self, training: bool, seed: Optional[int] = None) -> List[Optional[Tensor]]:
         """The slots a pass computes with: ``params()``, with an LSTM layer's
         ``weight_hh`` dropped while training where its module asks for
-        ``weight_dropout`` (one mask per pass, as the module's own call
-        draws one per call; ``pipelstm.regularisation``)."""
+        ``weight_dropout`` (one mask per pass, drawn from ``seed``, as the
+        module's own call draws one per call; ``pipelstm.regularisation``)."""
         ps = self.params()
         regularisation = getattr(self.module, "_regularisation", None)
         if self.kind not in LSTM_KINDS or regularisation is None:
             return ps
-        return regularisation.layer_weights(ps, training)
+        return regularisation.layer_weights(ps, training, seed)
 
     def num_params(self) -> int:
         """The number of parameter elements of the unit."""
