@@ -95,6 +95,13 @@ if want tc; then
     >"$OUT/persistent_tc.log" 2>&1
   note "persistent tensor-core kernels: rc=$? ($((SECONDS - start)) s): $(tail -1 "$OUT/persistent_tc.log")"
   grep -E "^FAIL|us a forward step" "$OUT/persistent_tc.log" | head -30 | tee -a "$summary"
+  # Their microseconds a step as a result file (bench persistent_steps),
+  # where the extension is built here (the build step before this one).
+  if "$PY" -c "import pipelstm" 2>/dev/null; then
+    "$PY" -m pipelstm.bench persistent_steps --log "$OUT/persistent_tc/check.log" \
+      --json "$OUT/persistent_steps.json" >"$OUT/persistent_steps.log" 2>&1
+    note "bench persistent_steps: rc=$? ($OUT/persistent_steps.json)"
+  fi
 fi
 
 if want bench; then

@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 from . import (allocators, cluster, cpu_paths, distributed, docs, floors, gpu, grid, layer, layernorm, layout, lm, module,
-               packed, peak, pipeline, pipelining_peer, regularisation, simulator, wavefront)
+               packed, peak, persistent_steps, pipeline, pipelining_peer, regularisation, simulator, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
@@ -29,6 +29,7 @@ COMMANDS = {
     "layernorm": (layernorm.main, "LayerNormLSTM against pipelstm.LSTM and a LayerNorm cell loop"),
     "allocators": (allocators.main, "the CPU buffer cache against jemalloc and tcmalloc, on a training step"),
     "gpu": (gpu.main, "pipelstm.LSTM against nn.LSTM (cuDNN) over a GPU grid"),
+    "persistent_steps": (persistent_steps.main, "the persistent kernels' own µs a step, from their GPU check's log"),
     "floors": (floors.main, "lower bounds for a GPU run, on paper"),
     "cluster": (cluster.main, "predicted scaling on H100 clusters, on paper (the simulator)"),
     "docs": (docs.main, "the benchmark tables of the docs, from the JSON results (--check: compare)"),
