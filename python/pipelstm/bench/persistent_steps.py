@@ -120,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                    rows=summarize(rows))]
     report.print_tables(tables)
     notes = ["Each time is the median of 23 launches at T = 100 after 3 warm-ups, CUDA events around each launch "
-             "(kernels/tests/persistent_tc_gpu_check.cu), over T. blocks: the cluster's (default: the smallest that "
+             "(kernels/tests/persistent_tc_gpu_check.cu), divided by T. blocks: the cluster's (default: the smallest that "
              "fits); grid: the grid kernels' own. No time: the kernel does not fit the shape."]
     report.write_json(args.json, meta, COLUMNS, rows, tables=tables, notes=notes)
     return rows
