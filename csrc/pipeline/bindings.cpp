@@ -211,6 +211,10 @@ void bind_schedule(py::module_& m) {
 
   m.def("draw_pass_seed", &draw_pass_seed,
         "-> a training pass's seed: one draw from the default CPU generator, as every pass takes it (units.h)");
+  m.def("dropout_seed", &dropout_seed, py::arg("pass_seed"), py::arg("unit"), py::arg("micro_batch"),
+        py::arg("chunk"),
+        "-> the seed of unit `unit`'s masks for item (micro_batch, chunk) of a pass (units.h); -1 for both: "
+        "the unit's once a pass (its weight masks)");
   m.def(
       "zoneout_masks",
       [](uint64_t pass_seed, int64_t unit, int64_t micro_batch, int64_t chunk, int64_t rows, int64_t H,

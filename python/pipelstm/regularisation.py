@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _C
+
 __all__ = ["DROPOUT_MODES", "Regularisation", "weight_mask", "sequence_mask", "zoneout_mask", "unit_seed"]
 
 DROPOUT_MODES = ("element", "variational")
@@ -68,14 +70,12 @@ def weight_mask(weight: Tensor, p: float, seed: Optional[int] = None) -> Tensor:
 def unit_seed(pass_seed: Optional[int], unit: int) -> Optional[int]:
     """The seed of the weight masks of unit ``unit`` (its index in the whole
     pipelined model) in a pass drawn from ``pass_seed`` (None: not
-    training): splitmix64 of the two, so that every unit draws its own
-    stream whichever process holds it."""
+    training): the engine's seed of that unit's masks once a pass (item
+    (-1, -1), which no item is), so that every unit draws its own stream
+    whichever process holds it; within 62 bits, a seed tensor's range."""
     if pass_seed is None:
         return None
-    z = (pass_seed + 0x9E3779B97F4A7C15 * (unit + 1)) % 2**64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-    return (z ^ (z >> 31)) % 2**62
+    return _C.pipeline.dropout_seed(pass_seed, unit, -1, -1) % 2**62
 
 
 def sequence_mask(batch: int, features: int, p: float, like: Tensor) -> Tensor:
