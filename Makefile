@@ -45,7 +45,9 @@ indexing-harness:
 pytest-host-streams: build
 	PIPELSTM_HOST_COPY_STREAM=300 $(PY) -m pytest -q tests/test_pipeline*.py tests/test_lstm_devices.py
 
-test: pytest pytest-host-streams check-cuda indexing-harness test-cuda-build test-wheel
+# The wheel's check runs before the CUDA build's and removes its environment,
+# so the two never take disk space at once (about 6 GB for .venv-cuda).
+test: pytest pytest-host-streams check-cuda indexing-harness test-wheel test-cuda-build
 
 # ASan + UBSan over the C++ core, running the op, fuzz and pipeline tests
 # (not part of `make test`: see docs/testing.md for its last result).

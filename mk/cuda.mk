@@ -18,9 +18,12 @@ CUDA_BUILD_DIR ?= build/cmake-cuda
 
 .PHONY: test-cuda-build cuda-venv cuda-build
 
+# --no-cache-dir: torch's CUDA wheels (about 3 GB) are not kept a second time
+# in pip's cache beside the 6 GB they unpack to.
 $(VENV_CUDA)/.deps: requirements-cuda.txt
+	@df -h . | awk 'NR == 2 {print "disk free before $(VENV_CUDA) (about 6 GB): " $$4}'
 	$(PYTHON) -m venv $(VENV_CUDA)
-	$(PY_CUDA) -m pip install --quiet -r requirements-cuda.txt
+	$(PY_CUDA) -m pip install --quiet --no-cache-dir -r requirements-cuda.txt
 	touch $@
 
 cuda-venv: $(VENV_CUDA)/.deps

@@ -7,7 +7,9 @@
 # cache or the configured index, not from .venv), where pipelstm must import
 # from that environment and match nn.LSTM forward and backward
 # (tests/scripts/wheel_check.py). About a minute on 2 cores with torch from
-# a local wheel, most of it installing torch.
+# a local wheel, most of it installing torch. The environment (about 1 GB) is
+# removed once the check passes, so `make test` never holds it beside
+# .venv-cuda; a failed check leaves it in place to look into.
 #
 # WHEEL_DIR and WHEEL_VENV override the folders (both under build/).
 
@@ -29,3 +31,4 @@ test-wheel: wheel
 	$(WHEEL_VENV)/bin/python -m pip install --quiet $(WHEEL_DIR)/pipelstm-*.whl \
 	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	cd $(WHEEL_VENV) && bin/python $(CURDIR)/tests/scripts/wheel_check.py
+	rm -rf $(WHEEL_VENV)
