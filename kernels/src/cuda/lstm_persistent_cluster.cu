@@ -69,19 +69,16 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   constexpr bool kAsync = kSync == cluster::Sync::kAsyncStores;
   extern __shared__ uint4 smem[];
   const tc::ForwardPlan& p = c.tiles;
-  uint4* slab = smem;                                                   // weights, fragment order
-  float* partial = reinterpret_cast<float*>(smem + tc::slab_slots(p));  // K-slice sums
+  cg::cluster_group cluster = cg::this_cluster();
+  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, tc::slab_slots(p),
+                              [&](int64_t block, int64_t slot, int i) {
+                                return tc::fwd_slab_source(p, block, slot, i);
+                              });
   auto* h = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::h_copies_offset(c));
   auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(smem) + cluster::barriers_offset(c));
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t block = cluster.block_rank();
   const int blocks = static_cast<int>(cluster.num_blocks());
-  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
   const Load<T> load;
   const Store<T> store;
-
-  stage_slab(slab, a.w_hh, tc::slab_slots(p),
-             [&](int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
   // Every copy's padding is zero for good (no block writes there but
   // zeros); copy 0 starts as h_{-1}, the h the first step reads (h0, or the
   // state a reverse direction starts from).
@@ -122,19 +119,19 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
       if (pos > 0 && p.slices > 1) __syncthreads();
     }
     forward_step<T>(
-        p, warp, lane, slab, partial,
+        p, b,
         [&](const tc::Item& w) {
-          return ahead_of_time && pos > 0 ? ahead : tc::fwd_cells(a, p, block, w, lane, t, pos, load);
+          return ahead_of_time && pos > 0 ? ahead : tc::fwd_cells(a, p, b.index, w, b.lane, t, pos, load);
         },
         [&](const tc::Item& w, int64_t kt, int r) {
           // Columns k, k + 1 of batch row n (k even): one aligned 32-bit
           // word of this block's copy, padding included.
-          const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+          const tc::BSource lo = tc::fwd_b_source(p, w.n_tile, kt, b.lane, 2 * r);
           return *reinterpret_cast<const uint32_t*>(h + cluster::h_index(c, buf, lo.n, lo.k));
         },
         [&](const tc::Item& w, const tc::FwdCells& in, const float (&acc)[8]) {
           uint32_t mine0 = 0u, mine1 = 0u;  // this lane's two cells' h: rows n0, n0 + 1 of one unit
-          tc::fwd_finish(a, in, lane, t, acc, store, [&](int64_t n, int64_t j, T v) {
+          tc::fwd_finish(a, in, b.lane, t, acc, store, [&](int64_t n, int64_t j, T v) {
             if constexpr (kAsync) {
               (n == in.row[0] ? mine0 : mine1) = bits(v);
             } else if (!last) {
@@ -146,7 +143,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
             // The lane 4 up holds the next unit of the same rows: lanes of
             // even groupID store units (j, j + 1) as one word a row.
             const uint32_t up = __shfl_down_sync(0xffffffffu, mine0 | mine1 << 16, 4);
-            for (int cell = 0; cell < 2 && !last && !((lane >> 2) & 1); ++cell) {
+            for (int cell = 0; cell < 2 && !last && !((b.lane >> 2) & 1); ++cell) {
               if (!in.valid[cell]) continue;
               const uint32_t word = (cell == 0 ? mine0 : mine1) | ((up >> (16 * cell)) & 0xffffu) << 16;
               const uint32_t at = smem_addr(h + cluster::h_index(c, next, in.row[cell], in.unit[cell]));
@@ -155,7 +152,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
             }
           }
           if (ahead_of_time && !last) {  // c_{t-1} of step pos + 1 is the c this lane just wrote
-            ahead = tc::fwd_cells(a, p, block, w, lane, persistent::step_at(pos + 1, a.steps, a.reverse), pos + 1,
+            ahead = tc::fwd_cells(a, p, b.index, w, b.lane, persistent::step_at(pos + 1, a.steps, a.reverse), pos + 1,
                                   load);
           }
         });
@@ -184,18 +181,15 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 smem[];
   const tc::BackwardPlan& p = c.tiles;
-  uint4* slab = smem;
-  float* partial = reinterpret_cast<float*>(smem + tc::bwd_slab_slots(p));
-  auto* g = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::copies_offset(c));
   cg::cluster_group cluster = cg::this_cluster();
-  const int64_t block = cluster.block_rank();
+  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, tc::bwd_slab_slots(p),
+                              [&](int64_t block, int64_t slot, int i) {
+                                return tc::bwd_slab_source(p, block, slot, i);
+                              });
+  auto* g = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::copies_offset(c));
   const int blocks = static_cast<int>(cluster.num_blocks());
-  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
   const Load<T> load;
   const Store<T> store;
-
-  stage_slab(slab, a.w_hh, tc::bwd_slab_slots(p),
-             [&](int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
   const int64_t copy = cluster::copy_halves(c);
   for (int64_t i = threadIdx.x; i < 2 * copy; i += tc::kThreads) {  // the padding: zero for good
     const int64_t n = (i % copy) / c.stride, k = (i % copy) % c.stride;
@@ -216,9 +210,9 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   // Position pos stores its grad_gates into copy pos & 1 and reads the
   // product's from copy (pos + 1) & 1, which the position before filled.
   backward_positions(
-      a, p, block, warp, lane, slab, partial, load, store,
+      a, p, b, load, store,
       [&](int64_t pos, const tc::Item& w, int64_t kt, int r) {
-        const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, lane, 2 * r);
+        const tc::BSource lo = tc::bwd_b_source(p, w.n_tile, kt, b.lane, 2 * r);
         const int read = static_cast<int>((pos + 1) & 1);
         return *reinterpret_cast<const uint32_t*>(g + cluster::gates_index(c, read, lo.n, lo.k));
       },

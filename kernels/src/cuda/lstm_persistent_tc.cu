@@ -45,25 +45,20 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     tc_forward_kernel(const PersistentForwardArgs<T> a, const tc::ForwardPlan p,
                       const bool paired) {
   extern __shared__ uint4 smem[];
-  uint4* slab = smem;                                                   // weights, fragment order
-  float* partial = reinterpret_cast<float*>(smem + tc::slab_slots(p));  // K-slice sums
+  const Block b = start_block(blockIdx.x, smem, a.w_hh, tc::slab_slots(p),
+                              [&](int64_t block, int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
   cg::grid_group grid = cg::this_grid();
-  const int64_t block = blockIdx.x;
-  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
   const Load<T> load;
   const Store<T> store;
-
-  stage_slab(slab, a.w_hh, tc::slab_slots(p),
-             [&](int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
 
   for (int64_t pos = 0; pos < a.steps; ++pos) {
     const int64_t t = persistent::step_at(pos, a.steps, a.reverse);
     forward_step<T>(
-        p, warp, lane, slab, partial,
-        [&](const tc::Item& w) { return tc::fwd_cells(a, p, block, w, lane, t, pos, load); },
-        [&](const tc::Item& w, int64_t kt, int r) { return load_b(a, p, pos, w, kt, lane, r, paired); },
+        p, b,
+        [&](const tc::Item& w) { return tc::fwd_cells(a, p, b.index, w, b.lane, t, pos, load); },
+        [&](const tc::Item& w, int64_t kt, int r) { return load_b(a, p, pos, w, kt, b.lane, r, paired); },
         [&](const tc::Item&, const tc::FwdCells& in, const float (&acc)[8]) {
-          tc::fwd_finish(a, in, lane, t, acc, store);
+          tc::fwd_finish(a, in, b.lane, t, acc, store);
         });
     // h_t and c_t of every unit are visible to every block before step
     // pos + 1; the barrier also orders this step's reads of `partial` before
@@ -96,21 +91,16 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     tc_backward_kernel(const PersistentBackwardArgs<T> a, const tc::BackwardPlan p,
                        const bool paired) {
   extern __shared__ uint4 smem[];
-  uint4* slab = smem;
-  float* partial = reinterpret_cast<float*>(smem + tc::bwd_slab_slots(p));
+  const Block b = start_block(blockIdx.x, smem, a.w_hh, tc::bwd_slab_slots(p),
+                              [&](int64_t block, int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
   cg::grid_group grid = cg::this_grid();
-  const int64_t block = blockIdx.x;
-  const int lane = threadIdx.x % tc::kLanes, warp = threadIdx.x / tc::kLanes;
   const Load<T> load;
   const Store<T> store;
 
-  stage_slab(slab, a.w_hh, tc::bwd_slab_slots(p),
-             [&](int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
-
   backward_positions(
-      a, p, block, warp, lane, slab, partial, load, store,
+      a, p, b, load, store,
       [&](int64_t pos, const tc::Item& w, int64_t kt, int r) {
-        return load_bwd_b(a, p, pos, w, kt, lane, r, paired);
+        return load_bwd_b(a, p, pos, w, kt, b.lane, r, paired);
       },
       [&](int64_t pos, int64_t t, const tc::BwdCells& in, const float (&acc)[4]) {
         tc::bwd_finish(a, in, t, pos, acc, store);

@@ -73,6 +73,28 @@ __device__ __forceinline__ void stage_slab(uint4* slab, const T* w_hh, int64_t s
   __syncthreads();
 }
 
+// What a block of a persistent tensor-core kernel works from: its place in
+// the grid or cluster, its slab of w_hh in shared memory, the K-slice sums
+// after the slab, and this thread's warp and lane.
+struct Block {
+  int64_t index;
+  const uint4* slab;
+  float* partial;
+  int warp;
+  int lane;
+};
+
+// Stages block `index`'s weights into the first `slots` slots of `smem`
+// (stage_slab, source(index, slot, i)) and gives the Block that works from
+// them.
+template <typename T, typename Source>
+__device__ __forceinline__ Block start_block(int64_t index, uint4* smem, const T* w_hh, int64_t slots,
+                                             Source source) {
+  stage_slab(smem, w_hh, slots, [&](int64_t slot, int i) { return source(index, slot, i); });
+  return {index, smem, reinterpret_cast<float*>(smem + slots), static_cast<int>(threadIdx.x / tc::kLanes),
+          static_cast<int>(threadIdx.x % tc::kLanes)};
+}
+
 // One step's product of a block, either direction: warp `warp` runs items
 // warp, warp + kWarps, ... (a pair's K slice each); product(item, acc) adds
 // the slice's mma tiles into the N accumulators of this lane. With one slice
@@ -181,17 +203,16 @@ __device__ __forceinline__ void item_product(const tc::Item& w, const uint4* sla
 // acc) of each of its pairs, where cells(item) gives the item's
 // tc::FwdCells of this step.
 template <typename T, typename Cells, typename LoadB, typename Finish>
-__device__ __forceinline__ void forward_step(const tc::ForwardPlan& p, int warp, int lane,
-                                             const uint4* slab, float* partial, Cells cells,
+__device__ __forceinline__ void forward_step(const tc::ForwardPlan& p, const Block& b, Cells cells,
                                              LoadB load_b, Finish finish) {
   step_product<8>(
-      p, warp, partial,
-      [&](int64_t slice, int64_t pair, int e) { return tc::partial_index(p, slice, pair, e, lane); },
+      p, b.warp, b.partial,
+      [&](int64_t slice, int64_t pair, int e) { return tc::partial_index(p, slice, pair, e, b.lane); },
       cells,
       [&](const tc::Item& w, float (&acc)[8]) {
         item_product<T>(
-            w, slab, [&](int64_t kt, int r) { return load_b(w, kt, r); },
-            [&](int64_t kt, int m) { return tc::slab_slot(p, w.tau, kt, m, lane); }, acc);
+            w, b.slab, [&](int64_t kt, int r) { return load_b(w, kt, r); },
+            [&](int64_t kt, int m) { return tc::slab_slot(p, w.tau, kt, m, b.lane); }, acc);
       },
       finish);
 }
@@ -204,38 +225,37 @@ __device__ __forceinline__ void forward_step(const tc::ForwardPlan& p, int warp,
 template <typename T, typename CellLoad, typename CellStore, typename LoadB, typename Finish,
           typename Sync>
 __device__ __forceinline__ void backward_positions(const PersistentBackwardArgs<T>& a,
-                                                   const tc::BackwardPlan& p, int64_t block,
-                                                   int warp, int lane, const uint4* slab,
-                                                   float* partial, const CellLoad& load,
+                                                   const tc::BackwardPlan& p, const Block& b,
+                                                   const CellLoad& load,
                                                    const CellStore& store, LoadB load_b,
                                                    Finish finish, Sync sync) {
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {
     const int64_t t = pos < 0 ? -1 : persistent::step_at(pos, a.steps, a.reverse);
     if (pos == a.steps - 1) {  // no product yet: grad_h_n is the recurrent gradient
-      for (int64_t pair = warp; pair < p.pairs; pair += tc::kWarps) {
+      for (int64_t pair = b.warp; pair < p.pairs; pair += tc::kWarps) {
         const float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const tc::BwdCells in = tc::bwd_cells(a, p, block, tc::item_at(p, pair), lane, t, pos, load);
+        const tc::BwdCells in = tc::bwd_cells(a, p, b.index, tc::item_at(p, pair), b.lane, t, pos, load);
         finish(pos, t, in, acc);
       }
       sync();
       continue;
     }
     step_product<4>(
-        p, warp, partial,
+        p, b.warp, b.partial,
         [&](int64_t slice, int64_t pair, int e) {
-          return tc::bwd_partial_index(p, slice, pair, e, lane);
+          return tc::bwd_partial_index(p, slice, pair, e, b.lane);
         },
         [&](const tc::Item& w) {  // the grad_h0 phase (pos -1) finishes no cell
-          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, block, w, lane, t, pos, load);
+          return pos < 0 ? tc::BwdCells{} : tc::bwd_cells(a, p, b.index, w, b.lane, t, pos, load);
         },
         [&](const tc::Item& w, float (&acc)[4]) {
           item_product<T>(
-              w, slab, [&](int64_t kt, int r) { return load_b(pos, w, kt, r); },
-              [&](int64_t kt, int) { return tc::bwd_slab_slot(p, w.tau, kt, lane); }, acc);
+              w, b.slab, [&](int64_t kt, int r) { return load_b(pos, w, kt, r); },
+              [&](int64_t kt, int) { return tc::bwd_slab_slot(p, w.tau, kt, b.lane); }, acc);
         },
         [&](const tc::Item& w, const tc::BwdCells& in, const float (&acc)[4]) {
           if (pos >= 0) finish(pos, t, in, acc);
-          else tc::bwd_write_h0(a, p, block, w, lane, acc, store);
+          else tc::bwd_write_h0(a, p, b.index, w, b.lane, acc, store);
         });
     if (pos >= 0) sync();  // this position's grad_gates before the next product
   }
