@@ -3,7 +3,9 @@
 # every kernels/src/cuda/*.cu for sm_80 and sm_90 with all warnings as errors,
 # the GPU check programs kernels/tests/*_gpu_check.cu likewise, the public
 # CUDA headers through the plain host compiler, and the persistent kernels'
-# sm_90 machine code (tools/check_sass.py; $PYTHON runs it).
+# sm_90 machine code (tools/check_sass.py; $PYTHON runs it). The
+# compilations and the machine-code check run MAX_JOBS at a time (default 2);
+# each one's result is printed in order once all are done.
 # Run from the repository root.
 set -euo pipefail
 
@@ -20,19 +22,44 @@ flags=(-std=c++17 -O3
        -I kernels/include)
 
 status=0
+jobs=()  # "name|log|rc file" of each background job, in start order
 
-# Compiles one .cu file (extra nvcc flags after it); reports OK or FAIL
-# with the compiler's messages.
-compile() {
-  local src="$1" start=$SECONDS
+# Runs "$@" in the background (at most MAX_JOBS at once), its output in a log
+# of its own, printed by finish_jobs.
+start_job() {
+  local name="$1" n=${#jobs[@]}
   shift
-  if "$NVCC" "${flags[@]}" "$@" -c "$src" -o "$tmp/$(basename "$src" .cu).o" 2>"$tmp/log"; then
-    echo "OK   $src ($((SECONDS - start))s)"
-  else
-    cat "$tmp/log" >&2
-    echo "FAIL $src"
-    status=1
-  fi
+  while (( $(jobs -rp | wc -l) >= ${MAX_JOBS:-2} )); do wait -n || true; done
+  ( local start=$SECONDS
+    if "$@" >"$tmp/job$n.log" 2>&1; then echo "0 $((SECONDS - start))"; else echo "1 $((SECONDS - start))"; fi
+  ) >"$tmp/job$n.rc" &
+  jobs+=("$name|$tmp/job$n.log|$tmp/job$n.rc")
+}
+
+# Waits for every job; prints each compilation's OK/FAIL (with its log on a
+# failure) and the machine-code check's own lines.
+finish_jobs() {
+  wait
+  local job name log rc seconds
+  for job in "${jobs[@]}"; do
+    IFS="|" read -r name log rc <<<"$job"
+    read -r rc seconds <"$rc"
+    if [[ "$name" == "sass" ]]; then
+      cat "$log"
+    elif [[ "$rc" == 0 ]]; then
+      echo "OK   $name (${seconds}s)"
+    else
+      cat "$log" >&2
+      echo "FAIL $name"
+    fi
+    [[ "$rc" == 0 ]] || status=1
+  done
+}
+
+compile() {
+  local src="$1"
+  shift
+  start_job "$src" "$NVCC" "${flags[@]}" "$@" -c "$src" -o "$tmp/$(basename "$src" .cu).o"
 }
 
 shopt -s nullglob
@@ -41,16 +68,18 @@ if [[ ${#sources[@]} -eq 0 ]]; then
   echo "FAIL no .cu files under kernels/src/cuda" >&2
   exit 1
 fi
+# The persistent kernels' loads, in their sm_90 machine code (it compiles
+# them itself); the longest compilation first.
+start_job sass "${PYTHON:-python3}" tools/check_sass.py
 for src in "${sources[@]}"; do
   compile "$src"
 done
 
-# The GPU check programs (run on a GPU machine) must build too.
 for src in kernels/tests/*_gpu_check.cu; do
   compile "$src" -I kernels/tests
 done
+finish_jobs
 
-# The CUDA entry-point headers must stay usable from g++-compiled sources.
 for hdr in kernels/include/pipelstm/kernels/*_cuda.h; do
 if echo "#include \"${hdr#kernels/include/}\"" |
    "$CXX" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I kernels/include \
@@ -73,6 +102,4 @@ else
   echo "OK   no cudaGetDeviceProperties in kernels/src/cuda"
 fi
 
-# The persistent tensor-core kernels' loads, in their sm_90 machine code.
-"${PYTHON:-python3}" tools/check_sass.py || status=1
 exit $status
