@@ -8,7 +8,8 @@
 #   make cuda-venv          only the environment (.venv-cuda)
 #   make cuda-build         only the build, installed into it
 #
-# VENV_CUDA, CUDA_BUILD_DIR and TORCH_CUDA_ARCH_LIST override the defaults.
+# VENV_CUDA, CUDA_BUILD_DIR and TORCH_CUDA_ARCH_LIST (default here
+# CUDA_TEST_ARCHS) override the defaults.
 
 PYTHON ?= python3
 VENV_CUDA ?= .venv-cuda
@@ -30,7 +31,12 @@ cuda-venv: $(VENV_CUDA)/.deps
 
 # Installed, not editable: the CPU build's in-place python/pipelstm/_C*.so
 # is never on this environment's path, nor this build on the CPU one's.
+# Machine code for sm_80 and sm_90 (the two the kernels' code differs on)
+# and PTX, not the default list's sm_86 and sm_89 as well: nothing here
+# runs it, and each architecture is another compilation of every kernel.
+CUDA_TEST_ARCHS ?= 8.0;9.0+PTX
 cuda-build: $(VENV_CUDA)/.deps
+	TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-$(CUDA_TEST_ARCHS)}" \
 	PIPELSTM_CUDA=on PIPELSTM_BUILD_DIR=$(CUDA_BUILD_DIR) \
 	  $(PY_CUDA) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
 
