@@ -46,7 +46,7 @@ pytest-host-streams: build
 	PIPELSTM_HOST_COPY_STREAM=300 $(PY) -m pytest -q tests/test_pipeline*.py tests/test_lstm_devices.py
 
 # The wheel's check runs before the CUDA build's and removes its environment,
-# so the two never take disk space at once (about 6 GB for .venv-cuda).
+# so the two never take disk space at once (.venv-cuda is about 6 GB).
 test: pytest pytest-host-streams check-cuda indexing-harness test-wheel test-cuda-build
 
 # ASan + UBSan over the C++ core, running the op, fuzz and pipeline tests
