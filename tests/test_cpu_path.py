@@ -128,6 +128,30 @@ def test_the_forward_times_its_input_projection_in_the_steps_where_it_fits(monke
     _C._cpu_forget_chosen_paths()
 
 
+# (I = H, rows a step) -> whether the AVX-512 build's default forward runs its
+# input projection inside the steps, per GEMM: beside MKL's only small
+# weights with 16 rows or more (measured on an Ice Lake), beside its own
+# from 4 rows with weights up to 1 MiB.
+DEFAULT_IN_STEPS = {
+    "aten": {(64, 32): True, (96, 16): True, (64, 8): False, (128, 32): False},
+    "own": {(64, 8): True, (128, 32): True, (64, 2): False},
+}
+
+
+def test_the_default_runs_the_input_projection_in_the_steps_where_it_was_measured_to_pay(monkeypatch):
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "0")
+    if cpu.current_isa() != "avx512":
+        pytest.skip("only the AVX-512 build runs the projection in its steps by default")
+    for (H, B), in_steps in DEFAULT_IN_STEPS[cpu.current_gemm()].items():
+        w, x, h0, c0 = _case(T=5, B=B, I=H, H=H, seed=H + B)
+        out = {}
+        for switch in ("1", "0", "auto"):
+            monkeypatch.setenv("PIPELSTM_INPUT_IN_STEPS", switch)
+            out[switch] = forward(x, h0, c0, *_args(w), False)[0]
+        assert not torch.equal(out["1"], out["0"]), ("both forms gave the same bits", H, B)
+        assert torch.equal(out["auto"], out["1" if in_steps else "0"]), (H, B, cpu.current_gemm(), in_steps)
+
+
 def test_the_backward_is_chosen_apart_and_matches_float64(monkeypatch):
     _skip_without_candidates()
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")

@@ -57,6 +57,11 @@ constexpr int64_t kMinInStepRows = 4;
 constexpr int64_t kMinInStepRowsBeyondL2 = 32;
 constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
 constexpr int64_t kMaxInStepWeights = int64_t{1} << 21;
+// Beside MKL's GEMM (an Intel CPU's default) the steps pay only with small
+// weights (4H x (I + P) up to 96 Ki floats: H = I = P = 96 paid, 128 did
+// not) and rows enough to fill the tiles' six (16 a step).
+constexpr int64_t kMinInStepRowsBesideMkl = 16;
+constexpr int64_t kMaxInStepWeightsBesideMkl = int64_t{3} << 15;
 
 // Rows per step, on average (packed input), and the weights w_ih and w_hh.
 int64_t rows_per_step(const LayerSteps& steps) { return steps.steps() == 0 ? 0 : steps.rows / steps.steps(); }
@@ -254,14 +259,14 @@ bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& 
   const std::optional<bool> forced = settings::input_in_steps();  // read per call: cheap beside a loop
   if (forced.has_value()) return *forced;
   if (const CpuPath* path = scoped_path()) return path->input_in_steps && input_in_steps_fit(geometry, steps);
-  // Measured against the GEMM in the avx512 build only, where it is the
-  // kernels' own (an Intel CPU's MKL keeps the GEMMs: there timing decides).
-  if (std::strcmp(kernels().isa, "avx512") != 0 || std::strcmp(gemm_backend(), "own") != 0 ||
-      !input_in_steps_fit(geometry, steps)) {
-    return false;
+  // Measured against the GEMM in the avx512 build only; beyond these bounds
+  // timing (pipelstm.backends.cpu.benchmark) decides.
+  if (std::strcmp(kernels().isa, "avx512") != 0 || !input_in_steps_fit(geometry, steps)) return false;
+  const int64_t rows = rows_per_step(steps), weights = in_step_weights(geometry);
+  if (std::strcmp(gemm_backend(), "own") != 0) {
+    return rows >= kMinInStepRowsBesideMkl && weights <= kMaxInStepWeightsBesideMkl;
   }
-  return in_step_weights(geometry) <=
-         (rows_per_step(steps) >= kMinInStepRowsBeyondL2 ? kMaxInStepWeights : kMaxInStepWeightsL2);
+  return weights <= (rows >= kMinInStepRowsBeyondL2 ? kMaxInStepWeights : kMaxInStepWeightsL2);
 }
 
 void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, bool reverse,
