@@ -37,7 +37,7 @@ from torch import nn
 import pipelstm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from word_language_model import Corpus, batchify, get_batch, repackage_hidden  # noqa: E402
+from word_language_model import Corpus, add_recipe_options, batchify, get_batch, repackage_hidden  # noqa: E402
 
 
 class LockedDropout(nn.Module):
@@ -131,24 +131,11 @@ def evaluate(model, data, bptt, bsz, max_batches=None) -> float:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=None, help="folder with train/valid/test.txt (default: embedded corpus)")
-    p.add_argument("--lstm", choices=["nn", "pipelstm"], default="pipelstm")
-    p.add_argument("--emsize", type=int, default=200)
-    p.add_argument("--nhid", type=int, default=400)
-    p.add_argument("--nlayers", type=int, default=3)
+    add_recipe_options(p, nhid=400, nlayers=3, epochs=3)
     p.add_argument("--dropout-in", type=float, default=0.4, help="locked dropout on the embeddings")
     p.add_argument("--dropout-between", type=float, default=0.25, help="locked dropout between LSTM layers")
     p.add_argument("--dropout-out", type=float, default=0.4, help="locked dropout on the LSTM's output")
     p.add_argument("--weight-dropout", type=float, default=0.5, help="DropConnect on weight_hh")
-    p.add_argument("--lr", type=float, default=20.0)
-    p.add_argument("--clip", type=float, default=0.25)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=20)
-    p.add_argument("--bptt", type=int, default=35)
-    p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
-    p.add_argument("--eval-batches", type=int, default=None, help="validate on at most this many batches")
-    p.add_argument("--seed", type=int, default=1111)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None, help="write the run (each epoch's validation perplexity and time) here")
     args = p.parse_args(argv)
     for name in ("dropout_in", "dropout_between", "dropout_out", "weight_dropout"):

@@ -138,27 +138,33 @@ def export_onnx(model, path: str, batch_size: int, seq_len: int) -> None:
     torch.onnx.export(model, (dummy_input, hidden), path)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_recipe_options(p: argparse.ArgumentParser, nhid: int, nlayers: int, epochs: int) -> None:
+    """The options of the recipe (data, LSTM, sizes, SGD over truncated
+    backpropagation through time) that examples/awd_lstm.py shares."""
     p.add_argument("--data", default=None, help="folder with train/valid/test.txt (default: embedded corpus)")
     p.add_argument("--lstm", choices=["nn", "pipelstm"], default="pipelstm")
     p.add_argument("--emsize", type=int, default=200)
-    p.add_argument("--nhid", type=int, default=200)
-    p.add_argument("--nlayers", type=int, default=2)
+    p.add_argument("--nhid", type=int, default=nhid)
+    p.add_argument("--nlayers", type=int, default=nlayers)
     p.add_argument("--lr", type=float, default=20.0)
     p.add_argument("--clip", type=float, default=0.25)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
     p.add_argument("--eval-batches", type=int, default=None, help="evaluate on this many batches only (default: all)")
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--bptt", type=int, default=35)
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--threads", type=int, default=None)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_recipe_options(p, nhid=200, nlayers=2, epochs=1)
     p.add_argument("--dropout", type=float, default=0.2,
                    help="dropout on embeddings, between LSTM layers and on the decoder input")
     p.add_argument("--lstm-dropout", type=float, default=None,
                    help="the LSTM's own inter-layer dropout, if it should differ from --dropout")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--seed", type=int, default=1111)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--save", default=None, help="where to torch.save the model")
     p.add_argument("--onnx-export", default="", help="path to export the final model in ONNX format")

@@ -79,29 +79,17 @@ PIPELSTM_HD float host_tanhf(float x) {
   return a < 0.625f ? small : large;
 }
 
-PIPELSTM_HD float exp(float x) {
+// float: the device's own functions on a GPU, the branch-free ones above on
+// the host; double: the C library's everywhere.
 #if defined(__CUDA_ARCH__)
-  return ::expf(x);
+PIPELSTM_HD float exp(float x) { return ::expf(x); }
+PIPELSTM_HD float tanh(float x) { return ::tanhf(x); }
 #else
-  return host_expf(x);
+PIPELSTM_HD float exp(float x) { return host_expf(x); }
+PIPELSTM_HD float tanh(float x) { return host_tanhf(x); }
 #endif
-}
-
-PIPELSTM_HD double exp(double x) {
-  return ::exp(x);
-}
-
-PIPELSTM_HD float tanh(float x) {
-#if defined(__CUDA_ARCH__)
-  return ::tanhf(x);
-#else
-  return host_tanhf(x);
-#endif
-}
-
-PIPELSTM_HD double tanh(double x) {
-  return ::tanh(x);
-}
+PIPELSTM_HD double exp(double x) { return ::exp(x); }
+PIPELSTM_HD double tanh(double x) { return ::tanh(x); }
 
 template <typename T>
 PIPELSTM_HD T sigmoid(T x) {
