@@ -107,7 +107,7 @@ def capture_cuda(entry: Captured, body: Body, inputs: Sequence[Tensor], params: 
     torch.cuda.synchronize(device)
     pool = torch.cuda.graph_pool_handle()
     forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    stream = _capture_stream(torch.cuda.current_stream(device))
+    stream = _capture_stream(torch.cuda.current_stream(device), inputs[0].dtype)
     # Relaxed: another thread's CUDA calls (a data loader's, a pipeline
     # stage's) do not break the capture. "thread_local" should have done as
     # much, but it broke the backward's capture of a stack run layer after
@@ -144,15 +144,32 @@ def _pool_bytes(device: torch.device, pool) -> int:
 _capture_streams: Dict[Tuple[torch.device, int], "torch.cuda.Stream"] = {}
 
 
-def _capture_stream(replay: "torch.cuda.Stream") -> "torch.cuda.Stream":
+def _capture_stream(replay: "torch.cuda.Stream", dtype: torch.dtype) -> "torch.cuda.Stream":
     """The stream to capture graphs replayed on ``replay`` on, one for each
     such stream: a captured GEMM keeps its capture stream's cuBLAS
     workspace, so graphs replayed at once on two streams must not share
-    one (torch.cuda.graph's own default stream is shared by every capture)."""
+    one (torch.cuda.graph's own default stream is shared by every capture).
+    A new one runs a GEMM in float32 and in ``dtype`` before its first
+    capture (``_warm``)."""
     key = (replay.device, replay.cuda_stream)
     if key not in _capture_streams:
-        _capture_streams[key] = torch.cuda.Stream(replay.device)
+        stream = torch.cuda.Stream(replay.device)
+        _warm(stream, replay, dtype)
+        _capture_streams[key] = stream
     return _capture_streams[key]
+
+
+def _warm(stream: "torch.cuda.Stream", replay: "torch.cuda.Stream", dtype: torch.dtype) -> None:
+    """cuBLAS makes a stream's workspace (and cuBLASLt its own) on the
+    stream's first GEMM: here, outside any capture, rather than inside the
+    first one, whose eager warm-up call ran on ``replay``."""
+    stream.wait_stream(replay)
+    with torch.cuda.stream(stream):
+        for kind in dict.fromkeys((torch.float32, dtype)):
+            a = torch.ones(16, 16, device=stream.device, dtype=kind)
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)  # with a bias: cuBLASLt where torch uses it
+    stream.synchronize()
 
 
 class StackGraphs:
