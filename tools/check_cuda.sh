@@ -22,18 +22,18 @@ flags=(-std=c++17 -O3
        -I kernels/include)
 
 status=0
-jobs=()  # "name|log|rc file" of each background job, in start order
+started=()  # "name|log|rc file" of each background job, in start order
 
 # Runs "$@" in the background (at most MAX_JOBS at once), its output in a log
 # of its own, printed by finish_jobs.
 start_job() {
-  local name="$1" n=${#jobs[@]}
+  local name="$1" n=${#started[@]}
   shift
   while (( $(jobs -rp | wc -l) >= ${MAX_JOBS:-2} )); do wait -n || true; done
   ( local start=$SECONDS
     if "$@" >"$tmp/job$n.log" 2>&1; then echo "0 $((SECONDS - start))"; else echo "1 $((SECONDS - start))"; fi
   ) >"$tmp/job$n.rc" &
-  jobs+=("$name|$tmp/job$n.log|$tmp/job$n.rc")
+  started+=("$name|$tmp/job$n.log|$tmp/job$n.rc")
 }
 
 # Waits for every job; prints each compilation's OK/FAIL (with its log on a
@@ -41,7 +41,7 @@ start_job() {
 finish_jobs() {
   wait
   local job name log rc seconds
-  for job in "${jobs[@]}"; do
+  for job in "${started[@]}"; do
     IFS="|" read -r name log rc <<<"$job"
     read -r rc seconds <"$rc"
     if [[ "$name" == "sass" ]]; then
