@@ -160,15 +160,16 @@ def _capture_stream(replay: "torch.cuda.Stream", dtype: torch.dtype) -> "torch.c
 
 
 def _warm(stream: "torch.cuda.Stream", replay: "torch.cuda.Stream", dtype: torch.dtype) -> None:
-    """cuBLAS makes a stream's workspace (and cuBLASLt its own) on the
-    stream's first GEMM: here, outside any capture, rather than inside the
-    first one, whose eager warm-up call ran on ``replay``."""
+    """cuBLAS makes a workspace for each thread's handle and stream (and
+    cuBLASLt its own) at their first GEMM: here, outside any capture, for
+    this thread and for autograd's (a backward), rather than inside the
+    first capture, whose eager warm-up call ran on ``replay``."""
     stream.wait_stream(replay)
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), torch.enable_grad():
         for kind in dict.fromkeys((torch.float32, dtype)):
-            a = torch.ones(16, 16, device=stream.device, dtype=kind)
-            torch.mm(a, a)
-            torch.addmm(a[0], a, a)  # with a bias: cuBLASLt where torch uses it
+            a = torch.ones(16, 16, device=stream.device, dtype=kind, requires_grad=True)
+            torch.mm(a, a).sum().backward()
+            torch.addmm(a[0], a, a).sum().backward()  # with a bias: cuBLASLt where torch uses it
     stream.synchronize()
 
 
