@@ -57,9 +57,8 @@ constexpr int64_t kMinInStepRows = 4;
 constexpr int64_t kMinInStepRowsBeyondL2 = 32;
 constexpr int64_t kMaxInStepWeightsL2 = int64_t{1} << 18;
 constexpr int64_t kMaxInStepWeights = int64_t{1} << 21;
-// Beside MKL's GEMM (an Intel CPU's default) the steps pay only with small
-// weights (4H x (I + P) up to 96 Ki floats: H = I = P = 96 paid, 128 did
-// not) and rows enough to fill the tiles' six (16 a step).
+// Beside MKL's GEMM (an Intel CPU's default) the steps paid only with small
+// weights and at least 16 rows a step (docs/design/cpu.md).
 constexpr int64_t kMinInStepRowsBesideMkl = 16;
 constexpr int64_t kMaxInStepWeightsBesideMkl = int64_t{3} << 15;
 
