@@ -27,7 +27,8 @@ A graph computes in buffers of its own, which each replay overwrites:
 Training calls only: grad enabled and a parameter requiring grad, a dense
 (not packed) input, outside torch.func transforms, tracing, export and
 autocast. The first call of a shape runs eagerly (cuBLAS and the kernels
-initialise outside a capture), the second captures; at most
+initialise outside a capture; a new capture stream runs a GEMM and its
+backward first, for its own cuBLAS workspaces), the second captures; at most
 ``MAX_GRAPHS`` shapes are kept, the least recently used dropped. A shape
 whose capture fails warns and runs eagerly from then on.
 """
