@@ -27,8 +27,16 @@ venv: $(VENV)/.deps
 build: venv
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
+# The suite: the tests that run within their own process on TEST_JOBS
+# workers (pytest-xdist), then those that start processes which talk to each
+# other (marked `processes` in tests/conftest.py) one at a time.
+# $(call run_suite,python,pytest arguments)
+TEST_JOBS ?= 2
+run_suite = $(1) -m pytest -q -n $(TEST_JOBS) -m "not processes" $(2) && \
+	$(1) -m pytest -q -m processes $(2)
+
 pytest: build
-	$(PY) -m pytest -q tests
+	$(call run_suite,$(PY),tests)
 
 # The CUDA kernels compile (sm_80, sm_90, warnings as errors) with no GPU,
 # and the persistent kernels' machine code loads as it should.
@@ -54,9 +62,9 @@ test: pytest pytest-host-streams check-cuda indexing-harness test-wheel test-cud
 test-asan: build
 	bash tools/run_sanitizers.sh
 
-# The tests that start processes (torch.distributed, torchrun, remote
-# stages), STRESS_RUNS times in a row, each run a fresh pytest (not part of
-# `make test`; about 3.5 minutes a run on 2 cores): any failed run, or an
+# The tests marked `processes` (torch.distributed, torchrun, remote stages,
+# the benchmarks' process groups), STRESS_RUNS times in a row, each run a
+# fresh pytest (not part of `make test`; about 6 minutes a run on 2 cores): any failed run, or an
 # abort in its output, fails it (tools/stress.py, build/stress.json).
 STRESS_RUNS ?= 50
 stress: build

@@ -59,4 +59,4 @@ test-cuda-build: cuda-build
 	# LD_BIND_NOW: every symbol the build calls (cuBLAS's too) must resolve at import.
 	LD_BIND_NOW=1 $(PY_CUDA) -c "import pipelstm; assert pipelstm.built_with_cuda(); print('pipelstm from', pipelstm.__file__)"
 	$(PY_CUDA) tools/check_cuda_build.py
-	$(PY_CUDA) -m pytest -q -p no:cacheprovider tests $(addprefix --ignore=,$(CUDA_BUILD_SKIP))
+	$(call run_suite,$(PY_CUDA),-p no:cacheprovider tests $(addprefix --ignore=,$(CUDA_BUILD_SKIP)))

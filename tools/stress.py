@@ -2,7 +2,7 @@
 reports every run that failed: a test that fails once is a bug to fix at
 its cause, never one to retry (docs/testing.md).
 
-    python tools/stress.py --runs 50                       # the tests that start processes
+    python tools/stress.py --runs 50                       # the tests marked `processes`
     python tools/stress.py --runs 20 tests/test_distributed_timeouts.py
 
 `make stress` runs the first (STRESS_RUNS, STRESS_TESTS override). A run
@@ -21,18 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The tests that start processes which talk to each other (torch.distributed
-# over gloo, torchrun, the pipeline's remote stages): their outcome depends on
-# timing, ports and threads, so a flake would show here.
-DEFAULT_TESTS = [
-    "tests/test_distributed.py",
-    "tests/test_distributed_auto_layout.py",
-    "tests/test_distributed_mesh.py",
-    "tests/test_distributed_timeouts.py",
-    "tests/test_docs_examples.py::test_torchrun_block_runs_as_written",
-    "tests/test_module_ddp.py",
-    "tests/test_pipeline_remote.py",
-]
+# By default the tests that start processes which talk to each other (the
+# mark `processes`, tests/conftest.py): their outcome depends on timing,
+# ports and threads, so a flake would show here.
+DEFAULT_TESTS = ["-m", "processes", "tests"]
 ABORT = re.compile(r"terminate called|Aborted|core dumped")
 
 
@@ -48,7 +40,7 @@ def run_once(tests, pytest_args):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("tests", nargs="*", default=DEFAULT_TESTS, help="test files or ids (default: %(default)s)")
+    ap.add_argument("tests", nargs="*", help="test files or ids (default: the tests marked `processes`)")
     ap.add_argument("--runs", type=int, default=50, help="runs in a row (default: %(default)s)")
     ap.add_argument("--json", default=str(ROOT / "build" / "stress.json"), help="summary file (default: %(default)s)")
     ap.add_argument("--logs", default=str(ROOT / "build" / "stress"), help="where a failed run's output goes")
@@ -57,9 +49,10 @@ def main() -> int:
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
 
+    tests = args.tests or DEFAULT_TESTS
     runs = []
     for k in range(1, args.runs + 1):
-        ok, failed, aborts, seconds, output = run_once(args.tests, args.pytest_args.split())
+        ok, failed, aborts, seconds, output = run_once(tests, args.pytest_args.split())
         run = dict(run=k, ok=ok, seconds=round(seconds, 1), failed=failed, aborts=aborts[:5])
         if not ok:
             log = Path(args.logs) / f"run{k}.log"
@@ -71,7 +64,7 @@ def main() -> int:
         print(f"run {k}/{args.runs}: {status} ({seconds:.0f} s)", flush=True)
 
     bad = [r for r in runs if not r["ok"]]
-    summary = dict(tests=args.tests, runs=args.runs, failed_runs=len(bad),
+    summary = dict(tests=tests, runs=args.runs, failed_runs=len(bad),
                    failed_tests=sorted({t for r in bad for t in r["failed"]}),
                    runs_with_aborts=sum(1 for r in runs if r["aborts"]), details=runs)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
