@@ -49,12 +49,12 @@ std::tuple<Tensor, Tensor, Tensor> cell_forward(const Tensor& input_gates,
       kernels::PointwiseForwardArgs<scalar_t> a;
       a.gates = gi.const_data_ptr<scalar_t>();
       a.hidden_gates = gh.const_data_ptr<scalar_t>();
-      a.bias_ih = data_or_null<scalar_t>(bi);
-      a.bias_hh = data_or_null<scalar_t>(bh);
       a.c_prev = c_prev.const_data_ptr<scalar_t>();
       a.act_gates = workspace.mutable_data_ptr<scalar_t>();
       a.c = cy.mutable_data_ptr<scalar_t>();
       a.h = hy.mutable_data_ptr<scalar_t>();
+      a.bias_ih = data_or_null<scalar_t>(bi);
+      a.bias_hh = data_or_null<scalar_t>(bh);
       a.batch = B;
       a.hidden = H;
       Backend::step_forward(a);
