@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MAX_JOBS ?= 2
 export MAX_JOBS
 
-.PHONY: all venv build test pytest pytest-host-streams check-cuda indexing-harness test-asan stress first-hour demo demo-word-lm bench clean
+.PHONY: all venv build test cpu-checks wheel-then-cuda-venv pytest pytest-host-streams check-cuda indexing-harness test-asan stress first-hour demo demo-word-lm bench clean
 
 # Optional fragments (for example mk/cuda.mk: the CUDA-build variant,
 # mk/wheel.mk: the wheel installed into a fresh environment).
@@ -24,8 +24,9 @@ $(VENV)/.deps: requirements-dev.txt
 
 venv: $(VENV)/.deps
 
+# BUILT=1: taken as made (`make test`'s sub-makes, after its own build).
 build: venv
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(if $(BUILT),,$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .)
 
 # The suite: the tests that run within their own process on TEST_JOBS
 # workers (pytest-xdist), then those that start processes which talk to each
@@ -53,9 +54,22 @@ indexing-harness:
 pytest-host-streams: build
 	PIPELSTM_HOST_COPY_STREAM=300 $(PY) -m pytest -q tests/test_pipeline*.py tests/test_lstm_devices.py
 
-# The wheel's check runs before the CUDA build's and removes its environment,
-# so the two never take disk space at once (.venv-cuda is about 6 GB).
-test: pytest pytest-host-streams check-cuda indexing-harness test-wheel test-cuda-build
+# The CPU build's checks, one after another.
+cpu-checks:
+	$(MAKE) -j1 pytest pytest-host-streams check-cuda indexing-harness
+
+# The wheel's check, then .venv-cuda: the check removes its environment
+# before .venv-cuda is made, so the two never take disk space at once
+# (.venv-cuda is about 6 GB).
+wheel-then-cuda-venv:
+	$(MAKE) -j1 test-wheel cuda-venv
+
+# The build, then the CPU build's checks with the wheel's check and
+# .venv-cuda's install beside them (mostly downloads), then the CUDA build's.
+# The sub-makes take the build as made (BUILT=1).
+test: build
+	$(MAKE) -j2 BUILT=1 cpu-checks wheel-then-cuda-venv
+	$(MAKE) BUILT=1 test-cuda-build
 
 # ASan + UBSan over the C++ core, running the op, fuzz and pipeline tests
 # (not part of `make test`: see docs/testing.md for its last result).
