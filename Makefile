@@ -30,7 +30,7 @@ build: venv
 
 # The suite: the tests that run within their own process on TEST_JOBS
 # workers (pytest-xdist), then those that start processes which talk to each
-# other (marked `processes` in tests/conftest.py) one at a time.
+# other (marked `processes`: tests/process_tests.py) one at a time.
 # $(call run_suite,python,pytest arguments)
 TEST_JOBS ?= 2
 run_suite = $(1) -m pytest -q -n $(TEST_JOBS) -m "not processes" $(2) && \

@@ -6,7 +6,7 @@ several workers."""
 import re
 from pathlib import Path
 
-from conftest import PROCESS_TESTS
+from process_tests import PROCESS_TESTS
 
 TESTS = Path(__file__).resolve().parent
 # What starts such processes from a test: torchrun and its agents
@@ -21,7 +21,7 @@ def test_every_file_that_starts_processes_is_marked():
     unmarked = [path.name for path in sorted(TESTS.glob("test_*.py"))
                 if STARTS_PROCESSES.search(path.read_text())
                 and not any(prefix.startswith(f"tests/{path.name}::") for prefix in PROCESS_TESTS)]
-    assert not unmarked, f"start processes but have no entry in PROCESS_TESTS (tests/conftest.py): {unmarked}"
+    assert not unmarked, f"start processes but have no entry in PROCESS_TESTS (tests/process_tests.py): {unmarked}"
 
 
 def test_the_marked_tests_exist():

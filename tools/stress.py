@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # By default the tests that start processes which talk to each other (the
-# mark `processes`, tests/conftest.py): their outcome depends on timing,
+# mark `processes`, tests/process_tests.py): their outcome depends on timing,
 # ports and threads, so a flake would show here.
 DEFAULT_TESTS = ["-m", "processes", "tests"]
 ABORT = re.compile(r"terminate called|Aborted|core dumped")
