@@ -64,7 +64,7 @@ TORCH_LIBRARY(pipelstm, m) {
   // LayerNorm on the input and recurrent pre-activations (gains gamma_ih,
   // gamma_hh; `bias` the sum of both biases) and on the cell (gamma_c,
   // beta_c); zoneout with keep_c/keep_h given. Dense or packed input, no
-  // projection (cpu/layernorm_layer_cpu.cpp).
+  // projection (layernorm_layer_loop.h).
   m.def(
       "lstm_layernorm_layer_forward(Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? bias, Tensor gamma_ih, Tensor gamma_hh, Tensor gamma_c, "

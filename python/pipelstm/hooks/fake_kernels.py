@@ -278,9 +278,9 @@ def _fake_lstm_zoneout_layer_backward(grad_output, grad_h_n, grad_c_n, input, ba
 
 
 def _layernorm_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h):
-    """csrc/cpu/layernorm_layer_cpu.cpp's checks: -> (geometry, rows, output shape)."""
-    torch._check(input.dtype in (torch.float32, torch.float64), lambda: f"pipelstm::{op}: the LayerNorm LSTM on "
-                 f"the CPU computes in float32 or float64, got an `input` of {input.dtype}")
+    """csrc/layernorm_layer_loop.h's checks: -> (geometry, rows, output shape)."""
+    torch._check(input.dtype in (torch.float32, torch.float64), lambda: f"pipelstm::{op}: the fused LayerNorm "
+                 f"LSTM computes in float32 or float64, got an `input` of {input.dtype}")
     g, rows, out_shape = _zoneout_geometry(op, input, batch_sizes, h0, c0, w_ih, w_hh, None, None, keep_c, keep_h)
     H = g.hidden_size
     for name, t, n in (("gamma_ih", gamma_ih, 4 * H), ("gamma_hh", gamma_hh, 4 * H), ("gamma_c", gamma_c, H)):
