@@ -30,3 +30,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
   kernels/tests/persistent_cluster_harness.cpp -o "$tmp/persistent_cluster_harness"
 "$tmp/persistent_cluster_harness"
+
+# The LayerNorm LSTM's row kernels, phase by phase, each block sum over the threads.
+"$CXX" -std=c++17 -O2 -fopenmp-simd -Wall -Wextra -Werror -I kernels/include \
+  kernels/tests/layernorm_rows_harness.cpp kernels/src/cpu/layernorm_lstm_rows_cpu.cpp \
+  -o "$tmp/layernorm_rows_harness"
+"$tmp/layernorm_rows_harness"
