@@ -28,11 +28,10 @@ OPS = sorted(
     and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd")
 )
 assert OPS, "no pipelstm op is registered"
-# Ops with a CPU kernel only: their Python wrappers run a composition of
-# torch ops on every other device (pipelstm/layernorm_ops.py), and masks are
-# drawn with torch.rand there (pipelstm/regularisation.py, the pipeline's
-# units), where it is already parallel.
-CPU_ONLY = {"lstm_layernorm_layer_forward", "lstm_layernorm_layer_backward", "bernoulli_mask"}
+# Ops with a CPU kernel only: masks are drawn with torch.rand on every other
+# device (pipelstm/regularisation.py, the pipeline's units), where it is
+# already parallel.
+CPU_ONLY = {"bernoulli_mask"}
 assert CPU_ONLY <= set(OPS), f"CPU_ONLY names ops that do not exist: {sorted(CPU_ONLY - set(OPS))}"
 for op in OPS:
     for key in ("CPU",) if op in CPU_ONLY else ("CPU", "CUDA"):

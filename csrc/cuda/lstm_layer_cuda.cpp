@@ -27,6 +27,7 @@
 #include "../settings.h"
 #include "graph_replay_cuda.h"
 #include "kernels_cuda.h"
+#include "layer_math_cuda.h"
 
 namespace pipelstm {
 namespace {
@@ -68,11 +69,7 @@ std::vector<Tensor> run_body(const Tensor& like, const LayerGeometry& s, GraphOp
 }
 
 struct CudaLayer {
-  // layer_gemm.h's GEMMs (cuBLAS in the LSTM's TF32 policy) and ATen's
-  // caching allocator.
-  static constexpr LayerMath kMath{
-      &layer_mm_out, &layer_mm,
-      [](at::IntArrayRef sizes, const at::TensorOptions& options) { return at::empty(sizes, options); }};
+  static constexpr const LayerMath& kMath = cuda::kLayerMath;
   static constexpr auto step_forward = [](const auto& a) { cuda::pointwise_forward(a); };
   static constexpr auto step_backward = [](const auto& a) { cuda::pointwise_backward(a); };
   template <class F>

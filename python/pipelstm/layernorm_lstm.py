@@ -58,9 +58,10 @@ class LayerNormLSTM(LSTM):
     Inputs and outputs: as :class:`torch.nn.LSTM` (padded, ``batch_first``,
     unbatched or a ``PackedSequence``; ``(h_0, c_0)`` optional).
 
-    On the CPU in float32 and float64 each layer direction is one fused op;
-    elsewhere (CUDA, other dtypes, torch.func transforms, ONNX export) it is
-    a composition of torch ops, a step at a time. In a ``Pipeline`` or
+    In float32 and float64, on the CPU and (in a CUDA build) on CUDA, each
+    layer direction is one fused op; elsewhere (other dtypes, torch.func
+    transforms, ONNX export) it is a composition of torch ops, a step at a
+    time. In a ``Pipeline`` or
     ``PipelineParallel`` each layer is a unit on its stage, which must be on
     the CPU. ``torch.jit.script`` and ``devices=`` are not supported.
     """

@@ -23,9 +23,9 @@ class LayerNormLSTMCell(LSTMCell):
     Parameters: ``nn.LSTMCell``'s, plus ``layer_norm_ih_weight`` and
     ``layer_norm_hh_weight`` ``[4H]``, ``layer_norm_c_weight`` and (with
     ``bias``) ``layer_norm_c_bias`` ``[H]``. Input ``(B, I)`` or unbatched
-    ``(I)``, optional ``(h, c)``; returns ``(h', c')``. On the CPU in
-    float32 and float64 a step is the fused LayerNorm layer op over one
-    time step.
+    ``(I)``, optional ``(h, c)``; returns ``(h', c')``. In float32 and
+    float64 (on the CPU, and on CUDA in a CUDA build) a step is the fused
+    LayerNorm layer op over one time step.
     """
 
     _exports_as_nn_lstm_cell = False  # ONNX export traces the composition

@@ -11,9 +11,10 @@ with ``LN`` the normalisation of ``torch.nn.LayerNorm`` (no affine part,
 ``eps``) over the 4H pre-activations or the H cells, and under zoneout ``c``
 and ``h`` blended with the previous ones by keep weights.
 
-The fused op (``torch.ops.pipelstm.lstm_layernorm_layer_forward``) runs on
-the CPU in float32 and float64. Everywhere else (CUDA, other dtypes, torch.func
-transforms, forward-mode AD, ONNX export) the layer is the composition below,
+The fused op (``torch.ops.pipelstm.lstm_layernorm_layer_forward``) runs in
+float32 and float64, on the CPU and, in a CUDA build, on CUDA. Everywhere
+else (other dtypes, torch.func transforms, forward-mode AD, ONNX export)
+the layer is the composition below,
 which autograd differentiates as any torch code; with ``create_graph=True``
 the fused op's backward is that composition's, so it can be differentiated
 again.
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _C
 from .hooks import export
 from .op_autograd import composed, composed_backward, gradient_is_differentiated, no_double_backward, \
     no_zero_fill_for_unused_outputs, unwrapped
@@ -35,13 +37,14 @@ _ops = torch.ops.pipelstm
 
 
 def workspace_numel(rows: int, hidden_size: int) -> int:
-    """The fused forward's workspace (csrc/cpu/layernorm_layer_cpu.cpp)."""
+    """The fused forward's workspace (csrc/layernorm_layer_loop.h)."""
     return rows * (15 * hidden_size + 3)
 
 
 def _fused(input: Tensor, *tensors: Optional[Tensor]) -> bool:
     """Whether the fused op computes this call."""
-    return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.float64)
+    device = input.device.type == "cpu" or (input.device.type == "cuda" and _C.built_with_cuda())
+    return (device and input.dtype in (torch.float32, torch.float64)
             and not export.in_onnx_export() and not composed(input, *tensors))
 
 

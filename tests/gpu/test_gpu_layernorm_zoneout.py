@@ -1,8 +1,8 @@
 """The LayerNorm LSTM and zoneout on CUDA, against the CPU's fused ops in
 float64 with the same weights (and, for zoneout, the same keep masks):
-outputs, final states and every gradient. On CUDA the LayerNorm LSTM is a
-composition of torch ops and zoneout runs in the CUDA step loop's pointwise
-items, neither of which the CPU suite can reach."""
+outputs, final states and every gradient. On CUDA the LayerNorm LSTM's
+layer op runs its row kernels (one block a row) and zoneout runs in the CUDA
+step loop's pointwise items, neither of which the CPU suite can reach."""
 
 import os
 
@@ -52,6 +52,36 @@ def test_layernorm_lstm_matches_the_cpu(bidirectional, packed):
         grads = torch.autograd.grad(loss, list(lstm.parameters()))
         results.append(((data, h, c), grads))
     _both(results[0][0], results[1][0], results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("zoneout", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("H", [6, 300])  # below and above a row's block of 256 threads
+def test_layernorm_layer_op_matches_the_cpu(H, packed, zoneout, dtype):
+    # the fused op itself, forward and backward, with the same keep masks on both devices
+    torch.manual_seed(0)
+    I = 5
+    if packed:
+        seq = pack_sequence([torch.randn(n, I, dtype=torch.float64) for n in (6, 4, 1)])
+        x, batch_sizes, shape, B = seq.data, seq.batch_sizes, (seq.data.shape[0], H), 3
+    else:
+        x, batch_sizes, shape, B = torch.randn(6, 3, I, dtype=torch.float64), None, (6, 3, H), 3
+    weights = [torch.randn(B, H), torch.randn(B, H), torch.randn(4 * H, I) / I**0.5, torch.randn(4 * H, H) / H**0.5,
+               torch.randn(4 * H), torch.rand(4 * H) + 0.5, torch.rand(4 * H) + 0.5, torch.rand(H) + 0.5,
+               torch.randn(H)]
+    keeps = [(torch.rand(shape) < 0.3).double(), (torch.rand(shape) < 0.4).double()] if zoneout else [None, None]
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-5)
+    results = []
+    for device in (DEVICE, "cpu"):
+        xs = x.to(device, dtype).requires_grad_()
+        ts = [t.to(device, dtype).requires_grad_() for t in weights]
+        ks = [k if k is None else k.to(device, dtype) for k in keeps]
+        out, h, c = pipelstm.layernorm_ops.lstm_layernorm_layer(xs, batch_sizes, *ts, *ks)
+        loss = out.sin().sum() + h.cos().sum() + c.square().sum()
+        results.append(((out, h, c), torch.autograd.grad(loss, [xs, *ts])))
+    for a, b in zip((*results[0][0], *results[0][1]), (*results[1][0], *results[1][1])):
+        torch.testing.assert_close(a.cpu(), b, **tol)
 
 
 @pytest.mark.parametrize("packed", [False, True])
