@@ -13,6 +13,7 @@
 #   STEPS="build persistent wavefront profile" bash tools/gpu_check.sh # the switches against the defaults, a profile
 #   STEPS="build stack" bash tools/gpu_check.sh # the stack graph against the defaults
 #   STEPS="build simulator" bash tools/gpu_check.sh # the simulator against stages on one GPU
+#   STEPS="build regularised" bash tools/gpu_check.sh # LayerNorm and the AWD-LSTM options against their peers
 #
 # PYTHON (default python3: the image's torch), OUT (default build/gpu_check),
 # BENCH_SECONDS: rows start only within this many seconds of each bench run
@@ -173,6 +174,19 @@ if want simulator; then
     --json "$OUT/simulator_gpu.json" --calibration "$OUT/simulator_gpu_calibration.json" >"$OUT/simulator_gpu.log" 2>&1
   note "bench simulator on the GPU: rc=$? ($((SECONDS - start)) s)"
   grep -E "^Worst" "$OUT/simulator_gpu.log" | tee -a "$summary"
+fi
+
+if want regularised; then
+  # The LayerNorm LSTM against plain pipelstm.LSTM and a cell loop, and
+  # weight/variational dropout and zoneout against nn.LSTM with the weight
+  # drop users write (bench layernorm / regularisation --device cuda).
+  for bench in layernorm regularisation; do
+    start=$SECONDS
+    timeout "${REGULARISED_SECONDS:-150}" "$PY" -m pipelstm.bench "$bench" --device cuda --threads 1 --repeats 7 \
+      --json "$OUT/${bench}_gpu.json" >"$OUT/${bench}_gpu.log" 2>&1
+    note "bench $bench on the GPU: rc=$? ($((SECONDS - start)) s)"
+    grep -E "^\|" "$OUT/${bench}_gpu.log" | cut -c1-140 | tee -a "$summary"
+  done
 fi
 
 if want profile; then

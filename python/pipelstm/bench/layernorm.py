@@ -1,7 +1,7 @@
 """``python -m pipelstm.bench layernorm``: what LayerNorm costs, fused and as users write it.
 
-A 2-layer stack, forward + backward in training, on the CPU, each side with
-the same weights and input, run alternately:
+A 2-layer stack, forward + backward in training, on the CPU (or ``--device
+cuda``), each side with the same weights and input, run alternately:
 
 * ``plain``: ``pipelstm.LSTM`` (no LayerNorm), the floor;
 * ``layernorm``: ``pipelstm.LayerNormLSTM``;
@@ -24,7 +24,7 @@ from ..lstm import LSTM
 from . import report
 from .table import Column, header
 from .cell_loop import CellLoop
-from .timing import training_step_rows
+from .timing import add_device_argument, check_device, training_step_rows
 
 __all__ = ["LayerNormCellLoop", "main"]
 
@@ -85,9 +85,10 @@ def _models(x: torch.Tensor) -> dict:
     return models
 
 
-def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
+def run(T: int, B: int, H: int, threads: List[int], repeats: int, device: str = "cpu") -> List[dict]:
     return training_step_rows(COLUMNS, threads, (T, B, H), repeats, _models,
-                              lambda t: dict(cost=t["layernorm"] / t["plain"], speedup=t["cell_loop"] / t["layernorm"]))
+                              lambda t: dict(cost=t["layernorm"] / t["plain"], speedup=t["cell_loop"] / t["layernorm"]),
+                              device)
 
 
 def main(argv=None) -> List[dict]:
@@ -96,13 +97,16 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--T", type=int, default=64)
     p.add_argument("--B", type=int, nargs="+", default=[8, 32])
     p.add_argument("--H", type=int, nargs="+", default=[256, 512])
+    add_device_argument(p)
     args = report.parse_arguments(p, argv)
+    check_device(p, args.device)
     meta = report.metadata("layernorm", argv)
     T, batches, sizes = (6, [2], [8]) if args.quick else (args.T, args.B, args.H)
-    print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {LAYERS} layers, forward+backward in "
+    where = f"CPU, {report.isa_label()}" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"torch {torch.__version__}, float32 {where}, {LAYERS} layers, forward+backward in "
           f"training, T={T}, median of {args.repeats} interleaved runs")
     print(header(COLUMNS))
-    rows = [r for B in batches for H in sizes for r in run(T, B, H, args.threads, args.repeats)]
+    rows = [r for B in batches for H in sizes for r in run(T, B, H, args.threads, args.repeats, args.device)]
     report.write_json(args.json, meta, COLUMNS, rows, notes=[
         f"{LAYERS} layers, I = H. cell_loop: a LayerNorm LSTM cell (torch.mm, three nn.LayerNorm) stepped in Python "
         "per layer, the same weights; its output checked equal to LayerNormLSTM's before timing."])

@@ -1,7 +1,8 @@
 """``python -m pipelstm.bench regularisation``: what weight dropout and variational dropout cost.
 
 A 3-layer stack (AWD-LSTM's depth), forward + backward, in training mode,
-on the CPU, each side with the same weights and input, run alternately:
+on the CPU (or ``--device cuda``), each side with the same weights and input,
+run alternately:
 
 * ``plain``: ``pipelstm.LSTM`` with ``nn.LSTM``'s dropout between layers;
 * ``weight``: with ``weight_dropout`` (DropConnect on ``weight_hh``);
@@ -32,7 +33,7 @@ from ..lstm import LSTM
 from . import report
 from .table import Column, header
 from .cell_loop import CellLoop
-from .timing import training_step_rows
+from .timing import add_device_argument, check_device, training_step_rows
 
 __all__ = ["WeightDropLSTM", "main"]
 
@@ -119,8 +120,8 @@ def _ratios(t: dict) -> dict:
                 zoneout_speedup=t["cell_loop"] / t["zoneout"])
 
 
-def run(T: int, B: int, H: int, threads: List[int], repeats: int) -> List[dict]:
-    return training_step_rows(COLUMNS, threads, (T, B, H), repeats, _models, _ratios)
+def run(T: int, B: int, H: int, threads: List[int], repeats: int, device: str = "cpu") -> List[dict]:
+    return training_step_rows(COLUMNS, threads, (T, B, H), repeats, _models, _ratios, device)
 
 
 def main(argv=None) -> List[dict]:
@@ -129,14 +130,17 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--T", type=int, default=64)
     p.add_argument("--B", type=int, default=32)
     p.add_argument("--H", type=int, nargs="+", default=[256, 512, 1024])
+    add_device_argument(p)
     args = report.parse_arguments(p, argv)
+    check_device(p, args.device)
     meta = report.metadata("regularisation", argv)
     T, B, sizes = (6, 2, [8]) if args.quick else (args.T, args.B, args.H)
-    print(f"torch {torch.__version__}, float32 CPU, {report.isa_label()}, {LAYERS} layers, forward+backward in "
+    where = f"CPU, {report.isa_label()}" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"torch {torch.__version__}, float32 {where}, {LAYERS} layers, forward+backward in "
           f"training, T={T} B={B}, weight_dropout={P_WEIGHT}, dropout={P_BETWEEN}, median of {args.repeats} "
           f"interleaved runs, zoneout={ZONEOUT}")
     print(header(COLUMNS))
-    rows = [r for H in sizes for r in run(T, B, H, args.threads, args.repeats)]
+    rows = [r for H in sizes for r in run(T, B, H, args.threads, args.repeats, args.device)]
     report.write_json(args.json, meta, COLUMNS, rows, notes=[
         f"{LAYERS} layers, I = H, dropout {P_BETWEEN} between layers, weight_dropout {P_WEIGHT}. peer: nn.LSTM "
         "with the weight-drop wrapper users write (the dropped weight_hh set on the module before each forward). "

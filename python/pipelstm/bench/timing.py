@@ -15,7 +15,7 @@ import torch
 
 from .table import Column, add_row
 
-__all__ = ["add_min_run_argument", "interleaved_times", "interleaved_medians", "training_step_times",
+__all__ = ["add_device_argument", "add_min_run_argument", "check_device", "interleaved_times", "interleaved_medians", "training_step_times",
            "training_step_rows", "medians", "median_index", "spread", "gemm_gflops"]
 
 
@@ -70,22 +70,36 @@ def interleaved_times(
     return times
 
 
-def training_step_times(models: Dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> Dict[str, List[float]]:
+def training_step_times(models: Dict[str, torch.nn.Module], x: torch.Tensor, repeats: int,
+                        device: str = "cpu") -> Dict[str, List[float]]:
     """:func:`interleaved_times` of each model's training step on ``x``: the forward, then the backward of
     the sum of its output (the first of what it returns, as ``nn.LSTM``'s)."""
     def step(model: torch.nn.Module) -> None:
         model(x)[0].sum().backward()
 
-    return interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats)
+    return interleaved_times({name: (lambda m=m: step(m)) for name, m in models.items()}, repeats, device=device)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (cpu or cuda; default cpu): where a training-step benchmark's models run."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the models run, in float32 (default: %(default)s; on cuda the thread counts "
+                             "are the host's)")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """Stops with a usage error where ``device`` is cuda and torch sees no CUDA device."""
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
 
 
 def training_step_rows(columns: List[Column], threads: List[int], shape: Tuple[int, int, int], repeats: int,
                        make_models: Callable[[torch.Tensor], Dict[str, torch.nn.Module]],
-                       ratios: Callable[[Dict[str, float]], dict]) -> List[dict]:
+                       ratios: Callable[[Dict[str, float]], dict], device: str = "cpu") -> List[dict]:
     """A row of ``columns`` for each thread count: the models ``make_models(x)`` builds for an input
-    ``x`` of ``shape`` (T, B, H), both drawn after ``torch.manual_seed(0)``, timed by
-    :func:`training_step_times`; the row holds the sizes, each model's median, ``ratios(medians)`` and
-    the samples."""
+    ``x`` of ``shape`` (T, B, H), both drawn after ``torch.manual_seed(0)`` on the CPU and then moved to
+    ``device``, timed by :func:`training_step_times`; the row holds the sizes, each model's median,
+    ``ratios(medians)`` and the samples."""
     rows: List[dict] = []
     T, B, H = shape
     for n_threads in threads:
@@ -93,7 +107,10 @@ def training_step_rows(columns: List[Column], threads: List[int], shape: Tuple[i
         torch.manual_seed(0)
         x = torch.randn(T, B, H, requires_grad=True)
         models = make_models(x)
-        times = training_step_times(models, x, repeats)
+        if device != "cpu":
+            models = {name: model.to(device) for name, model in models.items()}
+            x = x.detach().to(device).requires_grad_()
+        times = training_step_times(models, x, repeats, device)
         t = medians(times)
         add_row(rows, columns, dict(threads=n_threads, T=T, B=B, H=H, **t, **ratios(t), samples=times))
     return rows
