@@ -1,5 +1,6 @@
 """``python -m pipelstm.bench``: -h / --help list every command with a line
-each and exit 0; a missing or unknown command exits non-zero with the list."""
+each and exit 0; a missing or unknown command exits non-zero with the list;
+``--device cuda`` with no CUDA device is a usage error."""
 
 import importlib
 import pkgutil
@@ -7,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import pipelstm.bench
 from pipelstm.bench.__main__ import COMMANDS
@@ -69,3 +71,13 @@ def test_every_bench_module_with_a_main_is_a_command():
              for m in pkgutil.iter_modules(pipelstm.bench.__path__) if m.name != "__main__"
              if hasattr(importlib.import_module(f"pipelstm.bench.{m.name}"), "main")}
     assert mains == {entry for entry, _ in COMMANDS.values()}
+
+
+@pytest.mark.parametrize("command", ["layernorm", "regularisation"])
+def test_device_cuda_without_a_device_is_a_usage_error_before_any_work(command, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(f"pipelstm.bench.{command}").main(["--quick", "--device", "cuda"])
+    assert stop.value.code == 2
+    assert "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
