@@ -78,8 +78,9 @@ test-asan: build
 
 # The tests marked `processes` (torch.distributed, torchrun, remote stages,
 # the benchmarks' process groups), STRESS_RUNS times in a row, each run a
-# fresh pytest (not part of `make test`; about 6 minutes a run on 2 cores): any failed run, or an
-# abort in its output, fails it (tools/stress.py, build/stress.json).
+# fresh pytest (not part of `make test`; about 6 minutes a run on 2 cores):
+# any failed run, or an abort in its output, fails it (tools/stress.py,
+# build/stress.json).
 STRESS_RUNS ?= 50
 stress: build
 	$(PY) tools/stress.py --runs $(STRESS_RUNS) $(STRESS_TESTS)
