@@ -54,15 +54,20 @@ indexing-harness:
 pytest-host-streams: build
 	PIPELSTM_HOST_COPY_STREAM=300 $(PY) -m pytest -q tests/test_pipeline*.py tests/test_lstm_devices.py
 
-# The CPU build's checks, one after another.
+# The CPU build's checks, one after another (a sub-make each, so that the
+# parent's -j2 never runs two of them at once).
 cpu-checks:
-	$(MAKE) -j1 pytest pytest-host-streams check-cuda indexing-harness
+	$(MAKE) pytest
+	$(MAKE) pytest-host-streams
+	$(MAKE) check-cuda
+	$(MAKE) indexing-harness
 
 # The wheel's check, then .venv-cuda: the check removes its environment
 # before .venv-cuda is made, so the two never take disk space at once
 # (.venv-cuda is about 6 GB).
 wheel-then-cuda-venv:
-	$(MAKE) -j1 test-wheel cuda-venv
+	$(MAKE) test-wheel
+	$(MAKE) cuda-venv
 
 # The build, then the CPU build's checks with the wheel's check and
 # .venv-cuda's install beside them (mostly downloads), then the CUDA build's.
