@@ -65,18 +65,17 @@ void mma_m16n8k16(const float (&a)[32][8], const float (&b)[32][4], float (&d)[3
 }
 
 // Each block's slab of plan p, as the kernel stages it: 8 elements per
-// 16-byte slot, element i of a slot w_hh[source(p, block, slot, i)] (zero
+// 16-byte slot, element i of a slot w_hh[slab_source(p, block, slot, i)] (zero
 // where -1).
 template <typename Plan>
-std::vector<std::vector<float>> stage_slabs(const Plan& p, int64_t slots, const float* w_hh,
-                                            int64_t (*source)(const Plan&, int64_t, int64_t,
-                                                              int)) {
+std::vector<std::vector<float>> stage_slabs(const Plan& p, const float* w_hh) {
+  const int64_t slots = tc::slab_slots(p);
   std::vector<std::vector<float>> slab(p.blocks);
   for (int64_t g = 0; g < p.blocks; ++g) {
     slab[g].resize(slots * 8);
     for (int64_t slot = 0; slot < slots; ++slot)
       for (int i = 0; i < 8; ++i) {
-        const int64_t src = source(p, g, slot, i);
+        const int64_t src = tc::slab_source(p, g, slot, i);
         slab[g][slot * 8 + i] = src < 0 ? 0.0f : w_hh[src];
       }
   }
@@ -86,7 +85,7 @@ std::vector<std::vector<float>> stage_slabs(const Plan& p, int64_t slots, const 
 // The forward kernel's schedule on the host.
 void run_tc_forward(const PersistentForwardArgs<float>& a, int64_t unit_tiles) {
   const tc::ForwardPlan p = tc::make_forward_plan(a.batch, a.hidden, unit_tiles);
-  const auto slab = stage_slabs(p, tc::slab_slots(p), a.w_hh, &tc::fwd_slab_source);
+  const auto slab = stage_slabs(p, a.w_hh);
   std::vector<float> partial(std::max<int64_t>(tc::partial_floats(p), 1), NAN);
   std::vector<tc::FwdCells> cells(p.blocks * p.pairs * 32);
   for (int64_t pos = 0; pos < a.steps; ++pos) {
@@ -174,7 +173,7 @@ bool check_forward(int64_t T, int64_t B, int64_t H, int64_t unit_tiles, bool rev
 // partial buffer, then the cell backward (or grad_h0 in the last phase).
 void run_tc_backward(const PersistentBackwardArgs<float>& a, int64_t unit_tiles) {
   const tc::BackwardPlan p = tc::make_backward_plan(a.batch, a.hidden, unit_tiles);
-  const auto slab = stage_slabs(p, tc::bwd_slab_slots(p), a.w_hh, &tc::bwd_slab_source);
+  const auto slab = stage_slabs(p, a.w_hh);
   std::vector<float> partial(std::max<int64_t>(tc::bwd_partial_floats(p), 1));
   std::vector<tc::BwdCells> cells(p.blocks * p.pairs * 32);
   for (int64_t pos = a.steps - 1; pos >= -1; --pos) {

@@ -70,10 +70,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   extern __shared__ uint4 smem[];
   const tc::ForwardPlan& p = c.tiles;
   cg::cluster_group cluster = cg::this_cluster();
-  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, tc::slab_slots(p),
-                              [&](int64_t block, int64_t slot, int i) {
-                                return tc::fwd_slab_source(p, block, slot, i);
-                              });
+  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, p);
   auto* h = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::h_copies_offset(c));
   auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(smem) + cluster::barriers_offset(c));
   const int blocks = static_cast<int>(cluster.num_blocks());
@@ -182,10 +179,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   extern __shared__ uint4 smem[];
   const tc::BackwardPlan& p = c.tiles;
   cg::cluster_group cluster = cg::this_cluster();
-  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, tc::bwd_slab_slots(p),
-                              [&](int64_t block, int64_t slot, int i) {
-                                return tc::bwd_slab_source(p, block, slot, i);
-                              });
+  const Block b = start_block(cluster.block_rank(), smem, a.w_hh, p);
   auto* g = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + cluster::copies_offset(c));
   const int blocks = static_cast<int>(cluster.num_blocks());
   const Load<T> load;

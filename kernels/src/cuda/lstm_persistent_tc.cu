@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     tc_forward_kernel(const PersistentForwardArgs<T> a, const tc::ForwardPlan p,
                       const bool paired) {
   extern __shared__ uint4 smem[];
-  const Block b = start_block(blockIdx.x, smem, a.w_hh, tc::slab_slots(p),
-                              [&](int64_t block, int64_t slot, int i) { return tc::fwd_slab_source(p, block, slot, i); });
+  const Block b = start_block(blockIdx.x, smem, a.w_hh, p);
   cg::grid_group grid = cg::this_grid();
   const Load<T> load;
   const Store<T> store;
@@ -91,8 +90,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     tc_backward_kernel(const PersistentBackwardArgs<T> a, const tc::BackwardPlan p,
                        const bool paired) {
   extern __shared__ uint4 smem[];
-  const Block b = start_block(blockIdx.x, smem, a.w_hh, tc::bwd_slab_slots(p),
-                              [&](int64_t block, int64_t slot, int i) { return tc::bwd_slab_source(p, block, slot, i); });
+  const Block b = start_block(blockIdx.x, smem, a.w_hh, p);
   cg::grid_group grid = cg::this_grid();
   const Load<T> load;
   const Store<T> store;

@@ -84,13 +84,12 @@ struct Block {
   int lane;
 };
 
-// Stages block `index`'s weights into the first `slots` slots of `smem`
-// (stage_slab, source(index, slot, i)) and gives the Block that works from
-// them.
-template <typename T, typename Source>
-__device__ __forceinline__ Block start_block(int64_t index, uint4* smem, const T* w_hh, int64_t slots,
-                                             Source source) {
-  stage_slab(smem, w_hh, slots, [&](int64_t slot, int i) { return source(index, slot, i); });
+// Stages block `index`'s slab of plan p's weights (tc::slab_source) into
+// smem and gives the Block that works from it.
+template <typename T, typename Plan>
+__device__ __forceinline__ Block start_block(int64_t index, uint4* smem, const T* w_hh, const Plan& p) {
+  const int64_t slots = tc::slab_slots(p);
+  stage_slab(smem, w_hh, slots, [&](int64_t slot, int i) { return tc::slab_source(p, index, slot, i); });
   return {index, smem, reinterpret_cast<float*>(smem + slots), static_cast<int>(threadIdx.x / tc::kLanes),
           static_cast<int>(threadIdx.x % tc::kLanes)};
 }

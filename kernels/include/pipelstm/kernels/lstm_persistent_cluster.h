@@ -143,7 +143,7 @@ PIPELSTM_HD BackwardClusterPlan make_backward_cluster_plan(int64_t batch, int64_
 PIPELSTM_HD int64_t copy_halves(const BackwardClusterPlan& c) { return c.rows * c.stride; }
 
 PIPELSTM_HD int64_t copies_offset(const BackwardClusterPlan& c) {
-  return tc::bwd_slab_slots(c.tiles) * 16 + tc::bwd_partial_floats(c.tiles) * 4;
+  return tc::slab_slots(c.tiles) * 16 + tc::bwd_partial_floats(c.tiles) * 4;
 }
 
 PIPELSTM_HD int64_t cluster_smem_bytes(const BackwardClusterPlan& c) {

@@ -154,7 +154,7 @@ PIPELSTM_HD int64_t slab_slot(const ForwardPlan& p, int64_t tau, int64_t kt, int
 
 // Where element i (0 .. 7) of slab slot `slot` of block `block` comes from:
 // an index into w_hh [4H, H], or -1 for the zero padding of the tails.
-PIPELSTM_HD int64_t fwd_slab_source(const ForwardPlan& p, int64_t block, int64_t slot, int i) {
+PIPELSTM_HD int64_t slab_source(const ForwardPlan& p, int64_t block, int64_t slot, int i) {
   const int lane = static_cast<int>(slot % kLanes);
   const int m = static_cast<int>((slot / kLanes) % 2);
   const int64_t kt = (slot / (kLanes * 2)) % p.k_tiles;
@@ -296,7 +296,7 @@ PIPELSTM_HD BackwardPlan make_backward_plan(int64_t batch, int64_t hidden, int64
   return {make_tile_plan(batch, hidden, 4 * hidden, kTileM, unit_tiles)};
 }
 
-PIPELSTM_HD int64_t bwd_slab_slots(const BackwardPlan& p) { return p.unit_tiles * p.k_tiles * kLanes; }
+PIPELSTM_HD int64_t slab_slots(const BackwardPlan& p) { return p.unit_tiles * p.k_tiles * kLanes; }
 
 PIPELSTM_HD int64_t bwd_slab_slot(const BackwardPlan& p, int64_t mt, int64_t kt, int lane) {
   return (mt * p.k_tiles + kt) * kLanes + lane;
@@ -305,7 +305,7 @@ PIPELSTM_HD int64_t bwd_slab_slot(const BackwardPlan& p, int64_t mt, int64_t kt,
 // Where element i of backward slab slot `slot` of block `block` comes from:
 // A[row = unit j][col = gate row k] = w_hh[k, j], an index into w_hh
 // [4H, H], or -1 (padding).
-PIPELSTM_HD int64_t bwd_slab_source(const BackwardPlan& p, int64_t block, int64_t slot, int i) {
+PIPELSTM_HD int64_t slab_source(const BackwardPlan& p, int64_t block, int64_t slot, int i) {
   const int lane = static_cast<int>(slot % kLanes);
   const int64_t kt = (slot / kLanes) % p.k_tiles;
   const int64_t mt = slot / (kLanes * p.k_tiles);
@@ -352,7 +352,7 @@ PIPELSTM_HD int64_t bwd_partial_index(const BackwardPlan& p, int64_t slice, int6
 }
 
 inline int64_t backward_smem_bytes(const BackwardPlan& p) {
-  return bwd_slab_slots(p) * 16 + bwd_partial_floats(p) * 4;
+  return slab_slots(p) * 16 + bwd_partial_floats(p) * 4;
 }
 
 inline int64_t default_backward_unit_tiles(int64_t hidden, int64_t sms) {
