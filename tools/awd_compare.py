@@ -1,10 +1,14 @@
 """The AWD-LSTM-style example (examples/awd_lstm.py) on pipelstm.LSTM against
 the same recipe on nn.LSTM with the weight-drop wrapper: each kind with each
-seed, the two kinds taking turns per seed, the same epochs; the validation
-perplexity after the last epoch and the time per epoch, as a bench JSON
-(docs/bench/awd.json renders in docs/bench/regularisation.md).
+seed, the two kinds taking turns per seed (or side by side, with --jobs 2),
+the same epochs; the validation perplexity after the last epoch and the
+time per epoch, as a bench JSON (docs/bench/awd.json renders in
+docs/bench/regularisation.md).
 
     python tools/awd_compare.py --data path/to/wikitext-2 --seeds 1 2 3 --epochs 3 --json docs/bench/awd.json
+
+Each run is deterministic for its seed and thread count, so --jobs changes
+the times per epoch (runs share the machine), not the perplexities.
 """
 
 import argparse
@@ -27,6 +31,17 @@ SUMMARY = [Column("lstm", "LSTM"), Column("ppl", "valid ppl (mean over seeds)", 
            Column("epoch_seconds", "s / epoch (median)", "{:.1f}"), Column("vs_nn", "vs nn.LSTM + weight drop")]
 
 
+def _command(args, seed: int, kind: str, out: str) -> list:
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "awd_lstm.py"), "--lstm", kind, "--seed", str(seed),
+           "--epochs", str(args.epochs), "--threads", str(args.threads), "--json", out]
+    if args.data:
+        cmd += ["--data", args.data]
+    for name in ("max_batches", "eval_batches", "nhid"):
+        if getattr(args, name):
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return cmd
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)
@@ -36,23 +51,25 @@ def main(argv=None) -> int:
     ap.add_argument("--max-batches", type=int, default=None, help="each epoch's training batches at most")
     ap.add_argument("--eval-batches", type=int, default=None, help="each validation's batches at most")
     ap.add_argument("--nhid", type=int, default=None, help="the LSTM's hidden size (default: the example's)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (2: each seed's two kinds side by side, e.g. --threads 1 on 2 cores)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     meta = report.metadata("awd", sys.argv[1:] if argv is None else argv, program="tools/awd_compare.py")
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {args.jobs}")
+    runs = [(seed, kind) for seed in args.seeds for kind in ("pipelstm", "nn")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for kind in ("pipelstm", "nn"):
-                out = os.path.join(tmp, f"{kind}-{seed}.json")
-                cmd = [sys.executable, os.path.join(ROOT, "examples", "awd_lstm.py"), "--lstm", kind, "--seed",
-                       str(seed), "--epochs", str(args.epochs), "--threads", str(args.threads), "--json", out]
-                if args.data:
-                    cmd += ["--data", args.data]
-                for name in ("max_batches", "eval_batches", "nhid"):
-                    if getattr(args, name):
-                        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-                subprocess.run(cmd, check=True)
-                run = json.load(open(out))
+        for first in range(0, len(runs), args.jobs):
+            batch = runs[first:first + args.jobs]
+            procs = [subprocess.Popen(_command(args, seed, kind, os.path.join(tmp, f"{kind}-{seed}.json")))
+                     for seed, kind in batch]
+            codes = [proc.wait() for proc in procs]
+            for (seed, kind), code in zip(batch, codes):
+                if code != 0:
+                    raise SystemExit(f"awd_compare: the {kind} run with seed {seed} failed (exit {code})")
+                run = json.load(open(os.path.join(tmp, f"{kind}-{seed}.json")))
                 rows.append(dict(seed=seed, lstm=kind, valid_ppl=run["epochs"][-1]["valid_ppl"],
                                  epoch_seconds=statistics.median(e["seconds"] for e in run["epochs"]),
                                  epochs=run["epochs"]))
@@ -72,6 +89,7 @@ def main(argv=None) -> int:
                              f"{f' of {args.max_batches} batches' if args.max_batches else ''}"
                              f"{f', validated on {args.eval_batches} batches' if args.eval_batches else ''}"
                              f"{f', nhid {args.nhid}' if args.nhid else ''}, {args.threads} threads, "
+                             f"{f'{args.jobs} runs at once, ' if args.jobs > 1 else ''}"
                              f"seeds "
                              f"{args.seeds}; nn: nn.LSTM layers each with the weight-drop wrapper, locked dropout "
                              "between them; both from the same initial weights per seed."])
