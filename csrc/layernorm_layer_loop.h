@@ -123,8 +123,8 @@ inline Tensor previous_h(const LayerSteps& steps, const Tensor& output, const Te
                   bool reverse) {
   const int64_t t = LayerSteps::step_at(p, steps.steps(), reverse);
   const int64_t rows = steps.batch[t], cont = steps.continuing(p, reverse);
+  if (cont == 0) return h0.narrow(0, 0, rows);  // also the first step, where there is no prev
   if (cont == rows) return output.narrow(0, steps.offset[prev], rows);
-  if (cont == 0) return h0.narrow(0, 0, rows);
   return at::cat({output.narrow(0, steps.offset[prev], cont), h0.narrow(0, cont, rows - cont)});
 }
 

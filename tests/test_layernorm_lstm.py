@@ -179,6 +179,19 @@ def test_float32_within_the_references_own_float32_error():
     assert (got.double() - want).abs().max() <= max(10 * own_err.item(), 1e-5)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_an_empty_batch_gives_empty_results_as_nn_lstm(bidirectional):
+    # nn.LSTM takes a batch of 0 and returns empty outputs and states.
+    ref = torch.nn.LSTM(3, 4, 2, bidirectional=bidirectional)
+    m = pipelstm.LayerNormLSTM(3, 4, 2, bidirectional=bidirectional, zoneout=(0.1, 0.2))
+    x = torch.zeros(5, 0, 3, requires_grad=True)
+    want, (want_h, want_c) = ref(x)
+    out, (h, c) = m(x)
+    assert (out.shape, h.shape, c.shape) == (want.shape, want_h.shape, want_c.shape)
+    (out.sum() + h.sum() + c.sum()).backward()
+    assert x.grad.shape == x.shape
+
+
 def test_gradcheck_and_double_backward_of_the_fused_op():
     torch.manual_seed(6)
     T, B, I, H = 3, 2, 3, 2
