@@ -55,10 +55,11 @@ def test_layernorm_lstm_matches_the_cpu(bidirectional, packed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("zoneout", [False, True])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("H", [6, 300])  # below and above a row's block of 256 threads
-def test_layernorm_layer_op_matches_the_cpu(H, packed, zoneout, dtype):
+def test_layernorm_layer_op_matches_the_cpu(H, packed, zoneout, reverse, dtype):
     # the fused op itself, forward and backward, with the same keep masks on both devices
     torch.manual_seed(0)
     I = 5
@@ -77,7 +78,7 @@ def test_layernorm_layer_op_matches_the_cpu(H, packed, zoneout, dtype):
         xs = x.to(device, dtype).requires_grad_()
         ts = [t.to(device, dtype).requires_grad_() for t in weights]
         ks = [k if k is None else k.to(device, dtype) for k in keeps]
-        out, h, c = pipelstm.layernorm_ops.lstm_layernorm_layer(xs, batch_sizes, *ts, *ks)
+        out, h, c = pipelstm.layernorm_ops.lstm_layernorm_layer(xs, batch_sizes, *ts, *ks, reverse=reverse)
         loss = out.sin().sum() + h.cos().sum() + c.square().sum()
         results.append(((out, h, c), torch.autograd.grad(loss, [xs, *ts])))
     for a, b in zip((*results[0][0], *results[0][1]), (*results[1][0], *results[1][1])):
