@@ -34,6 +34,8 @@ def test_lm_quick(tmp_path):
     assert summary["title"] == "Summary" and [s["size"] for s in summary["rows"]] == sizes
     for s in summary["rows"]:
         assert s["best_ratio"] == max(s["ours_ratio"], s["pipe_ratio"]) and s["best_K"] in (4, 8, 16)
+        one = next(r for r in rows if r["size"] == s["size"] and (r["kind"], r["threads"]) == ("pipelstm.LSTM", 1))
+        assert math.isclose(s["pipe_vs_one"], one["seconds"] / s["pipe"])  # what the second core buys
     assert any("stands in for one device per stage" in n for n in data["notes"])
     for size in sizes:
         assert f"{size}: pipelstm.LSTM 2 threads: " in out

@@ -36,7 +36,8 @@ threads is the equal-cores baseline, and every row's ratio is its time
 over that row's (>1: faster than nn.LSTM on the same cores). The 1-thread
 rows are for reference. The summary gives, per size, pipelstm.LSTM with 2
 threads and the best of {pipelstm.LSTM with 2 threads, the best K x M of
-2 stages x 1 thread} against the baseline.
+2 stages x 1 thread} against the baseline, and the best 2 stages against
+pipelstm.LSTM on 1 thread (what the second core buys the same model).
 """
 
 import argparse
@@ -108,6 +109,7 @@ SUMMARY_COLUMNS = [
     Column("best_K", "best K"), Column("best_M", "best M"),
     Column("pipe", f"best {STAGES} stages x 1 thread (s)", "{:.3f}"), Column("pipe_ratio", "ratio", "{:.2f}x"),
     Column("best_ratio", "best of both", "{:.2f}x"),
+    Column("pipe_vs_one", f"best {STAGES} stages vs pipelstm.LSTM 1 thread", "{:.2f}x"),
 ]
 
 
@@ -203,10 +205,12 @@ def summarize(rows: List[dict]) -> List[dict]:
         ours = next(r for r in mine if r["kind"] == "pipelstm.LSTM" and r["threads"] == STAGES)
         pipes = [r for r in mine if r["kind"] == "pipeline"]
         best = min(pipes, key=lambda r: r["seconds"]) if pipes else None
+        one = next((r for r in mine if r["kind"] == "pipelstm.LSTM" and r["threads"] == 1), None)
         summary.append(dict(
             size=label, baseline=base["seconds"], ours=ours["seconds"], ours_ratio=ours["ratio"],
             best_K=best and best["K"], best_M=best and best["M"], pipe=best and best["seconds"],
             pipe_ratio=best and best["ratio"], best_ratio=max(ours["ratio"], best["ratio"] if best else 0.0),
+            pipe_vs_one=one["seconds"] / best["seconds"] if best and one else None,
         ))
     return summary
 

@@ -132,9 +132,12 @@ def lm(data: Mapping) -> List[Row]:
     sizes = " / ".join(s["size"] for s in summary)
     ours = " / ".join(_x(s["ours_ratio"]) for s in summary)
     pipe = " / ".join(_x(s["pipe_ratio"]) for s in summary)
+    # older files have no 1-thread comparison
+    stages = " / ".join(_x(s["pipe_vs_one"]) for s in summary) if all(s.get("pipe_vs_one") for s in summary) else None
+    vs_one = f" ({stages} its 1-thread `pipelstm.LSTM` model)" if stages else ""
     return [dict(what=f"LM training step (4 × LSTM, 10k-word decoder) vs the `nn.LSTM` model on the same "
                       f"2 cores, {sizes}",
-                 result=f"`pipelstm.LSTM` on 2 threads {ours}; 2-stage `Pipeline`, 1 thread each, {pipe}",
+                 result=f"`pipelstm.LSTM` on 2 threads {ours}; 2-stage `Pipeline`, 1 thread each, {pipe}{vs_one}",
                  setup=f"{_cpu(data)}, fp32, 2 cores")]
 
 
