@@ -4,6 +4,7 @@ outputs, final states and every gradient. On CUDA the LayerNorm LSTM's
 layer op runs its row kernels (one block a row) and zoneout runs in the CUDA
 step loop's pointwise items, neither of which the CPU suite can reach."""
 
+import copy
 import os
 
 import pytest
@@ -115,10 +116,32 @@ def test_zoneout_layer_op_matches_the_cpu(packed, reverse):
     _both(results[0][0], results[1][0], results[0][1], results[1][1])
 
 
-def test_a_cuda_pipeline_stage_refuses_the_layernorm_lstm_by_name():
-    if DEVICE == "cpu":
-        pytest.skip("the CPU stand-in has no CUDA stage")
-    model = torch.nn.Sequential(pipelstm.LayerNormLSTM(4, 6, 2)).cuda()
-    pipe = pipelstm.Pipeline(model, ["cuda:0", "cuda:0"])
-    with pytest.raises(RuntimeError, match=r"a LayerNorm LSTM layer\) runs on the CPU only"):
-        pipe(torch.randn(5, 2, 4, device="cuda"))
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_cuda_pipeline_of_the_layernorm_lstm_matches_the_cpu_model(packed):
+    # each layer a unit on a CUDA stage (the fused op over each time chunk),
+    # with zoneout, against the unsplit model on the CPU, both in float64
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(pipelstm.LayerNormLSTM(4, 6, 3, zoneout=(0.3, 0.2))).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5) if "weight" in name else p.uniform_(-0.5, 0.5)
+    model.eval()  # zoneout's expectation: the same on both sides without shared masks
+    stage = "cuda:0" if DEVICE == "cuda" else DEVICE
+    pipe = pipelstm.Pipeline(copy.deepcopy(model).to(stage), [stage, stage], chunks=3, micro_batches=2).eval()
+    if packed:
+        x = pack_sequence([torch.randn(n, 4, dtype=torch.float64) for n in (7, 5, 2, 1)])
+    else:
+        x = torch.randn(7, 4, 4, dtype=torch.float64)
+    results = []
+    for run, device in ((pipe, stage), (model, "cpu")):
+        xs = x.to(device)
+        out, (h, c) = run(xs)
+        data = out if isinstance(out, torch.Tensor) else out.data
+        (data.sin().sum() + h.cos().sum() + c.square().sum()).backward()
+        results.append([data.cpu(), h.cpu(), c.cpu()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **TOL)
+    for (name, a), (_, b) in zip(pipe.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, **TOL, msg=lambda m: f"{name}: {m}")
+    assert pipe.state_dict().keys() == model.state_dict().keys()

@@ -3,7 +3,8 @@
 // by the stage as an LSTM layer's. The op's backward gives every gradient
 // at once, so an item's weight gradients come with its data gradient (in
 // its piece) and are summed in a fixed order, as a LayerNorm unit's are.
-// The op has a CPU kernel only (float32, float64).
+// The op computes in float32 and float64 (on CUDA in a CUDA build) and
+// refuses other dtypes by name.
 #include <ATen/ATen.h>
 
 #include "../../lstm_ops.h"
@@ -38,9 +39,6 @@ LayerNormWeights weights(const UnitSpec& u, const UnitParams& p) {
 // zoneout's keep weights (undefined: none).
 Tensor forward(const UnitSpec& u, const UnitParams& p, const Tensor& x, bool training, bool keep,
                Tensor& h, Tensor& c, std::vector<Tensor>& saved, uint64_t seed, const ItemContext& item) {
-  TORCH_CHECK(x.is_cpu(), "pipelstm pipeline: ", u.name,
-              " (a LayerNorm LSTM layer) runs on the CPU only, got its input on ", x.device(),
-              "; place the stage that holds it on the CPU");
   const LayerNormWeights w = weights(u, p);
   const Tensor& bs = item.batch_sizes;
   if (item.packed && !bs.defined()) {
