@@ -2,10 +2,10 @@
 the same recipe on nn.LSTM with the weight-drop wrapper: each kind with each
 seed, the two kinds taking turns per seed (or side by side, with --jobs 2),
 the same epochs; the validation perplexity after the last epoch and the
-time per epoch, as a bench JSON (docs/bench/awd.json renders in
-docs/bench/regularisation.md).
+time per epoch, as a bench JSON (docs/bench/awd_*.json render in
+docs/regularisation.md).
 
-    python tools/awd_compare.py --data path/to/wikitext-2 --seeds 1 2 3 --epochs 3 --json docs/bench/awd.json
+    python tools/awd_compare.py --data path/to/wikitext-2 --seeds 1 2 3 --epochs 6 --json docs/bench/awd.json
 
 Each run is deterministic for its seed and thread count, so --jobs changes
 the times per epoch (runs share the machine), not the perplexities.
