@@ -24,7 +24,7 @@ from ..lstm import LSTM
 from . import report
 from .table import Column, header
 from .cell_loop import CellLoop
-from .timing import add_device_argument, check_device, training_step_rows
+from .timing import add_device_argument, check_device, device_label, training_step_rows
 
 __all__ = ["LayerNormCellLoop", "main"]
 
@@ -102,8 +102,7 @@ def main(argv=None) -> List[dict]:
     check_device(p, args.device)
     meta = report.metadata("layernorm", argv)
     T, batches, sizes = (6, [2], [8]) if args.quick else (args.T, args.B, args.H)
-    where = f"CPU, {report.isa_label()}" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"torch {torch.__version__}, float32 {where}, {LAYERS} layers, forward+backward in "
+    print(f"torch {torch.__version__}, float32 {device_label(args.device)}, {LAYERS} layers, forward+backward in "
           f"training, T={T}, median of {args.repeats} interleaved runs")
     print(header(COLUMNS))
     rows = [r for B in batches for H in sizes for r in run(T, B, H, args.threads, args.repeats, args.device)]

@@ -13,10 +13,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import report
 from .table import Column, add_row
 
-__all__ = ["add_device_argument", "add_min_run_argument", "check_device", "interleaved_times", "interleaved_medians", "training_step_times",
-           "training_step_rows", "medians", "median_index", "spread", "gemm_gflops"]
+__all__ = ["add_device_argument", "add_min_run_argument", "check_device", "device_label", "interleaved_times",
+           "interleaved_medians", "training_step_times", "training_step_rows", "medians", "median_index", "spread",
+           "gemm_gflops"]
 
 
 def interleaved_times(
@@ -91,6 +93,11 @@ def check_device(parser: argparse.ArgumentParser, device: str) -> None:
     """Stops with a usage error where ``device`` is cuda and torch sees no CUDA device."""
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
+
+
+def device_label(device: str) -> str:
+    """Where a training-step benchmark's models ran, for its header: the CPU and its ISA, or the GPU's name."""
+    return f"CPU, {report.isa_label()}" if device == "cpu" else torch.cuda.get_device_name()
 
 
 def training_step_rows(columns: List[Column], threads: List[int], shape: Tuple[int, int, int], repeats: int,
