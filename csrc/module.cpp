@@ -15,6 +15,7 @@
 #include "graph_replay.h"
 #include "graph_rule.h"
 #include "layer_gemm.h"
+#include "lent_buffers.h"
 #include "log_sink.h"
 #include "persistent_rule.h"
 #include "settings.h"
@@ -22,6 +23,7 @@
 namespace pipelstm {
 bool built_with_cuda();
 const char* built_torch_version();
+void init_graph_stand_in(pybind11::module_& m);
 namespace pipeline {
 void init_bindings(pybind11::module_& m);
 }
@@ -147,6 +149,13 @@ PYBIND11_MODULE(_C, m) {
   }, "(captures, replays) of the layer ops' CUDA graphs in this process (graph_replay.h).");
   m.def("_graph_memory", &pipelstm::graph_memory,
         "Bytes of device memory the layer ops' cached CUDA graphs hold now (graph_replay.h).");
+  py::class_<pipelstm::LentBuffers>(m, "_LentBuffers",
+                                    "Buffers handed out without a copy, and whether all that was lent is "
+                                    "gone (lent_buffers.h; tests).")
+      .def(py::init<>())
+      .def("lend", &pipelstm::LentBuffers::lend, py::arg("buffers"))
+      .def("returned", &pipelstm::LentBuffers::returned)
+      .def_static("is_lent", &pipelstm::LentBuffers::is_lent, py::arg("tensor"));
   m.def("_layer_gemm_tf32", [](const std::string& device, at::ScalarType dtype) {
     return pipelstm::layer_gemm_tf32(c10::Device(device).type(), dtype);
   }, pybind11::arg("device"), pybind11::arg("dtype"),
@@ -171,5 +180,6 @@ PYBIND11_MODULE(_C, m) {
     return pybind11::make_tuple(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
   }, "The column-major (cuBLAS) call a CUDA layer GEMM makes for out = a @ b of these "
      "strides (column_major_gemm.h; tests).");
+  pipelstm::init_graph_stand_in(m);
   pipelstm::pipeline::init_bindings(m);
 }
