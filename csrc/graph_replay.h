@@ -13,10 +13,13 @@
 // with a key (the first one runs eagerly: it is the warm-up that
 // initialises cuBLAS outside the capture) and replayed from then on: the
 // inputs are copied into the graph's own, the graph is replayed on the
-// current stream, and its outputs are returned as copies, since the next
-// replay overwrites them. Weights updated in place (an optimizer step) are
-// read afresh by each replay; a weight replaced by another tensor has
-// another address, hence another key.
+// current stream, and its outputs are handed out as they are, not copied
+// (lent_buffers.h). A graph is replayed again only once nothing the caller
+// kept of its outputs is left, so a key may hold a second capture, for the
+// loop whose last outputs are still held at the next call, and a third that
+// hands out copies, for a call while both are out. Weights updated in place
+// (an optimizer step) are read afresh by each replay; a weight replaced by
+// another tensor has another address, hence another key.
 //
 // PIPELSTM_CUDA_GRAPHS=1 graphs every call, =0 none; unset, the op says per
 // call (`by_default`): where its launches, not its arithmetic, set the time.

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "../graph_captures.h"
 #include "../log_sink.h"
 #include "../settings.h"
 
@@ -24,9 +25,10 @@ namespace pipelstm {
 namespace cuda {
 namespace {
 
-// Graphs kept at once, least recently used dropped first. Each holds its
-// body's outputs and intermediates in a private memory pool, so the cache
-// is bounded by count and by the device memory its graphs reserved, at most
+// Keys kept at once (each with its captures, graph_captures.h), least
+// recently used dropped first. Each graph holds its body's outputs and
+// intermediates in a private memory pool, so the cache is bounded by count
+// and by the device memory its graphs reserved, at most
 // 1/kGraphMemoryShare of the device's (unbounded, the pools of many sizes
 // fill the device: docs/design/cuda.md). The count fits a layer wavefront's graphs
 // (each layer's chunk shapes, forward and backward, on its own stream):
@@ -41,19 +43,21 @@ bool graphs_requested(bool by_default) {
   return settings::cuda_graphs().value_or(by_default);  // read per call: cheap beside a launch
 }
 
-struct Entry {
-  std::mutex mutex;  // one call at a time uses the graph's inputs and outputs
-  bool warmed_up = false;
-  bool uncapturable = false;  // its capture failed once: always eager
-  c10::DeviceIndex device = 0;
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
-  std::vector<at::Tensor> inputs, outputs;  // the graph's own
-  std::atomic<int64_t> bytes{0};            // device memory it holds, once captured
+using Captures = GraphCaptures<at::cuda::CUDAGraph>;
 
-  // Dropped from the cache: a replay may still be running, and the graph's
-  // memory pool goes back to the allocator with it.
+struct Entry {
+  std::mutex mutex;  // one call at a time picks and replays the key's captures
+  bool warmed_up = false;
+  bool uncapturable = false;  // a capture failed once: always eager
+  c10::DeviceIndex device = 0;
+  Captures captures;
+  std::atomic<int64_t> bytes{0};  // device memory its captures hold
+
+  // Dropped from the cache: a replay may still be running, and the graphs'
+  // memory pools go back to the allocator with them (outputs still lent
+  // keep their blocks until they are gone).
   ~Entry() {
-    if (!graph) return;
+    if (captures.empty()) return;
     note_graph_memory(-bytes.load());
     const c10::cuda::CUDAGuard guard(device);
     (void)cudaDeviceSynchronize();  // an error here would be a sticky one, raised by the next call
@@ -174,10 +178,10 @@ class CaptureStreamLease {
   at::cuda::CUDAStream stream_;
 };
 
-// Captures body(entry.inputs) into entry.graph on a stream of its own
-// (capture needs a stream other than the default one), ordered after and
-// before the current stream's work.
-void capture(Entry& e, const GraphBody& body, const at::cuda::CUDAStream& current) {
+// Captures body(c.inputs) into c.graph on a stream of its own (capture
+// needs a stream other than the default one), ordered after and before the
+// current stream's work.
+void capture(Captures::Capture& e, const GraphBody& body, const at::cuda::CUDAStream& current) {
   const CaptureStreamLease lease(current);
   const at::cuda::CUDAStream& side = lease.stream();
   at::cuda::CUDAEvent ready;
@@ -245,48 +249,46 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
     entry->warmed_up = true;  // this call runs eagerly: cuBLAS and the kernels initialise outside a capture
     return std::nullopt;
   }
-  bool captured = false;
-  if (!entry->graph) {
-    entry->device = device.index();
-    entry->inputs.clear();
-    for (const auto& t : inputs) entry->inputs.push_back(t.clone());
-    try {
-      capture(*entry, body, current);
-    } catch (const std::exception& e) {
-      // Something in the body cannot be captured (say, a launch kind this
-      // driver does not record): this key runs its step loop from now on.
-      (void)cudaGetLastError();  // a capture error is not sticky: clear it
-      entry->uncapturable = true;
-      entry->inputs.clear();
-      TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph; it runs eagerly (",
-                 e.what(), ")");
-      const std::string message = std::string("CUDA graph: capture failed on cuda:") +
-                                  std::to_string(device.index()) +
-                                  "; these calls run eagerly from now on (" + e.what() + ")";
-      lock.unlock();  // the sink takes the GIL (log_sink.h)
-      log_message(LogLevel::kWarning, message);
-      return std::nullopt;
-    }
-    entry->bytes = pool_bytes(entry->graph->pool());
-    note_graph_memory(entry->bytes.load());
+  entry->device = device.index();
+  Captures::Run run;
+  bool capture_failed = false;  // an error of the replay itself is raised
+  try {
+    run = entry->captures.run(inputs, [&](Captures::Capture& c) {
+      capture_failed = true;
+      capture(c, body, current);
+      capture_failed = false;
+    });
+  } catch (const std::exception& e) {
+    if (!capture_failed) throw;
+    // Something in the body cannot be captured (say, a launch kind this
+    // driver does not record): this key runs its step loop from now on.
+    (void)cudaGetLastError();  // a capture error is not sticky: clear it
+    entry->uncapturable = true;
+    TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph; it runs eagerly (",
+               e.what(), ")");
+    const std::string message = std::string("CUDA graph: capture failed on cuda:") +
+                                std::to_string(device.index()) +
+                                "; these calls run eagerly from now on (" + e.what() + ")";
+    lock.unlock();  // the sink takes the GIL (log_sink.h)
+    log_message(LogLevel::kWarning, message);
+    return std::nullopt;
+  }
+  const bool captured = run.captured != nullptr;
+  if (captured) {
+    const int64_t bytes = pool_bytes(run.captured->graph->pool());
+    entry->bytes += bytes;
+    note_graph_memory(bytes);
     cache().trim(static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem) /
                  kGraphMemoryShare);
     note_graph_capture();
-    captured = true;
-  } else {
-    for (size_t i = 0; i < inputs.size(); ++i) entry->inputs[i].copy_(inputs[i]);
   }
-  entry->graph->replay();
   note_graph_replay();
-  std::vector<at::Tensor> out;
-  out.reserve(entry->outputs.size());
-  for (const auto& t : entry->outputs) out.push_back(t.defined() ? t.clone() : t);
   lock.unlock();  // the sink takes the GIL (log_sink.h)
   if (captured) {
     log_message(LogLevel::kInfo, "CUDA graph: captured a layer op's time loop on cuda:" +
                                      std::to_string(device.index()) + "; later calls like it replay it");
   }
-  return out;
+  return std::move(run.outputs);
 }
 
 }  // namespace cuda

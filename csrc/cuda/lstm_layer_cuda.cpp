@@ -23,6 +23,7 @@
 #include "../layer_gemm.h"
 #include "../layer_ops.h"
 #include "../layer_step_loop.h"
+#include "../lent_buffers.h"
 #include "../persistent_rule.h"
 #include "../settings.h"
 #include "graph_replay_cuda.h"
@@ -185,9 +186,17 @@ struct CudaLayer {
       return backward_in_two_parts<CudaLayer>(steps, s, grad_output, grad_h_n, grad_c_n, x, h0,
                                               c0, w_ih, w_hh, w_hr, output, workspace, reverse);
     }
-    // The gradients given are inputs at fixed places after the five tensors
+    // The forward's output and workspace, where its graph lent them, are
+    // read in place rather than copied into the graph's own: their
+    // addresses recur (one pair per capture of the forward), and so does
+    // the key. The gradients given are inputs at places after the tensors
     // every call has; a missing one is none in the body too.
-    std::vector<Tensor> inputs{x, h0, c0, output, workspace};
+    const bool saved_in_place = LentBuffers::is_lent(output) && LentBuffers::is_lent(workspace);
+    std::vector<Tensor> inputs{x, h0, c0};
+    if (!saved_in_place) {
+      inputs.push_back(output);
+      inputs.push_back(workspace);
+    }
     std::array<int64_t, 3> slot{-1, -1, -1};
     const std::array<const OptTensor*, 3> grads{&grad_output, &grad_h_n, &grad_c_n};
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -202,12 +211,15 @@ struct CudaLayer {
     const auto body = [&](const std::vector<Tensor>& in) {
       BackwardResult r = backward_in_two_parts<CudaLayer>(
           steps, s, given(in, 0), given(in, 1), given(in, 2), in[0], in[1], in[2], w_ih, w_hh, w_hr,
-          in[3], in[4], reverse);
+          saved_in_place ? output : in[3], saved_in_place ? workspace : in[4], reverse);
       return std::vector<Tensor>{r.grad_input, r.grad_h0, r.grad_c0, r.grad_w_ih, r.grad_w_hh,
                                  r.grad_bias, r.grad_w_hr};
     };
+    const Tensor none;
     const auto out = run_body(x, s, GraphOp::kBackward, steps, reverse,
-                              {w_ih, w_hh, or_undefined(w_hr)}, inputs, body);
+                              {w_ih, w_hh, or_undefined(w_hr), saved_in_place ? output : none,
+                               saved_in_place ? workspace : none},
+                              inputs, body);
     return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
   }
 };

@@ -7,6 +7,11 @@ a replay launches the same kernels, so the results agree to rounding (cuBLAS
 may pick another algorithm inside a capture). pipelstm._C._graph_counts()
 shows that a graph was captured and replayed, so a silent fallback to the
 eager loop fails these tests.
+
+A replay hands out the graph's own outputs (csrc/lent_buffers.h) and that
+graph is replayed again only once nothing holds them; outputs still held
+(kept in a list, saved for a backward, passed on as the next call's state)
+must keep their values whatever later calls replay.
 """
 
 import pytest
@@ -56,10 +61,10 @@ def _assert_close(got, expected):
         assert rel_error(a.double(), e.double()) <= TOL, (k, rel_error(a.double(), e.double()))
 
 
-def _eager(monkeypatch, *args):
+def _eager(monkeypatch, *args, run=_forward_backward):
     monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "0")
     try:
-        return _forward_backward(*args)
+        return run(*args)
     finally:
         monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
 
@@ -70,13 +75,18 @@ def test_replays_match_eager_calls_on_new_inputs(P, reverse, monkeypatch):
     monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
     w = _weights(P=P)
     before = _C._graph_counts()
-    for seed in range(4):  # warm-up, capture and replay, then replays
+    for seed in range(6):
         args = (*_inputs(P=P, seed=seed), w, reverse)
         got = _forward_backward(*args)
         _assert_close(got, _eager(monkeypatch, *args))
     captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
-    assert captures == 2  # the forward's and the backward's
-    assert replays == 6
+    # The forward: warm-up, then captures A (seed 1) and B (seed 2: `got`
+    # still holds A's outputs), then A, B, A. The backward reads the
+    # forward's lent output and workspace in place, so it has a key per
+    # forward capture, each warmed up once (seeds 1 and 2) before its
+    # capture (seeds 3 and 4) and replays.
+    assert captures == 4
+    assert replays == 5 + 3
 
 
 @pytest.mark.parametrize("dtype,B,H,graphed", [
@@ -187,4 +197,86 @@ def test_module_training_steps_with_graphs_match_eager(monkeypatch):
             model(x)[0].square().mean().backward()
             opt.step()
     for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert rel_error(b.double(), a.double()) <= 1e-5
+
+
+def _forward(x, h0, c0, w):
+    return OPS.lstm_layer_forward(x, h0, c0, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], w["w_hr"], False)
+
+
+def test_a_replay_hands_out_the_graphs_own_outputs(monkeypatch):
+    # Nothing held between calls: every replay is the same capture's, and
+    # its outputs are the graph's memory, not copies of it.
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(H=40)  # sizes of its own: no other test's graph has its key
+    before = _C._graph_counts()
+    addresses = []
+    for seed in range(5):
+        x, h0, c0 = _inputs(H=40, seed=seed)
+        out = _forward(x, h0, c0, w)
+        addresses.append([t.data_ptr() for t in out])
+        _assert_close(list(out), list(_eager(monkeypatch, x, h0, c0, w, run=_forward)))
+        del out
+    captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
+    assert (captures, replays) == (1, 4)
+    assert all(a == addresses[1] for a in addresses[2:])
+
+
+def test_outputs_kept_across_calls_keep_their_values(monkeypatch):
+    # All kept: the second call replays a second capture, the later ones a
+    # third that hands out copies; none replays over what is kept.
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(H=24)
+    calls = [_inputs(H=24, seed=seed) for seed in range(6)]
+    expected = [_eager(monkeypatch, *args, w, run=_forward) for args in calls]
+    before = _C._graph_counts()
+    kept = [_forward(*args, w) for args in calls]
+    captures, replays = (a - b for a, b in zip(_C._graph_counts(), before))
+    assert (captures, replays) == (3, 5)
+    for got, e in zip(kept, expected):
+        _assert_close(list(got), list(e))
+
+
+def test_states_passed_on_from_call_to_call_match_eager(monkeypatch):
+    # Truncated backpropagation through time: each call starts from the
+    # last one's (h_n, c_n), detached, and steps the optimizer.
+    torch.manual_seed(0)
+    models = [pipelstm.LSTM(16, 32, num_layers=2).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    xs = [torch.randn(12, 4, 16, device=DEVICE) for _ in range(6)]
+    outputs = []
+    for graphs, model in zip(("0", "1"), models):
+        monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", graphs)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state, outs = None, []
+        for x in xs:
+            opt.zero_grad()
+            out, state = model(x, state)
+            out.square().mean().backward()
+            opt.step()
+            state = tuple(s.detach() for s in state)
+            outs.append(out.detach())
+        outputs.append(outs)
+    for a, b in zip(*outputs):
+        assert rel_error(b.double(), a.double()) <= 1e-5
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert rel_error(b.double(), a.double()) <= 1e-5
+
+
+def test_two_forwards_before_one_backward_match_eager(monkeypatch):
+    # The first call's outputs are saved for the backward while the second
+    # call runs: it must not replay over them.
+    torch.manual_seed(0)
+    models = [pipelstm.LSTM(16, 32).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    xs = [torch.randn(12, 4, 16, device=DEVICE) for _ in range(2)]
+    grads = []
+    for graphs, model in zip(("0", "1"), models):
+        monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", graphs)
+        for _ in range(3):  # the warm-up, then captures and replays
+            model.zero_grad()
+            loss = sum(model(x)[0].square().mean() * (k + 1) for k, x in enumerate(xs))
+            loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
         assert rel_error(b.double(), a.double()) <= 1e-5
