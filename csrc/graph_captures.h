@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -40,25 +41,31 @@ class GraphCaptures {
   };
 
   // Replays a capture for `inputs`, first capturing one where none may be
-  // replayed: `capture(c)` fills c.graph and c.outputs from c.inputs
-  // (copies of `inputs`) and may throw, which leaves the captures as they
-  // were.
+  // replayed: `capture(c)` fills c.graph and c.outputs (and may set c.lent)
+  // from c.inputs, copies of `inputs`. A capture that throws, or whose
+  // first replay throws, leaves the captures as they were. nullopt: none
+  // may be replayed and `may_capture` is false.
   template <class CaptureFn>
-  Run run(const std::vector<at::Tensor>& inputs, CaptureFn&& capture) {
-    Run run;
+  std::optional<Run> run(const std::vector<at::Tensor>& inputs, CaptureFn&& capture, bool may_capture) {
     bool lends = true;
     Capture* c = replayable(lends);
+    std::unique_ptr<Capture> fresh;
     if (c == nullptr) {
-      auto fresh = std::make_unique<Capture>();
+      if (!may_capture) return std::nullopt;
+      fresh = std::make_unique<Capture>();
       fresh->lends = lends;
       for (const auto& t : inputs) fresh->inputs.push_back(t.clone());
       capture(*fresh);
-      c = run.captured = fresh.get();
-      captures_.push_back(std::move(fresh));
+      c = fresh.get();
     } else {
       for (size_t i = 0; i < inputs.size(); ++i) c->inputs[i].copy_(inputs[i]);
     }
     c->graph->replay();
+    Run run;
+    if (fresh) {
+      run.captured = c;
+      captures_.push_back(std::move(fresh));
+    }
     if (c->lends) {
       run.outputs = c->lent.lend(c->outputs);
     } else {

@@ -36,14 +36,17 @@ void init_graph_stand_in(py::module_& m) {
                               "One graph key's captures over a CPU stand-in for a graph "
                               "(graph_captures.h; tests).")
       .def(py::init<>())
-      .def("run", [](StandInCaptures& captures, const std::vector<at::Tensor>& inputs, py::function body) {
+      .def("run", [](StandInCaptures& captures, const std::vector<at::Tensor>& inputs, py::function body,
+                     bool may_capture) {
         auto run = captures.run(inputs, [&](StandInCaptures::Capture& c) {
           c.outputs = body(c.inputs).cast<std::vector<at::Tensor>>();
           c.graph = std::make_unique<StandInGraph>(StandInGraph{body, &c.inputs, &c.outputs});
-        });
-        return py::make_tuple(run.outputs, run.captured != nullptr);
-      }, py::arg("inputs"), py::arg("body"),
-      "body(inputs) as a replay gives it, and whether this call captured.");
+        }, may_capture);
+        if (!run) return py::object(py::none());
+        return py::object(py::make_tuple(run->outputs, run->captured != nullptr));
+      }, py::arg("inputs"), py::arg("body"), py::arg("may_capture") = true,
+      "(body(inputs) as a replay gives it, whether this call captured), or None where it "
+      "needs a capture and may_capture is false.");
 }
 
 }  // namespace pipelstm

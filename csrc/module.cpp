@@ -4,6 +4,9 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include <atomic>
+#include <memory>
+
 #include "cpu/cpu_identity.h"
 #include "cpu/cpu_path.h"
 #include "cpu/fma_peak.h"
@@ -52,6 +55,12 @@ void log_to_python(pipelstm::LogLevel level, const std::string& message) {
     e.discard_as_unraisable("pipelstm: logging a message from C++");
   }
 }
+
+// A LentBuffers whose on_return counts its calls (tests).
+struct CountedLender {
+  std::shared_ptr<std::atomic<int64_t>> calls = std::make_shared<std::atomic<int64_t>>(0);
+  pipelstm::LentBuffers lender{[c = calls] { c->fetch_add(1); }};
+};
 
 }  // namespace
 
@@ -149,12 +158,14 @@ PYBIND11_MODULE(_C, m) {
   }, "(captures, replays) of the layer ops' CUDA graphs in this process (graph_replay.h).");
   m.def("_graph_memory", &pipelstm::graph_memory,
         "Bytes of device memory the layer ops' cached CUDA graphs hold now (graph_replay.h).");
-  py::class_<pipelstm::LentBuffers>(m, "_LentBuffers",
-                                    "Buffers handed out without a copy, and whether all that was lent is "
-                                    "gone (lent_buffers.h; tests).")
+  py::class_<CountedLender>(m, "_LentBuffers",
+                            "Buffers handed out without a copy, whether all that was lent is let go, "
+                            "and how often its on_return was called (lent_buffers.h; tests).")
       .def(py::init<>())
-      .def("lend", &pipelstm::LentBuffers::lend, py::arg("buffers"))
-      .def("returned", &pipelstm::LentBuffers::returned)
+      .def("lend", [](CountedLender& l, const std::vector<at::Tensor>& b) { return l.lender.lend(b); },
+           py::arg("buffers"))
+      .def("returned", [](const CountedLender& l) { return l.lender.returned(); })
+      .def("on_return_calls", [](const CountedLender& l) { return l.calls->load(); })
       .def_static("is_lent", &pipelstm::LentBuffers::is_lent, py::arg("tensor"));
   m.def("_layer_gemm_tf32", [](const std::string& device, at::ScalarType dtype) {
     return pipelstm::layer_gemm_tf32(c10::Device(device).type(), dtype);

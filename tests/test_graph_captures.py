@@ -110,6 +110,35 @@ def test_a_failed_capture_leaves_the_captures_as_they_were():
     _assert_results(kept, x1)
 
 
+def test_a_capture_whose_first_replay_fails_is_not_kept():
+    captures = _C._StandInGraphCaptures()
+    x1, x2 = _calls(2)
+    runs = []
+
+    def fails_on_replay(inputs):
+        runs.append(1)
+        if len(runs) > 1:  # the capture ran it once; this is the replay
+            raise RuntimeError("replay failed")
+        return _body(inputs)
+
+    with pytest.raises(RuntimeError, match="replay failed"):
+        captures.run([x1], fails_on_replay)
+    got, captured = captures.run([x2], _body)
+    assert captured  # a capture of its own, not the failed one
+    _assert_results(got, x2)
+
+
+def test_without_further_captures_a_call_that_needs_one_is_refused():
+    captures = _C._StandInGraphCaptures()
+    x1, x2 = _calls(2)
+    kept, _ = captures.run([x1], _body)
+    assert captures.run([x2], _body, may_capture=False) is None  # the one capture's outputs are held
+    del kept
+    got, captured = captures.run([x2], _body, may_capture=False)
+    assert not captured
+    _assert_results(got, x2)
+
+
 def test_lstm_states_passed_on_from_call_to_call_match_direct_calls():
     # Truncated backpropagation through time over the real layer op: each
     # call starts from the last call's (h_n, c_n), which the stand-in lent.

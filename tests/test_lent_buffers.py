@@ -86,10 +86,22 @@ def test_a_lent_tensor_cannot_be_resized_off_the_buffer():
         lent[0].resize_(100, 4)
 
 
-def test_lending_again_forgets_the_earlier_loan():
+def test_a_second_loan_adds_to_the_first():
     lender = _C._LentBuffers()
     first = lender.lend([torch.zeros(2)])
     second = lender.lend([torch.zeros(2)])
     del second
-    assert lender.returned()  # the caller lends again only after returned()
+    assert not lender.returned()
     del first
+    assert lender.returned()
+
+
+def test_on_return_is_called_as_each_lent_tensors_memory_is_let_go():
+    lender = _C._LentBuffers()
+    lent = lender.lend([torch.zeros(2), torch.zeros(3)])
+    assert lender.on_return_calls() == 0
+    view = lent[1][1:]
+    lent.clear()
+    assert lender.on_return_calls() == 1
+    del view
+    assert lender.on_return_calls() == 2 and lender.returned()

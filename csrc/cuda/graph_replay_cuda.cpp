@@ -25,16 +25,17 @@ namespace pipelstm {
 namespace cuda {
 namespace {
 
-// Keys kept at once (each with its captures, graph_captures.h), least
-// recently used dropped first. Each graph holds its body's outputs and
-// intermediates in a private memory pool, so the cache is bounded by count
-// and by the device memory its graphs reserved, at most
+// Keys kept at once (each with up to three captures, graph_captures.h),
+// least recently used dropped first. Each graph holds its body's outputs
+// and intermediates in a private memory pool, so the cache is bounded by
+// count and by the device memory its graphs reserved, at most
 // 1/kGraphMemoryShare of the device's (unbounded, the pools of many sizes
-// fill the device: docs/design/cuda.md). The count fits a layer wavefront's graphs
-// (each layer's chunk shapes, forward and backward, on its own stream):
-// fewer, and every call would capture anew and drop a graph (a device
-// synchronisation).
-constexpr size_t kMaxGraphs = 64;
+// fill the device: docs/design/cuda.md). The count fits a deep layer
+// wavefront's keys (each layer's chunk shapes on its own stream, forward,
+// and backward once for each capture of the forward, which lent it its
+// output and workspace): fewer, and every call would capture anew and drop
+// a graph (a device synchronisation).
+constexpr size_t kMaxKeys = 128;
 constexpr int64_t kGraphMemoryShare = 8;
 
 // PIPELSTM_CUDA_GRAPHS=1: every call; 0: none; auto (or unset): the op's
@@ -43,12 +44,77 @@ bool graphs_requested(bool by_default) {
   return settings::cuda_graphs().value_or(by_default);  // read per call: cheap beside a launch
 }
 
-using Captures = GraphCaptures<at::cuda::CUDAGraph>;
+// Where a replay's lent outputs are let go on a stream other than the one
+// the graph replays on (autograd lets a gradient go on the stream of the
+// node that consumed it): an event there, which the next replay waits
+// for, as the allocator's record_stream makes a reuse of its memory wait.
+class ReturnEvents {
+ public:
+  explicit ReturnEvents(const at::cuda::CUDAStream& replay) : replay_(replay) {}
+  ReturnEvents(const ReturnEvents&) = delete;
+  ReturnEvents& operator=(const ReturnEvents&) = delete;
+  ~ReturnEvents() {
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  }
+
+  // From a lent storage's deleter, on the thread letting it go.
+  void note_return() noexcept {
+    try {
+      const c10::cuda::CUDAGuard guard(replay_.device_index());
+      const at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream(replay_.device_index());
+      if (current == replay_) return;  // in the replay's own order already
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      cudaEvent_t event = nullptr;
+      if (cudaStreamIsCapturing(current.stream(), &status) != cudaSuccess ||
+          status != cudaStreamCaptureStatusNone ||
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
+      if (cudaEventRecord(event, current.stream()) != cudaSuccess) {
+        (void)cudaEventDestroy(event);
+        (void)cudaGetLastError();
+        return;
+      }
+      const std::lock_guard<std::mutex> lock(mutex_);
+      events_.push_back(event);
+    } catch (...) {
+    }
+  }
+
+  // Before a replay, on the replay stream.
+  void order_replay() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (cudaEvent_t e : events_) {
+      C10_CUDA_CHECK(cudaStreamWaitEvent(replay_.stream(), e, 0));
+      C10_CUDA_CHECK(cudaEventDestroy(e));
+    }
+    events_.clear();
+  }
+
+ private:
+  const at::cuda::CUDAStream replay_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> events_;
+};
+
+struct CudaGraph {
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::shared_ptr<ReturnEvents> returns;  // shared with the lent storages' deleters
+
+  void replay() {
+    returns->order_replay();
+    graph->replay();
+  }
+};
+
+using Captures = GraphCaptures<CudaGraph>;
 
 struct Entry {
   std::mutex mutex;  // one call at a time picks and replays the key's captures
   bool warmed_up = false;
-  bool uncapturable = false;  // a capture failed once: always eager
+  bool uncapturable = false;  // its first capture failed: always eager
+  bool more_captures = true;  // a further capture failed: none made again
   c10::DeviceIndex device = 0;
   Captures captures;
   std::atomic<int64_t> bytes{0};  // device memory its captures hold
@@ -76,7 +142,7 @@ class GraphCache {
     }
     entries_.emplace_front(key, std::make_shared<Entry>());
     // A dropped entry lives on while a call still holds it.
-    if (entries_.size() > kMaxGraphs) entries_.pop_back();
+    if (entries_.size() > kMaxKeys) entries_.pop_back();
     return entries_.front().second;
   }
 
@@ -208,7 +274,9 @@ void capture(Captures::Capture& e, const GraphBody& body, const at::cuda::CUDASt
   at::cuda::CUDAEvent done;
   done.record(side);
   done.block(current);
-  e.graph = std::move(graph);
+  auto returns = std::make_shared<ReturnEvents>(current);
+  e.graph = std::make_unique<CudaGraph>(CudaGraph{std::move(graph), returns});
+  e.lent = LentBuffers([returns] { returns->note_return(); });
 }
 
 }  // namespace
@@ -250,32 +318,36 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
     return std::nullopt;
   }
   entry->device = device.index();
-  Captures::Run run;
-  bool capture_failed = false;  // an error of the replay itself is raised
+  std::optional<Captures::Run> run;
+  bool capture_failed = false;  // an error of a replay itself is raised
   try {
     run = entry->captures.run(inputs, [&](Captures::Capture& c) {
       capture_failed = true;
       capture(c, body, current);
       capture_failed = false;
-    });
+    }, entry->more_captures);
   } catch (const std::exception& e) {
     if (!capture_failed) throw;
     // Something in the body cannot be captured (say, a launch kind this
-    // driver does not record): this key runs its step loop from now on.
+    // driver does not record, or no memory for another pool): this call
+    // runs its step loop, and the key makes no capture again.
     (void)cudaGetLastError();  // a capture error is not sticky: clear it
-    entry->uncapturable = true;
-    TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph; it runs eagerly (",
-               e.what(), ")");
-    const std::string message = std::string("CUDA graph: capture failed on cuda:") +
-                                std::to_string(device.index()) +
-                                "; these calls run eagerly from now on (" + e.what() + ")";
+    const bool first = entry->captures.empty();
+    entry->uncapturable = first;
+    entry->more_captures = false;
+    const std::string what = first ? "; these calls run eagerly from now on ("
+                                   : "; these calls run eagerly while its other captures' outputs are held (";
+    TORCH_WARN("pipelstm: a layer op's time loop could not be captured as a CUDA graph", what, e.what(), ")");
+    const std::string message =
+        std::string("CUDA graph: capture failed on cuda:") + std::to_string(device.index()) + what + e.what() + ")";
     lock.unlock();  // the sink takes the GIL (log_sink.h)
     log_message(LogLevel::kWarning, message);
     return std::nullopt;
   }
-  const bool captured = run.captured != nullptr;
+  if (!run) return std::nullopt;  // every capture's outputs held, and no more are made
+  const bool captured = run->captured != nullptr;
   if (captured) {
-    const int64_t bytes = pool_bytes(run.captured->graph->pool());
+    const int64_t bytes = pool_bytes(run->captured->graph->graph->pool());
     entry->bytes += bytes;
     note_graph_memory(bytes);
     cache().trim(static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem) /
@@ -288,7 +360,7 @@ std::optional<std::vector<at::Tensor>> run_as_graph(const std::vector<int64_t>& 
     log_message(LogLevel::kInfo, "CUDA graph: captured a layer op's time loop on cuda:" +
                                      std::to_string(device.index()) + "; later calls like it replay it");
   }
-  return std::move(run.outputs);
+  return std::move(run->outputs);
 }
 
 }  // namespace cuda

@@ -237,6 +237,44 @@ def test_outputs_kept_across_calls_keep_their_values(monkeypatch):
         _assert_close(list(got), list(e))
 
 
+def test_the_ops_lent_states_fed_back_as_the_next_calls_match_eager(monkeypatch):
+    # The layer op's own (h_n, c_n), lent by a replay, are the next call's
+    # (h0, c0): that call must not replay the capture they belong to.
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(H=28)
+    xs = [_inputs(H=28, seed=seed)[0] for seed in range(6)]
+    h, c = _inputs(H=28)[1:]
+    h_ref, c_ref = h, c
+    for x in xs:
+        out, h, c, _ = _forward(x, h, c, w)
+        out_ref, h_ref, c_ref, _ = _eager(monkeypatch, x, h_ref, c_ref, w, run=_forward)
+        _assert_close([out, h, c], [out_ref, h_ref, c_ref])
+
+
+def test_outputs_let_go_on_another_stream_are_read_there_before_the_next_replay(monkeypatch):
+    # The caller reads each call's output on a second stream that runs late
+    # and lets it go there: the next replay (on the first stream) must wait
+    # for that read, as the allocator waits before reusing memory a
+    # record_stream names.
+    monkeypatch.setenv("PIPELSTM_CUDA_GRAPHS", "1")
+    w = _weights(H=36)
+    calls = [_inputs(H=36, seed=seed) for seed in range(5)]
+    expected = [_eager(monkeypatch, *args, w, run=_forward)[0] for args in calls]
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    read = []
+    for args in calls:
+        with torch.cuda.stream(first):
+            out = _forward(*args, w)[0]
+        second.wait_stream(first)
+        with torch.cuda.stream(second):
+            torch.cuda._sleep(50_000_000)  # tens of milliseconds on any GPU
+            read.append(out * 1)
+            del out  # let go on the second stream
+    torch.cuda.synchronize()
+    for got, e in zip(read, expected):
+        _assert_close([got], [e])
+
+
 def test_states_passed_on_from_call_to_call_match_eager(monkeypatch):
     # Truncated backpropagation through time: each call starts from the
     # last one's (h_n, c_n), detached, and steps the optimizer.

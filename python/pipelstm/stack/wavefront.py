@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _C
+
 
 __all__ = ["run_wavefront"]
 
@@ -72,10 +74,10 @@ def run_wavefront(x: Tensor, h0: Sequence[Tensor], c0: Sequence[Tensor], layer: 
     pieces = list(x.tensor_split(chunks, dim=0))
     h, c = list(h0), list(c0)
     ready: List[List[Optional[torch.cuda.Event]]] = [[None] * chunks for _ in range(L)]
-    # Every layer call's results, held to the end (after the caller's stream
-    # has waited for the layers'): a graphed layer call hands out its graph's
-    # own outputs and replays over them once nothing holds them
-    # (csrc/graph_replay.h), while another layer's stream may still read them.
+    # The layer calls' results that a graph lent, held to the end (after the
+    # caller's stream has waited for the layers'): a graph replays over its
+    # outputs once nothing holds them (csrc/graph_replay.h), and the next
+    # layer's stream may still be reading them.
     held: List[Tensor] = []
     # Issued chunk by chunk, each chunk's layers in order: every stream's
     # queue gets its chunks in time order, and no layer waits on a chunk
@@ -94,7 +96,7 @@ def run_wavefront(x: Tensor, h0: Sequence[Tensor], c0: Sequence[Tensor], layer: 
                 if l > 0 and dropout > 0 and training:
                     inp = F.dropout(inp, p=dropout, training=True)
                 pieces[k], h[l], c[l] = layer(inp, h[l], c[l], l)
-                held += (pieces[k], h[l], c[l])
+                held += [t for t in (pieces[k], h[l], c[l]) if cuda and _C._LentBuffers.is_lent(t)]
                 if cuda:
                     ready[l][k] = torch.cuda.Event()
                     ready[l][k].record(streams[l])
