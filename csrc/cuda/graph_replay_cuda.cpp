@@ -84,12 +84,17 @@ class ReturnEvents {
 
   // Before a replay, on the replay stream.
   void order_replay() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    for (cudaEvent_t e : events_) {
-      C10_CUDA_CHECK(cudaStreamWaitEvent(replay_.stream(), e, 0));
-      C10_CUDA_CHECK(cudaEventDestroy(e));
+    std::vector<cudaEvent_t> events;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      events.swap(events_);
     }
-    events_.clear();
+    cudaError_t err = cudaSuccess;
+    for (cudaEvent_t e : events) {  // every one destroyed, even after an error
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(replay_.stream(), e, 0);
+      (void)cudaEventDestroy(e);
+    }
+    C10_CUDA_CHECK(err);
   }
 
  private:

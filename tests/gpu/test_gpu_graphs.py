@@ -245,10 +245,13 @@ def test_the_ops_lent_states_fed_back_as_the_next_calls_match_eager(monkeypatch)
     xs = [_inputs(H=28, seed=seed)[0] for seed in range(6)]
     h, c = _inputs(H=28)[1:]
     h_ref, c_ref = h, c
+    before = _C._graph_counts()
     for x in xs:
         out, h, c, _ = _forward(x, h, c, w)
         out_ref, h_ref, c_ref, _ = _eager(monkeypatch, x, h_ref, c_ref, w, run=_forward)
         _assert_close([out, h, c], [out_ref, h_ref, c_ref])
+    # The warm-up, capture A, capture B (its states are A's), then A, B, A.
+    assert tuple(a - b for a, b in zip(_C._graph_counts(), before)) == (2, 5)
 
 
 def test_outputs_let_go_on_another_stream_are_read_there_before_the_next_replay(monkeypatch):
@@ -262,6 +265,7 @@ def test_outputs_let_go_on_another_stream_are_read_there_before_the_next_replay(
     expected = [_eager(monkeypatch, *args, w, run=_forward)[0] for args in calls]
     first, second = torch.cuda.Stream(), torch.cuda.Stream()
     read = []
+    before = _C._graph_counts()
     for args in calls:
         with torch.cuda.stream(first):
             out = _forward(*args, w)[0]
@@ -269,8 +273,10 @@ def test_outputs_let_go_on_another_stream_are_read_there_before_the_next_replay(
         with torch.cuda.stream(second):
             torch.cuda._sleep(50_000_000)  # tens of milliseconds on any GPU
             read.append(out * 1)
+            out.record_stream(second)  # for the warm-up's own tensor; a lent one ignores it
             del out  # let go on the second stream
     torch.cuda.synchronize()
+    assert tuple(a - b for a, b in zip(_C._graph_counts(), before)) == (1, 4)  # one capture replayed
     for got, e in zip(read, expected):
         _assert_close([got], [e])
 
