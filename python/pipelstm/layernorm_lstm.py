@@ -58,12 +58,13 @@ class LayerNormLSTM(LSTM):
     Inputs and outputs: as :class:`torch.nn.LSTM` (padded, ``batch_first``,
     unbatched or a ``PackedSequence``; ``(h_0, c_0)`` optional).
 
-    In float32 and float64, on the CPU and (in a CUDA build) on CUDA, each
-    layer direction is one fused op; elsewhere (other dtypes, torch.func
-    transforms, ONNX export) it is a composition of torch ops, a step at a
-    time. In a ``Pipeline`` or
-    ``PipelineParallel`` each layer is a unit on its stage, which must be on
-    the CPU. ``torch.jit.script`` and ``devices=`` are not supported.
+    On the CPU and (in a CUDA build) on CUDA, each layer direction is one
+    fused op, in float32 and float64, and in bfloat16 and float16 computed
+    in float32 with its results rounded once; under torch.func transforms,
+    forward-mode AD and ONNX export it is a composition of torch ops, a step
+    at a time. In a ``Pipeline`` or ``PipelineParallel`` each layer is a
+    unit on its stage (float32 or float64). ``torch.jit.script`` and
+    ``devices=`` are not supported.
     """
 
     _exports_as_nn_lstm = False  # ONNX export traces the composition

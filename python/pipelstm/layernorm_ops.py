@@ -12,9 +12,11 @@ with ``LN`` the normalisation of ``torch.nn.LayerNorm`` (no affine part,
 and ``h`` blended with the previous ones by keep weights.
 
 The fused op (``torch.ops.pipelstm.lstm_layernorm_layer_forward``) runs in
-float32 and float64, on the CPU and, in a CUDA build, on CUDA. Everywhere
-else (other dtypes, torch.func transforms, forward-mode AD, ONNX export)
-the layer is the composition below,
+float32 and float64, on the CPU and, in a CUDA build, on CUDA; a bfloat16 or
+float16 call there is computed by it in float32 on float32 copies, its
+results rounded once (the composition in those dtypes rounds the state at
+every step and drifts far from the exact result). Everywhere else (torch.func
+transforms, forward-mode AD, ONNX export) the layer is the composition below,
 which autograd differentiates as any torch code; with ``create_graph=True``
 the fused op's backward is that composition's, so it can be differentiated
 again.
@@ -41,11 +43,18 @@ def workspace_numel(rows: int, hidden_size: int) -> int:
     return rows * (15 * hidden_size + 3)
 
 
+_ROUNDED = (torch.bfloat16, torch.float16)  # computed in float32, rounded once
+
+
 def _fused(input: Tensor, *tensors: Optional[Tensor]) -> bool:
-    """Whether the fused op computes this call."""
+    """Whether the fused op computes this call (a bfloat16 or float16 one in float32)."""
     device = input.device.type == "cpu" or (input.device.type == "cuda" and _C.built_with_cuda())
-    return (device and input.dtype in (torch.float32, torch.float64)
+    return (device and input.dtype in (torch.float32, torch.float64, *_ROUNDED)
             and not export.in_onnx_export() and not composed(input, *tensors))
+
+
+def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.float()
 
 
 def lstm_layernorm_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor, w_ih: Tensor,
@@ -67,6 +76,10 @@ def lstm_layernorm_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tenso
     tensors = (h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c)
     if not _fused(input, *tensors):
         return composed_layer(input, batch_sizes, *tensors, keep_c, keep_h, reverse, eps)
+    if input.dtype in _ROUNDED:
+        out = lstm_layernorm_layer(_float32(input), batch_sizes, *map(_float32, tensors), _float32(keep_c),
+                                   _float32(keep_h), reverse, eps)
+        return tuple(t.to(input.dtype) for t in out)
     output, h_n, c_n, _ = _ops.lstm_layernorm_layer_forward(input, batch_sizes, *tensors, keep_c, keep_h, reverse,
                                                             eps)
     return output, h_n, c_n

@@ -55,6 +55,34 @@ def test_layernorm_lstm_matches_the_cpu(bidirectional, packed):
     _both(results[0][0], results[1][0], results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_layernorm_lstm_is_the_float32_one_rounded(dtype):
+    # On CUDA as on the CPU: the fused float32 op on float32 copies (the
+    # summed bias among them), its results rounded to the dtype once.
+    torch.manual_seed(1)
+    m = pipelstm.LayerNormLSTM(8, 16, bidirectional=True).to(DEVICE, dtype)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+    ref = pipelstm.LayerNormLSTM(8, 16, bidirectional=True).to(DEVICE)
+    state = {k: v.float() for k, v in m.state_dict().items()}
+    for sfx in ("_l0", "_l0_reverse"):
+        state["bias_ih" + sfx] = (getattr(m, "bias_ih" + sfx) + getattr(m, "bias_hh" + sfx)).detach().float()
+        state["bias_hh" + sfx] = torch.zeros_like(state["bias_hh" + sfx])
+    ref.load_state_dict(state)
+    x = torch.randn(30, 3, 8, device=DEVICE).to(dtype)
+    out, (h, c) = m(x)
+    want, (want_h, want_c) = ref(x.float())
+    for got, w in ((out, want), (h, want_h), (c, want_c)):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, w.to(dtype), rtol=0, atol=0)
+    grads = torch.autograd.grad(out.float().square().sum(), list(m.parameters()))
+    want_grads = torch.autograd.grad(want.to(dtype).float().square().sum(), list(ref.parameters()))
+    for got, w in zip(grads, want_grads):
+        torch.testing.assert_close(got, w.to(dtype), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("zoneout", [False, True])
