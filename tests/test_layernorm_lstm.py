@@ -183,9 +183,9 @@ def test_float32_within_the_references_own_float32_error():
 def test_reduced_precision_is_computed_in_float32_and_rounded_once(dtype):
     # A bfloat16/float16 layer op is the float32 op on float32 copies of its
     # tensors (the module's bias_ih + bias_hh among them), its results and
-    # gradients rounded to the dtype once: the composition in the dtype
-    # rounds the state at every step and drifts far beyond that (the last
-    # assertion fails with it).
+    # gradients rounded to the dtype once, so within twice the dtype's own
+    # rounding of the exact result: the composition in the dtype rounds the
+    # state at every step and ends at about four times it here.
     torch.manual_seed(6)
     m32 = randomised(pipelstm.LayerNormLSTM(16, 32, bidirectional=True), seed=7)
     m = pipelstm.LayerNormLSTM(16, 32, bidirectional=True, dtype=dtype)
@@ -208,7 +208,8 @@ def test_reduced_precision_is_computed_in_float32_and_rounded_once(dtype):
     m64 = pipelstm.LayerNormLSTM(16, 32, bidirectional=True, dtype=torch.float64)
     m64.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
     exact = m64(x.double())[0]
-    assert ((out.double() - exact).norm() / exact.norm()).item() <= 1e-2
+    rounding = (exact.to(dtype).double() - exact).norm()
+    assert (out.double() - exact).norm() <= 2 * rounding
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
