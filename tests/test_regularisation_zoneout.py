@@ -218,11 +218,33 @@ def test_paths_that_would_run_nn_lstm_refuse_zoneout():
         torch.jit.script(lstm)
 
 
-def test_reduced_precision_on_the_cpu_is_refused_by_name():
-    lstm = pipelstm.LSTM(I, H, zoneout=0.2).bfloat16()
-    with pytest.raises(RuntimeError, match=r"zoneout on the CPU computes in float32 or float64, got an `input` of "
-                                           r"BFloat16"):
-        lstm(torch.randn(3, 2, I, dtype=torch.bfloat16))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_on_the_cpu_is_float32_rounded_once(dtype):
+    # As the plain layer on the CPU: each layer op is the float32 op on
+    # float32 copies, its results and gradients rounded to the dtype once.
+    # In evaluation (keep probabilities the dtype holds exactly), bit for bit
+    # a stack of float32 layers rounded where the module rounds: between them.
+    torch.manual_seed(3)
+    m = pipelstm.LSTM(I, H, num_layers=2, zoneout=(0.5, 0.25)).to(dtype).eval()
+    layers = [pipelstm.LSTM(n, H, zoneout=(0.5, 0.25)).eval() for n in (I, H)]
+    for k, layer in enumerate(layers):
+        layer.load_state_dict({n.replace(f"_l{k}", "_l0"): v.float() for n, v in m.state_dict().items()
+                               if n.endswith(f"_l{k}")})
+    x = torch.randn(6, 2, I).to(dtype)
+    out, (h, c) = m(x)
+    mid, (h1, c1) = layers[0](x.float())
+    want, (h2, c2) = layers[1](mid.to(dtype).float())
+    assert out.dtype == dtype and torch.equal(out, want.to(dtype))
+    assert torch.equal(h, torch.cat([h1, h2]).to(dtype)) and torch.equal(c, torch.cat([c1, c2]).to(dtype))
+    grads = torch.autograd.grad(out.float().square().sum(), list(m.parameters()))
+    want_grads = torch.autograd.grad(want.to(dtype).float().square().sum(),
+                                     [p for layer in layers for p in layer.parameters()])
+    for got, w in zip(grads, want_grads):
+        assert got.dtype == dtype and torch.equal(got, w.to(dtype))
+    m.train()
+    out = m(x)[0]  # training: masks drawn, the same path
+    out.float().sum().backward()
+    assert out.dtype == dtype and all(p.grad.dtype == dtype for p in m.parameters())
 
 
 def test_double_backward_is_refused():

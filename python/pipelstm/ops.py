@@ -103,12 +103,19 @@ def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor,
     output's shape (0/1 masks while training, probabilities in evaluation;
     they are not differentiated).
 
+    A bfloat16 or float16 call on the CPU is computed in float32 on float32
+    copies and its results (and gradients) rounded once, as the plain
+    layer's are there.
+
     Returns:
         ``(output, h_n, c_n)`` as :func:`lstm_layer` or :func:`lstm_packed_layer`.
     """
     if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
         raise RuntimeError("pipelstm: zoneout has no torch.func transform or forward-mode AD yet (its fused op has a "
                            "reverse-mode formula only); use zoneout=0 under torch.func")
+    if input.device.type == "cpu" and input.dtype in (torch.bfloat16, torch.float16):
+        f32 = [None if t is None else t.float() for t in (input, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h)]
+        return tuple(t.to(input.dtype) for t in lstm_zoneout_layer(f32[0], batch_sizes, *f32[1:], reverse))
     output, h_n, c_n, _ = _ops.lstm_zoneout_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh,
                                                           keep_c, keep_h, reverse)
     return output, h_n, c_n
