@@ -165,8 +165,10 @@ PYBIND11_MODULE(_C, m) {
       .def("lend", [](CountedLender& l, const std::vector<at::Tensor>& b) { return l.lender.lend(b); },
            py::arg("buffers"))
       .def("returned", [](const CountedLender& l) { return l.lender.returned(); })
-      .def("on_return_calls", [](const CountedLender& l) { return l.calls->load(); })
-      .def_static("is_lent", &pipelstm::LentBuffers::is_lent, py::arg("tensor"));
+      .def("on_return_calls", [](const CountedLender& l) { return l.calls->load(); });
+  m.def("_is_lent", &pipelstm::LentBuffers::is_lent, py::arg("tensor"),
+        "Whether `tensor` is (a view of) a layer op's CUDA graph output handed out without a copy, "
+        "which the graph replays over once nothing holds it (lent_buffers.h).");
   m.def("_layer_gemm_tf32", [](const std::string& device, at::ScalarType dtype) {
     return pipelstm::layer_gemm_tf32(c10::Device(device).type(), dtype);
   }, pybind11::arg("device"), pybind11::arg("dtype"),

@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import pipelstm
 from pipelstm.layernorm_ops import composed_layer, lstm_layernorm_layer
+from layernorm_twins import float32_twin
 
 EPS = 1e-5
 
@@ -190,11 +191,7 @@ def test_reduced_precision_is_computed_in_float32_and_rounded_once(dtype):
     m32 = randomised(pipelstm.LayerNormLSTM(16, 32, bidirectional=True), seed=7)
     m = pipelstm.LayerNormLSTM(16, 32, bidirectional=True, dtype=dtype)
     m.load_state_dict({k: v.to(dtype) for k, v in m32.state_dict().items()})
-    state = {k: v.float() for k, v in m.state_dict().items()}  # the dtype's values, in float32
-    for sfx in ("_l0", "_l0_reverse"):
-        state["bias_ih" + sfx] = (getattr(m, "bias_ih" + sfx) + getattr(m, "bias_hh" + sfx)).detach().float()
-        state["bias_hh" + sfx] = torch.zeros_like(state["bias_hh" + sfx])
-    m32.load_state_dict(state)
+    m32 = float32_twin(m)
     x = torch.randn(50, 4, 16).to(dtype)
     out, (h, c) = m(x)
     want, (want_h, want_c) = m32(x.float())

@@ -32,9 +32,9 @@ def test_lent_tensors_read_the_buffers_memory_with_their_layout():
 def test_a_lent_tensor_and_its_views_are_known_as_lent():
     buffer = torch.zeros(3, 4)
     lent, = _C._LentBuffers().lend([buffer])
-    assert _C._LentBuffers.is_lent(lent) and _C._LentBuffers.is_lent(lent[1:].t())
-    assert not _C._LentBuffers.is_lent(buffer)
-    assert not _C._LentBuffers.is_lent(lent.clone())
+    assert _C._is_lent(lent) and _C._is_lent(lent[1:].t())
+    assert not _C._is_lent(buffer)
+    assert not _C._is_lent(lent.clone())
 
 
 @pytest.mark.parametrize("first", [0, 1])

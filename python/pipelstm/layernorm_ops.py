@@ -30,8 +30,8 @@ from torch import Tensor
 
 from . import _C
 from .hooks import export
-from .op_autograd import composed, composed_backward, gradient_is_differentiated, no_double_backward, \
-    no_zero_fill_for_unused_outputs, unwrapped
+from .op_autograd import REDUCED, composed, composed_backward, gradient_is_differentiated, no_double_backward, \
+    no_zero_fill_for_unused_outputs, rounded_from_float32, unwrapped
 
 __all__ = ["lstm_layernorm_layer", "workspace_numel"]
 
@@ -43,18 +43,11 @@ def workspace_numel(rows: int, hidden_size: int) -> int:
     return rows * (15 * hidden_size + 3)
 
 
-_ROUNDED = (torch.bfloat16, torch.float16)  # computed in float32, rounded once
-
-
 def _fused(input: Tensor, *tensors: Optional[Tensor]) -> bool:
     """Whether the fused op computes this call (a bfloat16 or float16 one in float32)."""
     device = input.device.type == "cpu" or (input.device.type == "cuda" and _C.built_with_cuda())
-    return (device and input.dtype in (torch.float32, torch.float64, *_ROUNDED)
+    return (device and input.dtype in (torch.float32, torch.float64, *REDUCED)
             and not export.in_onnx_export() and not composed(input, *tensors))
-
-
-def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.float()
 
 
 def lstm_layernorm_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0: Tensor, w_ih: Tensor,
@@ -76,10 +69,9 @@ def lstm_layernorm_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tenso
     tensors = (h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c)
     if not _fused(input, *tensors):
         return composed_layer(input, batch_sizes, *tensors, keep_c, keep_h, reverse, eps)
-    if input.dtype in _ROUNDED:
-        out = lstm_layernorm_layer(_float32(input), batch_sizes, *map(_float32, tensors), _float32(keep_c),
-                                   _float32(keep_h), reverse, eps)
-        return tuple(t.to(input.dtype) for t in out)
+    if input.dtype in REDUCED:
+        return rounded_from_float32(lstm_layernorm_layer, input.dtype, input, batch_sizes, *tensors, keep_c, keep_h,
+                                    reverse, eps)
     output, h_n, c_n, _ = _ops.lstm_layernorm_layer_forward(input, batch_sizes, *tensors, keep_c, keep_h, reverse,
                                                             eps)
     return output, h_n, c_n

@@ -1,8 +1,9 @@
 """What the fused ops' wrappers and autograd formulas share (ops.py,
 layernorm_ops.py): when a call runs on the op's ATen composition instead of
 its fused kernels, the create_graph=True backward through that composition,
-and the marks that keep autograd from zero-filling unused outputs or from
-differentiating a backward op."""
+the marks that keep autograd from zero-filling unused outputs or from
+differentiating a backward op, and a reduced-precision call computed in
+float32."""
 
 from typing import Optional
 
@@ -11,7 +12,9 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 __all__ = ["under_functorch_transform", "composed", "unwrapped", "gradient_is_differentiated", "composed_backward",
-           "no_zero_fill_for_unused_outputs", "no_double_backward"]
+           "no_zero_fill_for_unused_outputs", "no_double_backward", "REDUCED", "rounded_from_float32"]
+
+REDUCED = (torch.bfloat16, torch.float16)
 
 
 def under_functorch_transform() -> bool:
@@ -108,3 +111,12 @@ def no_double_backward(ctx, *grads):
         "pipelstm: double backward (a gradient of a gradient, e.g. create_graph=True followed by a second "
         "backward) through pipelstm's LSTM ops is not supported"
     )
+
+
+def rounded_from_float32(layer, dtype: torch.dtype, *args):
+    """``layer(*args)`` on float32 copies of its floating-point tensors, its
+    results rounded to ``dtype`` once (and, through the casts, its gradients):
+    a reduced-precision call of a fused op that computes in float32, as the
+    plain layer's are on the CPU (csrc/float32_upcast.h)."""
+    args = [a.float() if isinstance(a, Tensor) and a.is_floating_point() else a for a in args]
+    return tuple(t.to(dtype) for t in layer(*args))

@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .op_autograd import composed, composed_backward, gradient_is_differentiated, no_double_backward, \
-    no_zero_fill_for_unused_outputs, unwrapped
+from .op_autograd import REDUCED, composed, composed_backward, gradient_is_differentiated, no_double_backward, \
+    no_zero_fill_for_unused_outputs, rounded_from_float32, unwrapped
 
 __all__ = ["lstm_cell", "lstm_layer", "lstm_packed_layer", "lstm_zoneout_layer"]
 
@@ -113,9 +113,9 @@ def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor,
     if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
         raise RuntimeError("pipelstm: zoneout has no torch.func transform or forward-mode AD yet (its fused op has a "
                            "reverse-mode formula only); use zoneout=0 under torch.func")
-    if input.device.type == "cpu" and input.dtype in (torch.bfloat16, torch.float16):
-        f32 = [None if t is None else t.float() for t in (input, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h)]
-        return tuple(t.to(input.dtype) for t in lstm_zoneout_layer(f32[0], batch_sizes, *f32[1:], reverse))
+    if input.device.type == "cpu" and input.dtype in REDUCED:
+        return rounded_from_float32(lstm_zoneout_layer, input.dtype, input, batch_sizes, h0, c0, w_ih, w_hh, b_ih,
+                                    b_hh, keep_c, keep_h, reverse)
     output, h_n, c_n, _ = _ops.lstm_zoneout_layer_forward(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh,
                                                           keep_c, keep_h, reverse)
     return output, h_n, c_n

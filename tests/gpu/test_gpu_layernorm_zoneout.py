@@ -12,6 +12,7 @@ import torch
 from torch.nn.utils.rnn import pack_sequence
 
 import pipelstm
+from layernorm_twins import float32_twin
 from pipelstm import ops
 
 pytestmark = pytest.mark.gpu
@@ -65,12 +66,7 @@ def test_reduced_precision_layernorm_lstm_is_the_float32_one_rounded(dtype):
         for name, p in m.named_parameters():
             if "layer_norm" in name:
                 p.uniform_(0.5, 1.5)
-    ref = pipelstm.LayerNormLSTM(8, 16, bidirectional=True).to(DEVICE)
-    state = {k: v.float() for k, v in m.state_dict().items()}
-    for sfx in ("_l0", "_l0_reverse"):
-        state["bias_ih" + sfx] = (getattr(m, "bias_ih" + sfx) + getattr(m, "bias_hh" + sfx)).detach().float()
-        state["bias_hh" + sfx] = torch.zeros_like(state["bias_hh" + sfx])
-    ref.load_state_dict(state)
+    ref = float32_twin(m)
     x = torch.randn(30, 3, 8, device=DEVICE).to(dtype)
     out, (h, c) = m(x)
     want, (want_h, want_c) = ref(x.float())

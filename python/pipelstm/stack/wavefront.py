@@ -96,7 +96,7 @@ def run_wavefront(x: Tensor, h0: Sequence[Tensor], c0: Sequence[Tensor], layer: 
                 if l > 0 and dropout > 0 and training:
                     inp = F.dropout(inp, p=dropout, training=True)
                 pieces[k], h[l], c[l] = layer(inp, h[l], c[l], l)
-                held += [t for t in (pieces[k], h[l], c[l]) if cuda and _C._LentBuffers.is_lent(t)]
+                held += [t for t in (pieces[k], h[l], c[l]) if cuda and _C._is_lent(t)]
                 if cuda:
                     ready[l][k] = torch.cuda.Event()
                     ready[l][k].record(streams[l])
