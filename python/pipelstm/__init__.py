@@ -23,8 +23,7 @@ from .awd_checkpoint import awd_state_dict  # noqa: E402
 from .locked_dropout import LockedDropout  # noqa: E402
 from . import backends, hooks  # noqa: E402
 
-ops.register()  # the ops' autograd formulas
-layernorm_ops.register()
+layernorm_ops.register()  # the LayerNorm op's autograd formula (the other ops': csrc/lstm_autograd.cpp)
 hooks.register()  # fake kernels, autocast rules, safe globals for torch.load
 from .config import config_info, log_choices, show_config  # noqa: E402
 from .memory import empty_cache, memory_stats  # noqa: E402

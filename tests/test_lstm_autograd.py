@@ -1,0 +1,69 @@
+"""The fused ops' autograd formulas (csrc/lstm_autograd.cpp): registered in
+C++ under the Autograd key, a call that needs no graph records none, and a
+backward op that someone differentiates raises instead of giving zeros.
+(Their gradients against nn.LSTM and float64 references are checked with the
+ops and modules: test_layer_op.py, test_cell_op.py, test_module_transforms.py.)"""
+
+import pytest
+import torch
+
+import pipelstm  # noqa: F401
+
+ops = torch.ops.pipelstm
+F64 = torch.float64
+FORWARD_OPS = ["lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward", "lstm_zoneout_layer_forward"]
+
+
+def _layer_args(requires_grad):
+    T, B, I, H = 3, 2, 4, 5
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*s):
+        return torch.randn(*s, dtype=F64, generator=g).requires_grad_(requires_grad)
+
+    return [rnd(T, B, I), rnd(B, H), rnd(B, H), rnd(4 * H, I), rnd(4 * H, H), rnd(4 * H), rnd(4 * H), None]
+
+
+@pytest.mark.parametrize("name", FORWARD_OPS)
+def test_the_formula_is_a_cpp_kernel_under_the_autograd_key(name):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pipelstm::{name}", "Autograd")
+
+
+def test_the_graph_node_is_the_cpp_formula():
+    output, *_ = ops.lstm_layer_forward(*_layer_args(True), False)
+    assert "CppNode" in output.grad_fn.name() and "LayerFunction" in output.grad_fn.name()
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["inputs_without_grad", "no_grad"])
+def test_a_call_that_needs_no_graph_records_none(grad_mode):
+    args = _layer_args(requires_grad=not grad_mode)
+    with torch.set_grad_enabled(grad_mode):
+        outputs = ops.lstm_layer_forward(*args, False)
+    assert all(t.grad_fn is None and not t.requires_grad for t in outputs)
+
+
+def test_the_workspace_is_not_differentiated():
+    output, h_n, c_n, workspace = ops.lstm_layer_forward(*_layer_args(True), False)
+    assert output.requires_grad and h_n.requires_grad and c_n.requires_grad
+    assert not workspace.requires_grad
+
+
+def test_differentiating_a_layer_backward_op_raises_not_zeros():
+    args = _layer_args(False)
+    output, h_n, c_n, workspace = ops.lstm_layer_forward(*args, False)
+    grad_output = torch.randn_like(output, requires_grad=True)
+    x, h0, c0, w_ih, w_hh, _, _, w_hr = args
+    grads = ops.lstm_layer_backward(grad_output, None, None, x, h0, c0, w_ih, w_hh, w_hr, output, workspace, False)
+    with pytest.raises(RuntimeError, match="lstm_layer_backward.*not implemented"):
+        torch.autograd.grad(grads[0].sum(), grad_output)
+
+
+def test_differentiating_a_cell_backward_op_raises_not_zeros():
+    g = torch.Generator().manual_seed(0)
+    gates_i, gates_h = (torch.randn(2, 12, dtype=F64, generator=g) for _ in range(2))
+    cx = torch.randn(2, 3, dtype=F64, generator=g)
+    hy, cy, workspace = ops.lstm_cell_forward(gates_i, gates_h, cx, None, None)
+    grad_hy = torch.randn_like(hy, requires_grad=True)
+    grad_gates, _ = ops.lstm_cell_backward(grad_hy, None, cx, cy, workspace)
+    with pytest.raises(RuntimeError, match="lstm_cell_backward.*not implemented"):
+        torch.autograd.grad(grad_gates.sum(), grad_hy)
