@@ -8,12 +8,13 @@ import sys
 from typing import List, Optional
 
 from . import (allocators, cluster, cpu_paths, distributed, docs, floors, gpu, grid, layer, layernorm, layout, lm, module,
-               packed, peak, persistent_steps, pipeline, pipelining_peer, regularisation, simulator, wavefront)
+               packed, peak, persistent_steps, pipeline, pipelining_peer, regularisation, simulator, small, wavefront)
 
 # name: (entry point, one line for the command list)
 COMMANDS = {
     "layer": (layer.main, "the layer op against torch.nn.LSTM, forward + backward"),
     "module": (module.main, "pipelstm.LSTM against torch.nn.LSTM, the whole module"),
+    "small": (small.main, "small models, where a call's cost is more than its arithmetic"),
     "grid": (grid.main, "pipelstm.LSTM against torch.nn.LSTM over a grid of sizes"),
     "cpu_paths": (cpu_paths.main, "the CPU path chosen by timing: the fastest?, and its cost over a run"),
     "wavefront": (wavefront.main, "where the layer wavefront beats intra-op threads"),
