@@ -3,8 +3,8 @@
 // picks the backend of the tensors' device (cpu/lstm_layer_cpu.cpp,
 // cuda/lstm_layer_cuda.cpp); the weight part is device-generic GEMMs
 // (layer_weight_grads.cpp). The op schemas
-// are declared once in registration.cpp; Python registers their fake kernels
-// and autograd formulas (python/pipelstm/ops.py).
+// are declared once in registration.cpp, their autograd formulas in
+// lstm_autograd.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,7 +24,7 @@ using OptTensor = std::optional<Tensor>;
 
 // Held by every op while it runs: it makes `t`'s device current, and its
 // inner ATen calls are implementation details: they record no autograd graph
-// (the ops have their own formulas, python/pipelstm/ops.py), and they run at
+// (the ops have their own formulas, lstm_autograd.cpp), and they run at
 // the op's own dtype (under autocast a nested at::mm would otherwise drop to
 // bfloat16 behind its back).
 struct OpGuard {

@@ -1,8 +1,9 @@
 // The op schemas, declared once. Kernels are registered per backend, each
-// under its own dispatch key (cpu/lstm_layer_cpu.cpp, cuda/lstm_layer_cuda.cpp);
-// fake kernels and autograd formulas are registered from Python
-// (pipelstm/ops.py, pipelstm/fake_kernels.py). The *_composite ops are the same
-// math in ATen ops (lstm_composite.cpp), for the transforms the fused
+// under its own dispatch key (cpu/lstm_layer_cpu.cpp, cuda/lstm_layer_cuda.cpp),
+// the autograd formulas under the Autograd key (lstm_autograd.cpp; the
+// LayerNorm op's from Python, pipelstm/layernorm_ops.py), the fake kernels
+// from Python (pipelstm/hooks/fake_kernels.py). The *_composite ops are the
+// same math in ATen ops (lstm_composite.cpp), for the transforms the fused
 // formulas do not cover.
 #include <torch/library.h>
 

@@ -1,9 +1,11 @@
-"""What the fused ops' wrappers and autograd formulas share (ops.py,
-layernorm_ops.py): when a call runs on the op's ATen composition instead of
-its fused kernels, the create_graph=True backward through that composition,
-the marks that keep autograd from zero-filling unused outputs or from
-differentiating a backward op, and a reduced-precision call computed in
-float32."""
+"""What the fused ops' Python wrappers share (ops.py, layernorm_ops.py):
+when a call runs on the op's ATen composition instead of its fused kernels,
+and a reduced-precision call computed in float32; and for the one formula
+registered from Python (the LayerNorm op's, whose composition is Python):
+the create_graph=True backward through that composition and the marks that
+keep autograd from zero-filling unused outputs or from differentiating a
+backward op. The other ops' formulas do the same in C++
+(csrc/lstm_autograd.cpp)."""
 
 from typing import Optional
 
