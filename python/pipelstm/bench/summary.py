@@ -222,9 +222,24 @@ def peak(data: Mapping) -> List[Row]:
                  setup=f"{_cpu(data)}, fp32, {_threads(rows, data)}")]
 
 
+def small(data: Mapping) -> List[Row]:
+    """bench small: the modules against torch.nn's at small sizes, per module and mode."""
+    out = []
+    for module in dict.fromkeys(r["module"] for r in data["rows"]):
+        rows = [r for r in data["rows"] if r["module"] == module]
+        modes = "; ".join(f"{mode} {_span([r['speedup'] for r in rows if r['mode'] == mode])}"
+                          for mode in dict.fromkeys(r["mode"] for r in rows))
+        sizes = sorted({(r["B"], r["H"]) for r in rows})
+        out.append(dict(what=f"`pipelstm.{module}` vs `nn.{module}` at small sizes (B {sizes[0][0]}–{sizes[-1][0]}, "
+                             f"H {min(h for _, h in sizes)}–{max(h for _, h in sizes)})",
+                        result=f"{modes}; {sum(r['speedup'] >= 1.0 for r in rows)} of {len(rows)} rows ≥ 1.0×",
+                        setup=f"{_cpu(data)}, fp32, {_threads(rows, data)}"))
+    return out
+
+
 RENDERERS: Dict[str, Callable[[Mapping], List[Row]]] = dict(
     grid=grid, gpu=gpu, lm=lm, pipeline=pipeline, distributed=distributed, module=module, layer=layer,
-    wavefront=wavefront, peak=peak)
+    wavefront=wavefront, peak=peak, small=small)
 
 
 def summary_rows(data: Mapping, link: Optional[str]) -> List[Row]:
