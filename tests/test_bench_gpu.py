@@ -30,13 +30,23 @@ def test_every_setting_and_size_is_timed_on_both_sides(tmp_path, monkeypatch):
         assert row["ratio"] == pytest.approx(row["peer"] / row["ours"])
         assert row["of_floor"] == pytest.approx(row["ours"] / row["floor"])
         assert len(row["samples"]["ours"]) == len(row["samples"]["peer"]) == 2
+        assert row["ours_host"] > 0 and row["peer_host"] > 0
+        assert row["host_of_step"] == pytest.approx(row["ours_host"] / row["ours"])
     summary = data["tables"][0]["rows"]
     assert [s["setting"] for s in summary] == list(gpu.SETTINGS)
     assert all(s["stack"] > 0 and s["skipped"] == 0 for s in summary)  # 4 layers over 1 at B <= 32
+    assert all(s["host"] > 0 for s in summary)
     assert data["device"]["name"].startswith("CPU")
     assert data["switches"] == {"PIPELSTM_CUDA_GRAPHS": "1"}
     # The docs' command shows the switches it ran with.
     assert "`PIPELSTM_CUDA_GRAPHS=1 python -m pipelstm.bench gpu" in docs.render(data, "bench/gpu.json")
+
+
+def test_host_time_stops_before_the_device_is_waited_for():
+    import time
+    sides = {"ours": lambda: time.sleep(0.01), "peer": lambda: time.sleep(0.02)}
+    host = gpu._host_times(sides, 3, sync=lambda: time.sleep(0.05))  # a slow GPU's synchronize
+    assert 0.01 <= host["ours_host"] < 0.04 and 0.02 <= host["peer_host"] < 0.05
 
 
 def test_the_settings_set_tf32_and_put_it_back():

@@ -24,6 +24,12 @@ geometric mean and the worst ratio, and the time of 4 layers over 1 layer
 at B <= 32 (the layer wavefront: at most 2x is the aim). ``--device cpu
 --quick`` checks that the bench runs on a machine without a GPU.
 
+Host time: after the timed runs, each side's median over ``--repeats``
+runs of the time its call takes to return, from a synchronised start and
+not waiting for the GPU: what the host spends launching the step. Where
+it is under the step's time the GPU, not the host, bounds the step; the
+summary gives pipelstm's largest host time / step time at B <= 32.
+
 Memory: after the timed runs, one more step of each side with torch's
 allocator peak reset; a row gives that peak over what was allocated before
 the step (weights, input, the last step's gradients), plus, for pipelstm,
@@ -81,7 +87,9 @@ COLUMNS = [
     Column("of_floor", "pipelstm / floor", "{:.1f}x"),
     Column("ours_memory", "pipelstm peak MiB", "{:.0f}", 2.0 ** -20),
     Column("peer_memory", "cuDNN peak MiB", "{:.0f}", 2.0 ** -20),
-    Column("memory_ratio", "memory pipelstm / cuDNN", "{:.2f}x"), Column("note", "note"),
+    Column("memory_ratio", "memory pipelstm / cuDNN", "{:.2f}x"),
+    Column("ours_host", "pipelstm host ms", "{:.2f}", 1e3), Column("peer_host", "cuDNN host ms", "{:.2f}", 1e3),
+    Column("host_of_step", "pipelstm host / step", "{:.2f}x"), Column("note", "note"),
 ]
 VARIANT_COLUMNS = [Column("variant", "variant ms", "{:.2f}", 1e3),
                    Column("variant_gain", "pipelstm / variant", "{:.2f}x"),
@@ -91,6 +99,7 @@ SUMMARY_COLUMNS = [
     Column("worst", "worst", "{:.2f}x"), Column("worst_row", "worst row"), Column("at_least_1", "rows >= 1.0x"),
     Column("stack", "4 layers / 1 layer, B <= 32 (ours, max)", "{:.2f}x"),
     Column("memory", "memory pipelstm / cuDNN, max", "{:.2f}x"),
+    Column("host", "pipelstm host / step, B <= 32, max", "{:.2f}x"),
     Column("skipped", "skipped rows"),
 ]
 
@@ -184,16 +193,33 @@ def measure(setting: str, layers: int, T: int, B: int, H: int, repeats: int, dev
                 row["note"] = f"skipped: one {name} run took {warm:.1f} s (> --row-seconds {row_seconds:g})"
                 return row
         times = interleaved_times(sides, repeats, warmup=1, device=device)
+        row.update(_host_times(sides, repeats, sync))
         if torch.device(device).type == "cuda":
             row.update(_memory(sides, graphs_before))
     med = medians(times)
     row.update(ours=med["ours"], peer=med.get("peer"), samples=times)
     row["of_floor"] = med["ours"] / row["floor"]
+    row["host_of_step"] = row["ours_host"] / med["ours"]
     if "peer" in med:
         row["ratio"] = med["peer"] / med["ours"]
     if "variant" in med:
         row.update(variant=med["variant"], variant_gain=med["ours"] / med["variant"])
     return row
+
+
+def _host_times(sides: Dict[str, object], repeats: int, sync) -> dict:
+    """Each side's median time for its call to return (``ours_host``,
+    ``peer_host``, ``variant_host``), from a synchronised start, the GPU
+    left to finish after the clock stops."""
+    host: Dict[str, List[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, run in sides.items():
+            sync()
+            start = time.perf_counter()
+            run()
+            host[name].append(time.perf_counter() - start)
+            sync()
+    return {f"{name}_host": statistics.median(t) for name, t in host.items()}
 
 
 def _graph_memory() -> Dict[str, int]:
@@ -228,6 +254,7 @@ def summarize(rows: List[dict]) -> List[dict]:
             worst_row=worst and f"L={worst['layers']} T={worst['T']} B={worst['B']} H={worst['H']}",
             at_least_1=sum(r["ratio"] >= 1.0 for r in timed), stack=max(stack) if stack else None,
             memory=max((r["memory_ratio"] for r in mine if r.get("memory_ratio")), default=None),
+            host=max((r["host_of_step"] for r in mine if r["B"] <= 32 and r.get("host_of_step")), default=None),
             skipped=sum(r["ours"] is None for r in mine)))  # over --row-seconds or --budget-seconds
     return out
 
