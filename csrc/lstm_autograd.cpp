@@ -58,6 +58,13 @@ const Tensor& or_undefined(const OptTensor& t) {
 
 OptTensor given(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
+// A packed sequence's batch_sizes as the compositions take them: a list.
+std::vector<int64_t> sizes_of(const Tensor& batch_sizes) {
+  const Tensor sizes = batch_sizes.to(at::kLong).contiguous();
+  const int64_t* data = sizes.const_data_ptr<int64_t>();
+  return std::vector<int64_t>(data, data + sizes.numel());
+}
+
 // The output and workspace kept for the backward are not differentiated, and
 // an output nobody differentiates arrives as an undefined gradient, not zeros.
 void keep_unused_gradients_undefined(AutogradContext* ctx, const Tensor& workspace) {
@@ -198,9 +205,8 @@ variable_list composed_layer_grads(const variable_list& s, const Tensor& batch_s
           const Tensor&, at::IntArrayRef, const Tensor&, const Tensor&, const Tensor&,
           const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, bool)>(
           "pipelstm::lstm_packed_layer_composite");
-      const Tensor sizes = batch_sizes.to(at::kLong).contiguous();
-      out = op.call(s[0], at::IntArrayRef(sizes.const_data_ptr<int64_t>(), sizes.numel()), s[1],
-                    s[2], s[3], s[4], given(s[8]), given(s[9]), given(s[5]), reverse);
+      out = op.call(s[0], sizes_of(batch_sizes), s[1], s[2], s[3], s[4], given(s[8]), given(s[9]),
+                    given(s[5]), reverse);
     } else {
       static const auto op = op_handle<Outputs3(
           const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -295,6 +301,28 @@ const auto& zoneout_forward_op() {
   return op;
 }
 
+// Saved: (input, h0, c0, w_ih, w_hh, keep_c, keep_h, output, workspace,
+// batch_sizes, b_ih, b_hh).
+variable_list composed_zoneout_grads(const variable_list& s, bool reverse,
+                                     const variable_list& grads) {
+  static const auto op = op_handle<Outputs3(
+      const Tensor&, at::OptionalIntArrayRef, const Tensor&, const Tensor&, const Tensor&,
+      const Tensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, bool)>(
+      "pipelstm::lstm_zoneout_layer_composite");
+  const std::optional<std::vector<int64_t>> sizes =
+      s[9].defined() ? std::optional(sizes_of(s[9])) : std::nullopt;
+  const at::OptionalIntArrayRef rows = sizes ? at::OptionalIntArrayRef(*sizes) : at::OptionalIntArrayRef();
+  // (input, h0, c0, w_ih, w_hh, b_ih, b_hh) as the composition takes them
+  const variable_list inputs{s[0], s[1], s[2], s[3], s[4], s[10], s[11]};
+  const variable_list g = composed_grads(inputs, [&] {
+    auto [output, h_n, c_n] = op.call(s[0], rows, s[1], s[2], s[3], s[4], given(s[10]),
+                                      given(s[11]), s[5], s[6], reverse);
+    return variable_list{output, h_n, c_n};
+  }, {grads[0], grads[1], grads[2]});
+  // -> (input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse)
+  return {g[0], Tensor(), g[1], g[2], g[3], g[4], g[5], g[6], Tensor(), Tensor(), Tensor()};
+}
+
 struct ZoneoutFunction : public torch::autograd::Function<ZoneoutFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input,
                                const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
@@ -305,27 +333,25 @@ struct ZoneoutFunction : public torch::autograd::Function<ZoneoutFunction> {
         zoneout_forward_op(), input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse);
     keep_unused_gradients_undefined(ctx, workspace);
     ctx->save_for_backward({input, h0, c0, w_ih, w_hh, keep_c, keep_h, output, workspace,
-                            or_undefined(batch_sizes)});
+                            or_undefined(batch_sizes), or_undefined(b_ih), or_undefined(b_hh)});
     ctx->saved_data["reverse"] = reverse;
-    ctx->saved_data["has_b_ih"] = b_ih.has_value();
-    ctx->saved_data["has_b_hh"] = b_hh.has_value();
     return {output, h_n, c_n, workspace};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "pipelstm: double backward (create_graph=True) through zoneout is not supported yet");
     const variable_list s = ctx->get_saved_variables();
+    const bool reverse = ctx->saved_data["reverse"].toBool();
+    if (at::GradMode::is_enabled()) return composed_zoneout_grads(s, reverse, grads);
     static const auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
         const OptTensor&, const OptTensor&, const OptTensor&, const Tensor&, const OptTensor&,
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
         const Tensor&, const Tensor&, bool)>("pipelstm::lstm_zoneout_layer_backward");
     auto [grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias] = below_autograd(
         op, given(grads[0]), given(grads[1]), given(grads[2]), s[0], given(s[9]), s[1], s[2], s[3],
-        s[4], s[5], s[6], s[7], s[8], ctx->saved_data["reverse"].toBool());
+        s[4], s[5], s[6], s[7], s[8], reverse);
     return {grad_input, Tensor(), grad_h0, grad_c0, grad_w_ih, grad_w_hh,
-            ctx->saved_data["has_b_ih"].toBool() ? grad_bias : Tensor(),
-            ctx->saved_data["has_b_hh"].toBool() ? grad_bias : Tensor(), Tensor(), Tensor(), Tensor()};
+            s[10].defined() ? grad_bias : Tensor(), s[11].defined() ? grad_bias : Tensor(), Tensor(),
+            Tensor(), Tensor()};
   }
 };
 

@@ -64,11 +64,22 @@ std::tuple<Tensor, Tensor> lstm_cell_composite(const Tensor& input_gates, const 
 struct Recurrence {
   const Tensor& w_hh;
   const OptTensor& w_hr;
+  // Zoneout's keep weights of every output row, as the output is laid out
+  // ([T, B, H] or [N, H]); undefined without zoneout (never with w_hr).
+  Tensor keep_c, keep_h;
 
   // x_gates [b, 4H] = x @ w_ih.T + biases for the b rows of this step;
-  // (h [b, P], c [b, H]) -> the next (h, c).
-  std::tuple<Tensor, Tensor> step(const Tensor& x_gates, const Tensor& h, const Tensor& c) const {
+  // (h [b, P], c [b, H]) -> the next (h, c). `rows(keep)`: this step's rows
+  // of a keep weight.
+  template <class Rows>
+  std::tuple<Tensor, Tensor> step(const Tensor& x_gates, const Tensor& h, const Tensor& c,
+                                  const Rows& rows) const {
     auto [hy, cy] = cell(x_gates + at::matmul(h, w_hh.t()), c);
+    if (keep_c.defined()) {  // h from the new cell, then both blended (gate_math.h, zoned)
+      const Tensor kc = rows(keep_c), kh = rows(keep_h);
+      cy = cy + kc * (c - cy);
+      hy = hy + kh * (h - hy);
+    }
     if (w_hr) hy = at::matmul(hy, w_hr->t());
     return {hy, cy};
   }
@@ -83,6 +94,27 @@ Tensor input_gates(const Tensor& input, const Tensor& w_ih, const OptTensor& b_i
   return gates;
 }
 
+// The dense layer over input [T, B, I] (rec's keep weights [T, B, H]).
+std::tuple<Tensor, Tensor, Tensor> dense_layer(const char* op, const Recurrence& rec,
+                                               const Tensor& input, const Tensor& h0,
+                                               const Tensor& c0, const Tensor& w_ih,
+                                               const OptTensor& b_ih, const OptTensor& b_hh,
+                                               bool reverse) {
+  TORCH_CHECK(input.dim() == 3, "pipelstm::", op, ": expected `input` of shape [T, B, I], got ",
+              input.sizes());
+  const Tensor gates = input_gates(input, w_ih, b_ih, b_hh);
+  const int64_t T = input.size(0);
+  std::vector<Tensor> outputs(static_cast<size_t>(T));
+  Tensor h = h0, c = c0;
+  for (const auto i : c10::irange(T)) {
+    const int64_t t = reverse ? T - 1 - i : i;
+    std::tie(h, c) = rec.step(gates.select(0, t), h, c, [t](const Tensor& k) { return k.select(0, t); });
+    outputs[static_cast<size_t>(t)] = h;
+  }
+  Tensor output = T > 0 ? at::stack(outputs) : input.new_empty({0, h0.size(0), h0.size(1)});
+  return {output, h, c};
+}
+
 std::tuple<Tensor, Tensor, Tensor> lstm_layer_composite(const Tensor& input, const Tensor& h0,
                                                         const Tensor& c0, const Tensor& w_ih,
                                                         const Tensor& w_hh, const OptTensor& b_ih,
@@ -95,20 +127,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_composite(const Tensor& input, con
                                       return lstm_layer_composite(a..., reverse);
                                     }));
   }
-  TORCH_CHECK(input.dim() == 3, "pipelstm::lstm_layer_composite: expected `input` of shape [T, B, I], got ",
-              input.sizes());
-  const Recurrence rec{w_hh, w_hr};
-  const Tensor gates = input_gates(input, w_ih, b_ih, b_hh);
-  const int64_t T = input.size(0);
-  std::vector<Tensor> outputs(static_cast<size_t>(T));
-  Tensor h = h0, c = c0;
-  for (const auto i : c10::irange(T)) {
-    const int64_t t = reverse ? T - 1 - i : i;
-    std::tie(h, c) = rec.step(gates.select(0, t), h, c);
-    outputs[static_cast<size_t>(t)] = h;
-  }
-  Tensor output = T > 0 ? at::stack(outputs) : input.new_empty({0, h0.size(0), h0.size(1)});
-  return {output, h, c};
+  return dense_layer("lstm_layer_composite", Recurrence{w_hh, w_hr}, input, h0, c0, w_ih, b_ih,
+                     b_hh, reverse);
 }
 
 // As ATen's PackedLayer / ReversedPackedLayer: batch_sizes[t] rows per step,
@@ -116,19 +136,11 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_composite(const Tensor& input, con
 // at its own last step. batch_sizes is a list, not a tensor: under
 // torch.func every tensor argument is wrapped, and the sizes are never
 // differentiated.
-std::tuple<Tensor, Tensor, Tensor> lstm_packed_layer_composite(
-    const Tensor& input, at::IntArrayRef batch_sizes, const Tensor& h0, const Tensor& c0,
-    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
-    const OptTensor& w_hr, bool reverse) {
-  if (upcast(input)) {
-    return rounded(input.scalar_type(),
-                   layer_in_float32("lstm_packed_layer_composite", input, h0, c0, w_ih, w_hh, b_ih,
-                                    b_hh, w_hr, [&](const Tensor& x, const auto&... a) {
-                                      return lstm_packed_layer_composite(x, batch_sizes, a...,
-                                                                         reverse);
-                                    }));
-  }
-  const Recurrence rec{w_hh, w_hr};
+std::tuple<Tensor, Tensor, Tensor> packed_layer(const Recurrence& rec, const Tensor& input,
+                                                at::IntArrayRef batch_sizes, const Tensor& h0,
+                                                const Tensor& c0, const Tensor& w_ih,
+                                                const OptTensor& b_ih, const OptTensor& b_hh,
+                                                bool reverse) {
   const Tensor gates = input_gates(input, w_ih, b_ih, b_hh);
   const int64_t* bs = batch_sizes.data();
   const int64_t steps = static_cast<int64_t>(batch_sizes.size());
@@ -147,7 +159,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_packed_layer_composite(
         c = c.narrow(0, 0, bs[t]);
       }
       last = bs[t];
-      std::tie(h, c) = rec.step(gates.narrow(0, offset, bs[t]), h, c);
+      const auto rows = [&](const Tensor& k) { return k.narrow(0, offset, bs[t]); };
+      std::tie(h, c) = rec.step(gates.narrow(0, offset, bs[t]), h, c, rows);
       offset += bs[t];
       outputs.push_back(h);
     }
@@ -168,12 +181,56 @@ std::tuple<Tensor, Tensor, Tensor> lstm_packed_layer_composite(
     }
     last = bs[t];
     offset -= bs[t];
-    std::tie(h, c) = rec.step(gates.narrow(0, offset, bs[t]), h, c);
+    const auto rows = [&](const Tensor& k) { return k.narrow(0, offset, bs[t]); };
+    std::tie(h, c) = rec.step(gates.narrow(0, offset, bs[t]), h, c, rows);
     outputs.push_back(h);
   }
   std::reverse(outputs.begin(), outputs.end());
   Tensor output = steps > 0 ? at::cat(outputs) : input.new_empty({0, h0.size(1)});
   return {output, h, c};
+}
+
+std::tuple<Tensor, Tensor, Tensor> lstm_packed_layer_composite(
+    const Tensor& input, at::IntArrayRef batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const OptTensor& w_hr, bool reverse) {
+  if (upcast(input)) {
+    return rounded(input.scalar_type(),
+                   layer_in_float32("lstm_packed_layer_composite", input, h0, c0, w_ih, w_hh, b_ih,
+                                    b_hh, w_hr, [&](const Tensor& x, const auto&... a) {
+                                      return lstm_packed_layer_composite(x, batch_sizes, a...,
+                                                                         reverse);
+                                    }));
+  }
+  return packed_layer(Recurrence{w_hh, w_hr}, input, batch_sizes, h0, c0, w_ih, b_ih, b_hh,
+                      reverse);
+}
+
+// One direction of one layer under zoneout (no projection): dense input
+// [T, B, I] without batch_sizes, packed rows [N, I] with them; keep_c and
+// keep_h of the output's shape, not differentiated.
+std::tuple<Tensor, Tensor, Tensor> lstm_zoneout_layer_composite(
+    const Tensor& input, at::OptionalIntArrayRef batch_sizes, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih, const OptTensor& b_hh,
+    const Tensor& keep_c, const Tensor& keep_h, bool reverse) {
+  if (upcast(input)) {
+    const Tensor kc = keep_c.to(at::kFloat), kh = keep_h.to(at::kFloat);
+    return rounded(input.scalar_type(),
+                   layer_in_float32("lstm_zoneout_layer_composite", input, h0, c0, w_ih, w_hh, b_ih,
+                                    b_hh, std::nullopt,
+                                    [&](const Tensor& x, const Tensor& h, const Tensor& c,
+                                        const Tensor& wi, const Tensor& wh, const OptTensor& bi,
+                                        const OptTensor& bh, const OptTensor&) {
+                                      return lstm_zoneout_layer_composite(x, batch_sizes, h, c, wi,
+                                                                          wh, bi, bh, kc, kh, reverse);
+                                    }));
+  }
+  const OptTensor no_projection;
+  const Recurrence rec{w_hh, no_projection, keep_c.detach(), keep_h.detach()};
+  if (batch_sizes.has_value()) {
+    return packed_layer(rec, input, *batch_sizes, h0, c0, w_ih, b_ih, b_hh, reverse);
+  }
+  return dense_layer("lstm_zoneout_layer_composite", rec, input, h0, c0, w_ih, b_ih, b_hh, reverse);
 }
 
 }  // namespace
@@ -182,6 +239,7 @@ TORCH_LIBRARY_IMPL(pipelstm, CompositeImplicitAutograd, m) {
   m.impl("lstm_cell_composite", &lstm_cell_composite);
   m.impl("lstm_layer_composite", &lstm_layer_composite);
   m.impl("lstm_packed_layer_composite", &lstm_packed_layer_composite);
+  m.impl("lstm_zoneout_layer_composite", &lstm_zoneout_layer_composite);
 }
 
 }  // namespace pipelstm

@@ -96,4 +96,8 @@ TORCH_LIBRARY(pipelstm, m) {
       "lstm_packed_layer_composite(Tensor input, int[] batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "
       "(Tensor output, Tensor h_n, Tensor c_n)");
+  m.def(
+      "lstm_zoneout_layer_composite(Tensor input, int[]? batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor keep_c, Tensor keep_h, "
+      "bool reverse) -> (Tensor output, Tensor h_n, Tensor c_n)");
 }

@@ -149,7 +149,7 @@ def test_packed_matches_each_sequence_alone(recorded, num_layers, bidirectional,
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("keep", ["masks", "probabilities"])
-def test_the_op_passes_gradcheck(packed, reverse, keep):
+def test_the_op_passes_gradcheck_and_gradgradcheck(packed, reverse, keep):
     torch.manual_seed(0)
     T, B = 4, 3
     rnd = lambda *s: torch.randn(*s, dtype=torch.float64, requires_grad=True)  # noqa: E731
@@ -165,6 +165,7 @@ def test_the_op_passes_gradcheck(packed, reverse, keep):
     f = lambda x, h, c, wi, wh, bi, bh: ops.lstm_zoneout_layer(  # noqa: E731
         x, batch_sizes, h, c, wi, wh, bi, bh, keep_c, keep_h, reverse)
     assert torch.autograd.gradcheck(f, args)
+    assert torch.autograd.gradgradcheck(f, args)  # create_graph=True: the op's composition differentiated
 
 
 def test_masks_keep_a_fraction_p_per_element_and_step():
@@ -247,12 +248,60 @@ def test_reduced_precision_on_the_cpu_is_float32_rounded_once(dtype):
     assert out.dtype == dtype and all(p.grad.dtype == dtype for p in m.parameters())
 
 
-def test_double_backward_is_refused():
-    lstm = pipelstm.LSTM(I, H, zoneout=0.2, dtype=torch.float64)
-    x = torch.randn(3, 2, I, dtype=torch.float64, requires_grad=True)
-    out = lstm(x)[0].sum()
-    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True\) through zoneout"):
-        torch.autograd.grad(out, x, create_graph=True)
+def test_double_backward_matches_the_reference(recorded):
+    lstm, ref = _pair(2, True, True, (0.3, 0.2))
+    x = torch.randn(4, 2, I, dtype=torch.float64, requires_grad=True)
+
+    def second_order(out, model):
+        (g,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        return torch.autograd.grad(g.pow(2).sum(), [x, *model.parameters()])
+
+    got = second_order(lstm(x)[0], lstm)
+    zeros = torch.zeros(4, 2, H, dtype=torch.float64)
+    keeps = _keeps_per_layer(recorded, (0.3, 0.2), (4, 2, H), 4, True)
+    want = second_order(ref_stack(ref, x, zeros, zeros, keeps)[0], ref)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_op_under_torch_func_matches_the_reference(reverse):
+    torch.manual_seed(0)
+    T, B = 4, 3
+    rnd = lambda *s: torch.randn(*s, dtype=torch.float64)  # noqa: E731
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh = rnd(T, B, I), rnd(B, H), rnd(B, H), rnd(4 * H, I), rnd(4 * H, H), \
+        rnd(4 * H), rnd(4 * H)
+    keep_c, keep_h = (torch.rand(T, B, H) < 0.4).double(), (torch.rand(T, B, H) < 0.3).double()
+
+    def ours(w, x=x):
+        return ops.lstm_zoneout_layer(x, None, h0, c0, w_ih, w, b_ih, b_hh, keep_c, keep_h, reverse)[0].pow(2).sum()
+
+    def theirs(w, x=x):
+        return reference.layer(x, h0, c0, w_ih, w, b_ih, b_hh, None, reverse, keep_c, keep_h)[0].pow(2).sum()
+
+    torch.testing.assert_close(torch.func.grad(ours)(w_hh), torch.func.grad(theirs)(w_hh), rtol=0, atol=1e-10)
+    tangent = rnd(4 * H, H)
+    torch.testing.assert_close(torch.func.jvp(ours, (w_hh,), (tangent,))[1],
+                               torch.func.jvp(theirs, (w_hh,), (tangent,))[1], rtol=0, atol=1e-10)
+    xs = rnd(2, T, B, I)  # vmap over a batch of inputs
+    per_input = torch.func.vmap(torch.func.grad(ours), in_dims=(None, 0))(w_hh, xs)
+    for k in range(2):
+        torch.testing.assert_close(per_input[k], torch.func.grad(theirs)(w_hh, xs[k]), rtol=0, atol=1e-10)
+
+
+def test_the_module_under_torch_func_matches_its_fused_gradients():
+    torch.manual_seed(0)
+    lstm = pipelstm.LSTM(I, H, num_layers=2, zoneout=(0.3, 0.2), dtype=torch.float64).eval()
+    x = torch.randn(4, 2, I, dtype=torch.float64)
+    params = dict(lstm.named_parameters())
+
+    def loss(p):
+        return torch.func.functional_call(lstm, p, (x,))[0].pow(2).sum()
+
+    got = torch.func.grad(loss)(params)
+    want = torch.autograd.grad(loss(params), list(params.values()))  # the fused op's formula
+    for name, w in zip(params, want):
+        torch.testing.assert_close(got[name], w, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -109,8 +109,8 @@ def lstm_zoneout_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor,
         ``(output, h_n, c_n)`` as :func:`lstm_layer` or :func:`lstm_packed_layer`.
     """
     if composed(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        raise RuntimeError("pipelstm: zoneout has no torch.func transform or forward-mode AD yet (its fused op has a "
-                           "reverse-mode formula only); use zoneout=0 under torch.func")
+        sizes = None if batch_sizes is None else unwrapped(batch_sizes).tolist()
+        return _ops.lstm_zoneout_layer_composite(input, sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse)
     if input.device.type == "cpu" and input.dtype in REDUCED:
         return rounded_from_float32(lstm_zoneout_layer, input.dtype, input, batch_sizes, h0, c0, w_ih, w_hh, b_ih,
                                     b_hh, keep_c, keep_h, reverse)
