@@ -67,3 +67,43 @@ def test_differentiating_a_cell_backward_op_raises_not_zeros():
     grad_gates, _ = ops.lstm_cell_backward(grad_hy, None, cx, cy, workspace)
     with pytest.raises(RuntimeError, match="lstm_cell_backward.*not implemented"):
         torch.autograd.grad(grad_gates.sum(), grad_hy)
+
+
+def _module_grads(run, lstm, x):
+    """The gradients of the input and every parameter (by .backward(), which
+    reentrant checkpointing needs)."""
+    tensors = [x, *lstm.parameters()]
+    for t in tensors:
+        t.grad = None
+    run(x)[0].pow(2).sum().backward()
+    return [t.grad for t in tensors]
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_gives_the_plain_gradients(use_reentrant):
+    torch.manual_seed(0)
+    lstm = pipelstm.LSTM(4, 5, num_layers=2, bidirectional=True, dtype=F64)
+    x = torch.randn(3, 2, 4, dtype=F64, requires_grad=True)
+    want = _module_grads(lstm, lstm, x)
+    got = _module_grads(lambda x: torch.utils.checkpoint.checkpoint(lstm, x, use_reentrant=use_reentrant), lstm, x)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_saved_tensor_hooks_pack_and_unpack_what_the_formulas_save():
+    torch.manual_seed(0)
+    lstm = pipelstm.LSTM(4, 5, num_layers=2, dtype=F64)
+    x = torch.randn(3, 2, 4, dtype=F64, requires_grad=True)
+    want = _module_grads(lstm, lstm, x)
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t.clone()  # the backward must read the unpacked copies
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        got = _module_grads(lstm, lstm, x)
+    # per layer: input, h0, c0, w_ih, w_hh, output, workspace, b_ih, b_hh
+    assert sum(t.shape == lstm.weight_hh_l0.shape for t in packed) >= 2 and len(packed) >= 18
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
