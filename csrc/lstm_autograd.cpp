@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -65,12 +66,12 @@ std::vector<int64_t> sizes_of(const Tensor& batch_sizes) {
   return std::vector<int64_t>(data, data + sizes.numel());
 }
 
-// The output and workspace kept for the backward are not differentiated, and
-// an output nobody differentiates arrives as an undefined gradient, not zeros.
-void keep_unused_gradients_undefined(AutogradContext* ctx, const Tensor& workspace) {
-  ctx->mark_non_differentiable({workspace});
-  ctx->set_materialize_grads(false);
-}
+// Each formula's forward hands the op's workspace out through its last
+// argument rather than as an output of the node: it is saved for the backward
+// but never differentiated (a node with outputs marked non-differentiable is
+// refused by compiled autograd). An output nobody differentiates arrives at
+// the backward as an undefined gradient, not zeros.
+void no_zero_gradients(AutogradContext* ctx) { ctx->set_materialize_grads(false); }
 
 // The gradient for create_graph=True: `composite(inputs)` recomputed with
 // grad mode on and differentiated with create_graph, so that the gradient is
@@ -89,6 +90,9 @@ variable_list composed_grads(const variable_list& inputs, const Composite& compo
     }
   }
   variable_list grads(inputs.size());
+  const bool any_gradient = std::any_of(grad_outputs.begin(), grad_outputs.end(),
+                                        [](const Tensor& g) { return g.defined(); });
+  if (wanted.empty() || !any_gradient) return grads;
   const variable_list outputs = composite();
   variable_list differentiated, weights;
   for (size_t k = 0; k < outputs.size() && k < grad_outputs.size(); ++k) {
@@ -97,12 +101,9 @@ variable_list composed_grads(const variable_list& inputs, const Composite& compo
       weights.push_back(grad_outputs[k]);
     }
   }
-  if (wanted.empty()) return grads;
-  variable_list got(wanted.size());
-  if (!differentiated.empty()) {
-    got = torch::autograd::grad(differentiated, wanted_inputs, weights, /*retain_graph=*/true,
-                                /*create_graph=*/true, /*allow_unused=*/true);
-  }
+  const variable_list got =
+      torch::autograd::grad(differentiated, wanted_inputs, weights, /*retain_graph=*/true,
+                            /*create_graph=*/true, /*allow_unused=*/true);
   for (size_t k = 0; k < wanted.size(); ++k) {
     grads[wanted[k]] = got[k].defined() ? got[k] : at::zeros_like(inputs[wanted[k]]);
   }
@@ -121,12 +122,13 @@ const auto& cell_forward_op() {
 struct CellFunction : public torch::autograd::Function<CellFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input_gates,
                                const Tensor& hidden_gates, const Tensor& cx, const OptTensor& b_ih,
-                               const OptTensor& b_hh) {
-    auto [hy, cy, workspace] = below_autograd(cell_forward_op(), input_gates, hidden_gates, cx, b_ih, b_hh);
-    keep_unused_gradients_undefined(ctx, workspace);
+                               const OptTensor& b_hh, Tensor* workspace) {
+    auto [hy, cy, ws] = below_autograd(cell_forward_op(), input_gates, hidden_gates, cx, b_ih, b_hh);
+    *workspace = ws;
+    no_zero_gradients(ctx);
     ctx->save_for_backward(
-        {cx, cy, workspace, input_gates, hidden_gates, or_undefined(b_ih), or_undefined(b_hh)});
-    return {hy, cy, workspace};
+        {cx, cy, ws, input_gates, hidden_gates, or_undefined(b_ih), or_undefined(b_hh)});
+    return {hy, cy};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -137,10 +139,12 @@ struct CellFunction : public torch::autograd::Function<CellFunction> {
           const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&)>(
           "pipelstm::lstm_cell_composite");
       const variable_list inputs{s[3], s[4], cx, b_ih, b_hh};
-      return composed_grads(inputs, [&] {
+      variable_list g = composed_grads(inputs, [&] {
         auto [hy, c] = composite.call(s[3], s[4], cx, given(b_ih), given(b_hh));
         return variable_list{hy, c};
       }, {grads[0], grads[1]});
+      g.emplace_back();  // the workspace's slot
+      return g;
     }
     static const auto op = op_handle<std::tuple<Tensor, Tensor>(
         const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&)>(
@@ -153,7 +157,7 @@ struct CellFunction : public torch::autograd::Function<CellFunction> {
         b_ih.defined() || b_hh.defined() ? grad_gates.sum(0).to(cx.scalar_type()) : Tensor();
     grad_gates = grad_gates.to(cx.scalar_type());
     return {grad_gates, grad_gates, grad_cx.to(cx.scalar_type()),
-            b_ih.defined() ? grad_bias : Tensor(), b_hh.defined() ? grad_bias : Tensor()};
+            b_ih.defined() ? grad_bias : Tensor(), b_hh.defined() ? grad_bias : Tensor(), Tensor()};
   }
 };
 
@@ -162,8 +166,9 @@ Outputs3 cell_forward_autograd(const Tensor& input_gates, const Tensor& hidden_g
   if (!needs_graph({&input_gates, &hidden_gates, &cx, &or_undefined(b_ih), &or_undefined(b_hh)})) {
     return below_autograd(cell_forward_op(), input_gates, hidden_gates, cx, b_ih, b_hh);
   }
-  const variable_list out = CellFunction::apply(input_gates, hidden_gates, cx, b_ih, b_hh);
-  return {out[0], out[1], out[2]};
+  Tensor workspace;
+  const variable_list out = CellFunction::apply(input_gates, hidden_gates, cx, b_ih, b_hh, &workspace);
+  return {out[0], out[1], workspace};
 }
 
 // --- the layer, dense or packed (batch_sizes given) -------------------------
@@ -217,22 +222,24 @@ variable_list composed_layer_grads(const variable_list& s, const Tensor& batch_s
     return variable_list{std::get<0>(out), std::get<1>(out), std::get<2>(out)};
   };
   const variable_list g = composed_grads(inputs, composite, {grads[0], grads[1], grads[2]});
-  // -> (input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)
-  return {g[0], Tensor(), g[1], g[2], g[3], g[4], g[5], g[6], g[7], Tensor()};
+  // -> (input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, workspace)
+  return {g[0], Tensor(), g[1], g[2], g[3], g[4], g[5], g[6], g[7], Tensor(), Tensor()};
 }
 
 struct LayerFunction : public torch::autograd::Function<LayerFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input,
                                const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
                                const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
-                               const OptTensor& b_hh, const OptTensor& w_hr, bool reverse) {
-    auto [output, h_n, c_n, workspace] =
+                               const OptTensor& b_hh, const OptTensor& w_hr, bool reverse,
+                               Tensor* workspace) {
+    auto [output, h_n, c_n, ws] =
         run_layer(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
-    keep_unused_gradients_undefined(ctx, workspace);
-    ctx->save_for_backward({input, h0, c0, w_ih, w_hh, or_undefined(w_hr), output, workspace,
+    *workspace = ws;
+    no_zero_gradients(ctx);
+    ctx->save_for_backward({input, h0, c0, w_ih, w_hh, or_undefined(w_hr), output, ws,
                             or_undefined(b_ih), or_undefined(b_hh), or_undefined(batch_sizes)});
     ctx->saved_data["reverse"] = reverse;
-    return {output, h_n, c_n, workspace};
+    return {output, h_n, c_n};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -262,7 +269,7 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
     auto& [grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr] = g;
     return {grad_input, Tensor(), grad_h0, grad_c0, grad_w_ih, grad_w_hh,
             b_ih.defined() ? grad_bias : Tensor(), b_hh.defined() ? grad_bias : Tensor(),
-            w_hr.defined() ? grad_w_hr : Tensor(), Tensor()};
+            w_hr.defined() ? grad_w_hr : Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -273,9 +280,10 @@ Outputs4 layer_autograd(const Tensor& input, const OptTensor& batch_sizes, const
                     &or_undefined(w_hr)})) {
     return run_layer(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
   }
-  const variable_list out =
-      LayerFunction::apply(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
-  return {out[0], out[1], out[2], out[3]};
+  Tensor workspace;
+  const variable_list out = LayerFunction::apply(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih,
+                                                 b_hh, w_hr, reverse, &workspace);
+  return {out[0], out[1], out[2], workspace};
 }
 
 Outputs4 layer_forward_autograd(const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
@@ -319,8 +327,8 @@ variable_list composed_zoneout_grads(const variable_list& s, bool reverse,
                                       given(s[11]), s[5], s[6], reverse);
     return variable_list{output, h_n, c_n};
   }, {grads[0], grads[1], grads[2]});
-  // -> (input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse)
-  return {g[0], Tensor(), g[1], g[2], g[3], g[4], g[5], g[6], Tensor(), Tensor(), Tensor()};
+  // -> (input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse, workspace)
+  return {g[0], Tensor(), g[1], g[2], g[3], g[4], g[5], g[6], Tensor(), Tensor(), Tensor(), Tensor()};
 }
 
 struct ZoneoutFunction : public torch::autograd::Function<ZoneoutFunction> {
@@ -328,14 +336,15 @@ struct ZoneoutFunction : public torch::autograd::Function<ZoneoutFunction> {
                                const OptTensor& batch_sizes, const Tensor& h0, const Tensor& c0,
                                const Tensor& w_ih, const Tensor& w_hh, const OptTensor& b_ih,
                                const OptTensor& b_hh, const Tensor& keep_c, const Tensor& keep_h,
-                               bool reverse) {
-    auto [output, h_n, c_n, workspace] = below_autograd(
+                               bool reverse, Tensor* workspace) {
+    auto [output, h_n, c_n, ws] = below_autograd(
         zoneout_forward_op(), input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, keep_c, keep_h, reverse);
-    keep_unused_gradients_undefined(ctx, workspace);
-    ctx->save_for_backward({input, h0, c0, w_ih, w_hh, keep_c, keep_h, output, workspace,
+    *workspace = ws;
+    no_zero_gradients(ctx);
+    ctx->save_for_backward({input, h0, c0, w_ih, w_hh, keep_c, keep_h, output, ws,
                             or_undefined(batch_sizes), or_undefined(b_ih), or_undefined(b_hh)});
     ctx->saved_data["reverse"] = reverse;
-    return {output, h_n, c_n, workspace};
+    return {output, h_n, c_n};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -351,7 +360,7 @@ struct ZoneoutFunction : public torch::autograd::Function<ZoneoutFunction> {
         s[4], s[5], s[6], s[7], s[8], reverse);
     return {grad_input, Tensor(), grad_h0, grad_c0, grad_w_ih, grad_w_hh,
             s[10].defined() ? grad_bias : Tensor(), s[11].defined() ? grad_bias : Tensor(), Tensor(),
-            Tensor(), Tensor()};
+            Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -363,9 +372,10 @@ Outputs4 zoneout_layer_forward_autograd(const Tensor& input, const OptTensor& ba
     return below_autograd(zoneout_forward_op(), input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh,
                           keep_c, keep_h, reverse);
   }
+  Tensor workspace;
   const variable_list out = ZoneoutFunction::apply(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih,
-                                                   b_hh, keep_c, keep_h, reverse);
-  return {out[0], out[1], out[2], out[3]};
+                                                   b_hh, keep_c, keep_h, reverse, &workspace);
+  return {out[0], out[1], out[2], workspace};
 }
 
 }  // namespace

@@ -226,10 +226,17 @@ std::tuple<Tensor, Tensor, Tensor> lstm_zoneout_layer_composite(
                                     }));
   }
   const OptTensor no_projection;
-  const Recurrence rec{w_hh, no_projection, keep_c.detach(), keep_h.detach()};
   if (batch_sizes.has_value()) {
+    const Recurrence rec{w_hh, no_projection, keep_c.detach(), keep_h.detach()};
     return packed_layer(rec, input, *batch_sizes, h0, c0, w_ih, b_ih, b_hh, reverse);
   }
+  // The fused op takes a dense call's keep weights as [T, B, H] or [T * B, H].
+  TORCH_CHECK(input.dim() == 3, "pipelstm::lstm_zoneout_layer_composite: expected `input` of shape [T, B, I], got ",
+              input.sizes());
+  const auto as_output = [&](const Tensor& k) {
+    return k.detach().reshape({input.size(0), input.size(1), h0.size(-1)});
+  };
+  const Recurrence rec{w_hh, no_projection, as_output(keep_c), as_output(keep_h)};
   return dense_layer("lstm_zoneout_layer_composite", rec, input, h0, c0, w_ih, b_ih, b_hh, reverse);
 }
 

@@ -45,8 +45,8 @@ def test_every_setting_and_size_is_timed_on_both_sides(tmp_path, monkeypatch):
 def test_host_time_stops_before_the_device_is_waited_for():
     import time
     sides = {"ours": lambda: time.sleep(0.01), "peer": lambda: time.sleep(0.02)}
-    host = gpu._host_times(sides, 3, sync=lambda: time.sleep(0.05))  # a slow GPU's synchronize
-    assert 0.01 <= host["ours_host"] < 0.04 and 0.02 <= host["peer_host"] < 0.05
+    host = gpu._host_times(sides, 3, sync=lambda: time.sleep(0.5))  # a slow GPU's synchronize
+    assert 0.01 <= host["ours_host"] < 0.4 and 0.02 <= host["peer_host"] < 0.4
 
 
 def test_the_settings_set_tf32_and_put_it_back():

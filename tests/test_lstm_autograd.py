@@ -107,3 +107,25 @@ def test_saved_tensor_hooks_pack_and_unpack_what_the_formulas_save():
     assert sum(t.shape == lstm.weight_hh_l0.shape for t in packed) >= 2 and len(packed) >= 18
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def test_compiled_autograd_gives_the_eager_gradients():
+    from torch._dynamo import compiled_autograd
+
+    torch.manual_seed(0)
+    lstm = pipelstm.LSTM(4, 5, num_layers=2, dtype=F64)
+    cell = pipelstm.LSTMCell(4, 5, dtype=F64)
+    x = torch.randn(3, 2, 4, dtype=F64, requires_grad=True)
+    tensors = [x, *lstm.parameters(), *cell.parameters()]
+
+    def grads():
+        for t in tensors:
+            t.grad = None
+        (lstm(x)[0].pow(2).sum() + cell(x[0])[0].sum()).backward()
+        return [t.grad for t in tensors]
+
+    want = grads()
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        got = grads()
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

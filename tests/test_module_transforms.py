@@ -9,6 +9,7 @@ with finite differences, or with torch.autograd.gradgradcheck.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 import torch.autograd.forward_ad as fwAD
 from torch import nn
 from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
@@ -261,3 +262,31 @@ def test_plain_training_never_runs_the_composition(monkeypatch):
     assert calls == []
     grad(_loss)(_params(ours), ours, x.detach())
     assert "lstm_layer_composite" in calls
+
+
+class _PipelstmOps(TorchDispatchMode):
+    """The pipelstm ops that reach the kernels, in order (below autograd)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "pipelstm":
+            self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_plain_backward_runs_the_fused_backward_ops_and_create_graph_does_not():
+    # The formulas are C++ (csrc/lstm_autograd.cpp): whichever backward they
+    # take shows below autograd as the fused backward op being called, or not.
+    _, ours = pair(F64, **CONFIGS["stacked_bidirectional_proj"])  # 2 layers x 2 directions
+    x = torch.randn(5, 2, 4, dtype=F64, requires_grad=True)
+    out = ours(x)[0].pow(2).sum()
+    with _PipelstmOps() as seen:
+        out.backward()
+    assert seen.names == ["lstm_layer_backward.default"] * 4
+    out = ours(x)[0].pow(2).sum()
+    with _PipelstmOps() as seen:
+        torch.autograd.grad(out, x, create_graph=True)
+    assert seen.names == []

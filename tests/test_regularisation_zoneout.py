@@ -289,6 +289,34 @@ def test_the_op_under_torch_func_matches_the_reference(reverse):
         torch.testing.assert_close(per_input[k], torch.func.grad(theirs)(w_hh, xs[k]), rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("keep_rows", [False, True], ids=["keep_as_output", "keep_as_rows"])
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_the_op_under_torch_func_matches_its_fused_gradients(packed, keep_rows, reverse):
+    # The composition against the fused op's formula (checked against the
+    # reference above): packed rows of sequences of different lengths, and
+    # a dense call's keep weights as [T, B, H] or as rows [T * B, H].
+    torch.manual_seed(0)
+    T, B = 4, 3
+    rnd = lambda *s: torch.randn(*s, dtype=torch.float64)  # noqa: E731
+    batch_sizes = torch.tensor([3, 3, 2, 1]) if packed else None
+    rows = int(batch_sizes.sum()) if packed else T * B
+    x = rnd(rows, I) if packed else rnd(T, B, I)
+    shape = (rows, H) if packed or keep_rows else (T, B, H)
+    keep_c, keep_h = (torch.rand(shape) < 0.4).double(), (torch.rand(shape) < 0.3).double()
+    weights = [rnd(B, H), rnd(B, H), rnd(4 * H, I), rnd(4 * H, H), rnd(4 * H), rnd(4 * H)]
+
+    def loss(x, *w):
+        out, h_n, c_n = ops.lstm_zoneout_layer(x, batch_sizes, *w, keep_c, keep_h, reverse)
+        return out.pow(2).sum() + (h_n * c_n).sum()
+
+    got = torch.func.grad(loss, argnums=tuple(range(7)))(x, *weights)
+    leaves = [t.clone().requires_grad_() for t in (x, *weights)]
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+
+
 def test_the_module_under_torch_func_matches_its_fused_gradients():
     torch.manual_seed(0)
     lstm = pipelstm.LSTM(I, H, num_layers=2, zoneout=(0.3, 0.2), dtype=torch.float64).eval()

@@ -5,7 +5,8 @@ extension as ``torch.ops.pipelstm.*``, with fake kernels for
 ``torch.compile`` and ``torch.export``. Under torch.func transforms and
 forward-mode AD these functions run the ops' ATen composition instead, and
 a create_graph=True backward differentiates it, so every derivative nn.LSTM
-users take is exact.
+users take is exact (a ``torch.ops.pipelstm.*_forward`` op called directly
+under a torch.func transform raises instead: call these functions).
 """
 
 from typing import Optional, Tuple
