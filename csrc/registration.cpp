@@ -1,8 +1,8 @@
 // The op schemas, declared once. Kernels are registered per backend, each
 // under its own dispatch key (cpu/lstm_layer_cpu.cpp, cuda/lstm_layer_cuda.cpp),
-// the autograd formulas under the Autograd key (lstm_autograd.cpp; the
-// LayerNorm op's from Python, pipelstm/layernorm_ops.py), the fake kernels
-// from Python (pipelstm/hooks/fake_kernels.py). The *_composite ops are the
+// the autograd formulas under the Autograd key (lstm_autograd.cpp,
+// layernorm_autograd.cpp), the fake kernels from Python
+// (pipelstm/hooks/fake_kernels.py). The *_composite ops are the
 // same math in ATen ops (lstm_composite.cpp), for the transforms the fused
 // formulas do not cover.
 #include <torch/library.h>
@@ -96,6 +96,13 @@ TORCH_LIBRARY(pipelstm, m) {
       "lstm_packed_layer_composite(Tensor input, int[] batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse) -> "
       "(Tensor output, Tensor h_n, Tensor c_n)");
+  // The LayerNorm layer's composition; its kernel is Python
+  // (pipelstm/layernorm_ops.py, composed_layer), where ONNX export runs it too.
+  m.def(
+      "lstm_layernorm_layer_composite(Tensor input, Tensor? batch_sizes, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? bias, Tensor gamma_ih, Tensor gamma_hh, Tensor gamma_c, "
+      "Tensor? beta_c, Tensor? keep_c, Tensor? keep_h, bool reverse, float eps) -> (Tensor output, "
+      "Tensor h_n, Tensor c_n)");
   m.def(
       "lstm_zoneout_layer_composite(Tensor input, int[]? batch_sizes, Tensor h0, Tensor c0, "
       "Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor keep_c, Tensor keep_h, "

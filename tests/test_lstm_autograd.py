@@ -1,17 +1,22 @@
-"""The fused ops' autograd formulas (csrc/lstm_autograd.cpp): registered in
-C++ under the Autograd key, a call that needs no graph records none, and a
-backward op that someone differentiates raises instead of giving zeros.
+"""The fused ops' autograd formulas (csrc/lstm_autograd.cpp,
+csrc/layernorm_autograd.cpp): registered in C++ under the Autograd key, a
+call that needs no graph records none, a backward op that someone
+differentiates raises instead of giving zeros, and a create_graph=True
+backward (the composition differentiated) gives the fused formula's first
+derivative.
 (Their gradients against nn.LSTM and float64 references are checked with the
 ops and modules: test_layer_op.py, test_cell_op.py, test_module_transforms.py.)"""
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
 import pipelstm  # noqa: F401
 
 ops = torch.ops.pipelstm
 F64 = torch.float64
-FORWARD_OPS = ["lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward", "lstm_zoneout_layer_forward"]
+FORWARD_OPS = ["lstm_cell_forward", "lstm_layer_forward", "lstm_packed_layer_forward", "lstm_zoneout_layer_forward",
+               "lstm_layernorm_layer_forward"]
 
 
 def _layer_args(requires_grad):
@@ -129,3 +134,44 @@ def test_compiled_autograd_gives_the_eager_gradients():
         got = grads()
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def _models():
+    torch.manual_seed(0)
+    yield "lstm_proj_bidirectional", pipelstm.LSTM(4, 5, num_layers=2, bidirectional=True, proj_size=3, dtype=F64)
+    yield "lstm_packed", pipelstm.LSTM(4, 5, num_layers=2, dtype=F64)
+    yield "zoneout", pipelstm.LSTM(4, 5, num_layers=2, zoneout=(0.3, 0.2), dtype=F64).eval()
+    yield "layernorm_zoneout", pipelstm.LayerNormLSTM(4, 5, num_layers=2, zoneout=0.2, dtype=F64).eval()
+    yield "cell", pipelstm.LSTMCell(4, 5, dtype=F64)
+
+
+@pytest.mark.parametrize("name, model", list(_models()), ids=lambda v: v if isinstance(v, str) else "")
+def test_create_graph_gives_the_fused_formulas_first_derivative(name, model):
+    # The create_graph=True backward differentiates the composition: its
+    # gradients of every input (initial states distinct, so a swap shows)
+    # must be the fused formula's.
+    torch.manual_seed(1)
+    x = torch.randn(3, 2, 4, dtype=F64, requires_grad=True)
+    if name == "cell":
+        hx = tuple(torch.randn(2, 5, dtype=F64, requires_grad=True) for _ in range(2))
+        run = lambda: model(x[0], hx)  # noqa: E731
+    else:
+        D = 2 if model.bidirectional else 1
+        P = model.proj_size or model.hidden_size
+        hx = (torch.randn(2 * D, 2, P, dtype=F64, requires_grad=True),
+              torch.randn(2 * D, 2, 5, dtype=F64, requires_grad=True))
+        inp = pack_padded_sequence(x, torch.tensor([3, 2])) if name == "lstm_packed" else x
+        run = lambda: model(inp, hx)  # noqa: E731
+    tensors = [x, *hx, *model.parameters()]
+
+    def first_derivative(create_graph):
+        out = run()
+        out, (h, c) = (out[0], out) if name == "cell" else out
+        data = out.data if name == "lstm_packed" else out
+        loss = data.pow(2).sum() + h.pow(3).sum() + 2 * c.sum()
+        return torch.autograd.grad(loss, tensors, create_graph=create_graph, allow_unused=True)
+
+    for got, want in zip(first_derivative(True), first_derivative(False)):
+        assert (got is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-10)

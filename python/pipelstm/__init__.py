@@ -23,7 +23,7 @@ from .awd_checkpoint import awd_state_dict  # noqa: E402
 from .locked_dropout import LockedDropout  # noqa: E402
 from . import backends, hooks  # noqa: E402
 
-layernorm_ops.register()  # the LayerNorm op's autograd formula (the other ops': csrc/lstm_autograd.cpp)
+layernorm_ops.register()  # the LayerNorm layer's composition, a kernel from Python
 hooks.register()  # fake kernels, autocast rules, safe globals for torch.load
 from .config import config_info, log_choices, show_config  # noqa: E402
 from .memory import empty_cache, memory_stats  # noqa: E402

@@ -1,5 +1,6 @@
-"""The LayerNorm LSTM layer op: its typed wrapper, autograd formula and the
-composition of torch ops it runs where the fused op does not.
+"""The LayerNorm LSTM layer op: its typed wrapper and the composition of
+torch ops it runs where the fused op does not (its autograd formula is C++,
+csrc/layernorm_autograd.cpp).
 
 One direction of one layer (Ba et al. 2016, arXiv 1607.06450)::
 
@@ -30,8 +31,7 @@ from torch import Tensor
 
 from . import _C
 from .hooks import export
-from .op_autograd import REDUCED, composed, composed_backward, gradient_is_differentiated, no_double_backward, \
-    no_zero_fill_for_unused_outputs, rounded_from_float32, unwrapped
+from .op_autograd import REDUCED, composed, rounded_from_float32, unwrapped
 
 __all__ = ["lstm_layernorm_layer", "workspace_numel"]
 
@@ -115,37 +115,14 @@ def composed_layer(input: Tensor, batch_sizes: Optional[Tensor], h0: Tensor, c0:
     return (output.view(input.shape[0], input.shape[1], H) if dense else output), h, c
 
 
-# --- autograd ----------------------------------------------------------------
-
-def _setup_context(ctx, inputs, output):
-    (input, batch_sizes, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, reverse,
-     eps) = inputs
-    out, _, _, workspace = output
-    no_zero_fill_for_unused_outputs(ctx, workspace)
-    ctx.save_for_backward(input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, out,
-                          workspace)
-    ctx.batch_sizes, ctx.reverse, ctx.eps = batch_sizes, reverse, eps
-
-
-def _backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
-    (input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c, beta_c, keep_c, keep_h, out,
-     workspace) = ctx.saved_tensors
-    if gradient_is_differentiated():
-        def composite(*tensors):
-            return composed_layer(tensors[0], ctx.batch_sizes, *tensors[1:], keep_c, keep_h, ctx.reverse, ctx.eps)
-        return composed_backward(ctx, composite, (input, h0, c0, w_ih, w_hh, bias, gamma_ih, gamma_hh, gamma_c,
-                                                   beta_c), (grad_output, grad_h_n, grad_c_n), skip=1)
-    grads = _ops.lstm_layernorm_layer_backward(grad_output, grad_h_n, grad_c_n, input, ctx.batch_sizes, h0, c0, w_ih,
-                                               w_hh, gamma_ih, gamma_hh, gamma_c, keep_c, keep_h, out, workspace,
-                                               ctx.reverse)
-    grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_g_ih, grad_g_hh, grad_g_c, grad_b_c = grads
-    return (grad_input, None, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias if bias is not None else None,
-            grad_g_ih, grad_g_hh, grad_g_c, grad_b_c if beta_c is not None else None, None, None, None, None)
+# --- the composition as an op ---------------------------------------------------
+# pipelstm::lstm_layernorm_layer_composite (its schema is C++'s) runs
+# composed_layer: the op's create_graph=True backward (csrc/layernorm_autograd.cpp)
+# differentiates it through the dispatcher. Held for as long as the module lives.
+_library = torch.library.Library("pipelstm", "IMPL")
 
 
 def register() -> None:
-    """Registers the op's autograd formula (pipelstm's import does, once)."""
-    torch.library.register_autograd("pipelstm::lstm_layernorm_layer_forward", _backward,
-                                    setup_context=_setup_context)
-    torch.library.register_autograd("pipelstm::lstm_layernorm_layer_backward", no_double_backward,
-                                    setup_context=lambda ctx, inputs, output: None)
+    """Registers the composition as the kernel of
+    ``pipelstm::lstm_layernorm_layer_composite`` (pipelstm's import does, once)."""
+    _library.impl("lstm_layernorm_layer_composite", composed_layer, "CompositeImplicitAutograd")

@@ -1,11 +1,7 @@
 """What the fused ops' Python wrappers share (ops.py, layernorm_ops.py):
 when a call runs on the op's ATen composition instead of its fused kernels,
-and a reduced-precision call computed in float32; and for the one formula
-registered from Python (the LayerNorm op's, whose composition is Python):
-the create_graph=True backward through that composition and the marks that
-keep autograd from zero-filling unused outputs or from differentiating a
-backward op. The other ops' formulas do the same in C++
-(csrc/lstm_autograd.cpp)."""
+and a reduced-precision call computed in float32. The ops' autograd
+formulas are C++ (csrc/lstm_autograd.cpp, csrc/layernorm_autograd.cpp)."""
 
 from typing import Optional
 
@@ -13,8 +9,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-__all__ = ["under_functorch_transform", "composed", "unwrapped", "gradient_is_differentiated", "composed_backward",
-           "no_zero_fill_for_unused_outputs", "no_double_backward", "REDUCED", "rounded_from_float32"]
+__all__ = ["under_functorch_transform", "composed", "unwrapped", "REDUCED", "rounded_from_float32"]
 
 REDUCED = (torch.bfloat16, torch.float16)
 
@@ -60,59 +55,6 @@ def unwrapped(batch_sizes: Tensor) -> Tensor:
                              "vmapped batch must share one batch_sizes")
         batch_sizes = functorch.get_unwrapped(batch_sizes)
     return batch_sizes
-
-
-def gradient_is_differentiated() -> bool:
-    # Autograd runs a backward with grad mode on only for create_graph=True:
-    # the gradient is then an input to a further derivative.
-    return torch.is_grad_enabled()
-
-
-def composed_backward(ctx, composite, inputs, grad_outputs, skip: Optional[int] = None):
-    """The backward for create_graph=True: the gradient recomputed through
-    the op's ATen composition, so that it is itself differentiable (double
-    backward, gradient penalties, gradgradcheck). ``skip`` is the position of
-    a non-tensor op argument (``batch_sizes``) the composition does not take.
-    Returns one gradient per op argument, ``None`` for those not needed."""
-    needs = list(ctx.needs_input_grad)
-    if skip is not None:
-        del needs[skip]
-    needs = needs[: len(inputs)]
-    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs)) if need and t is not None]
-    with torch.enable_grad():
-        outputs = composite(*inputs)
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
-    grads = [None] * len(inputs)
-    if wanted and pairs:
-        got = torch.autograd.grad(
-            [o for o, _ in pairs], [inputs[i] for i in wanted], [g for _, g in pairs],
-            create_graph=True, allow_unused=True,
-        )
-        for i, g in zip(wanted, got):
-            grads[i] = g if g is not None else torch.zeros_like(inputs[i])
-    if skip is not None:
-        grads.insert(skip, None)
-    return tuple(grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
-
-
-def no_zero_fill_for_unused_outputs(ctx, workspace: Tensor) -> None:
-    # Without this autograd would allocate and zero a gradient for the
-    # (large) workspace and for every unused output; the backward ops take
-    # None for "no gradient" instead.
-    ctx.mark_non_differentiable(workspace)
-    ctx.set_materialize_grads(False)
-
-
-# --- double backward -----------------------------------------------------------
-# With create_graph=True the forward ops' backward differentiates their
-# composition (composed_backward), so the backward ops below never end up
-# in a graph that is differentiated again. Called directly, they have no
-# derivative: a clear error rather than silent zeros.
-def no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "pipelstm: double backward (a gradient of a gradient, e.g. create_graph=True followed by a second "
-        "backward) through pipelstm's LSTM ops is not supported"
-    )
 
 
 def rounded_from_float32(layer, dtype: torch.dtype, *args):
