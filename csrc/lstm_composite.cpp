@@ -1,4 +1,5 @@
-// The cell and the layer as compositions of ATen ops (CompositeImplicitAutograd).
+// The cell, the layer and the zoneout layer as compositions of ATen ops
+// (CompositeImplicitAutograd).
 //
 // The fused ops have hand-written reverse-mode formulas only. Everything
 // else nn.LSTM users differentiate with -- forward-mode AD (torch.func.jvp,
@@ -6,7 +7,8 @@
 // gradient of a gradient (create_graph=True, gradgradcheck) -- runs on
 // these instead: autograd, forward AD and functorch's batching rules all
 // know every op below, so each transform is exact by construction.
-// python/pipelstm/ops.py decides when to take this path; it is the same
+// python/pipelstm/ops.py decides when to take this path (and the formulas
+// of lstm_autograd.cpp, for create_graph=True); it is the same
 // math as ATen's own LSTM decomposition (aten/src/ATen/native/RNN.cpp),
 // gate order i, f, g, o. A bfloat16 or float16 call on the CPU is computed
 // in float32, as the CPU kernels compute it (float32_upcast.h).
