@@ -1,16 +1,8 @@
 #include "lstm_ops.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "op_handle.h"
 
 namespace pipelstm {
-namespace {
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
-}  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_forward(
     const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,

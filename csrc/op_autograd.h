@@ -1,10 +1,8 @@
 // What the fused ops' autograd formulas share (lstm_autograd.cpp,
-// layernorm_autograd.cpp): typed op handles, a call below autograd, whether a
-// call records a node, and the create_graph=True gradient through an op's
-// composition.
+// layernorm_autograd.cpp): a call below autograd, whether a call records a
+// node, and the create_graph=True gradient through an op's composition.
 #pragma once
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -13,6 +11,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "op_handle.h"
 
 namespace pipelstm {
 namespace op_autograd {
@@ -23,11 +23,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Outputs3 = std::tuple<Tensor, Tensor, Tensor>;
 using Outputs4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 // The op's kernel for the tensors' device (or the fake/functional layers
 // below autograd while tracing): what every call without a graph to record
