@@ -78,8 +78,10 @@ PYBIND11_MODULE(_C, m) {
     const auto& id = pipelstm::cpu::cpu_identity();
     return py::dict(py::arg("vendor") = id.vendor, py::arg("family") = id.family, py::arg("model") = id.model,
                     py::arg("microarchitecture") = id.microarchitecture,
-                    py::arg("vector_datapath_bits") = id.vector_datapath_bits);
-  }, "This CPU: vendor, family, model, microarchitecture class, FMA datapath width (cpu/cpu_identity.h).");
+                    py::arg("vector_datapath_bits") = id.vector_datapath_bits,
+                    py::arg("l2_bytes") = id.l2_bytes);
+  }, "This CPU: vendor, family, model, microarchitecture class, FMA datapath width, L2 per core "
+     "(cpu/cpu_identity.h).");
   m.def("_cpu_chosen_paths", [] {
     py::list out;
     for (const auto& c : pipelstm::cpu::chosen_paths()) {

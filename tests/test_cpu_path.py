@@ -37,7 +37,24 @@ def test_identity_is_the_one_proc_cpuinfo_reports():
     if me["vendor"] == "AMD" and me["family"] == 0x19:
         assert me["microarchitecture"] == ("zen4" if "avx512f" in flags else "zen3")
         assert me["vector_datapath_bits"] == 256
+    if me["vendor"] == "Intel":
+        expected = ("intel-amx" if "amx_tile" in flags else "intel-avx512") if "avx512f" in flags else (
+            "intel-avx2" if "avx2" in flags else "other")
+        assert me["microarchitecture"] == expected
     assert me["vector_datapath_bits"] in (128, 256, 512)
+
+
+def test_l2_size_is_the_one_sysfs_reports():
+    """The L2 per core (the bound of the row split on some classes) is the
+    size of cpu0's level-2 cache as the kernel lists it, where it does."""
+    import glob
+    sizes = [open(d + "/size").read().strip() for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")
+             if open(d + "/level").read().strip() == "2" and open(d + "/type").read().strip() != "Instruction"]
+    if not sizes:
+        pytest.skip("no L2 listed in sysfs")
+    units = {"K": 1 << 10, "M": 1 << 20}
+    expected = int(sizes[0][:-1]) * units[sizes[0][-1]] if sizes[0][-1] in units else int(sizes[0])
+    assert cpu.current_cpu()["l2_bytes"] == expected
 
 
 def _case(T=6, B=8, I=24, H=16, seed=3):

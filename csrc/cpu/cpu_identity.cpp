@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <unistd.h>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -11,10 +13,18 @@ namespace cpu {
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// AMX tiles (cpuid leaf 7, EDX bit 24): the class of Sapphire Rapids and
+// the Xeons after it, read by feature because a hypervisor may report
+// another model number.
+bool amx_tiles() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d >> 24 & 1) != 0;
+}
+
 CpuIdentity read_identity() {
   CpuIdentity id;
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {"unknown", 0, 0, "other", 128};
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {"unknown", 0, 0, "other", 128, 0};
   char vendor[13] = {};
   std::memcpy(vendor, &b, 4);
   std::memcpy(vendor + 4, &d, 4);
@@ -43,20 +53,36 @@ CpuIdentity read_identity() {
       id.microarchitecture = "other";
     }
   } else if (intel) {
-    id.microarchitecture = avx512 ? "intel-avx512" : avx2 ? "intel-avx2" : "other";
+    id.microarchitecture = avx512 && amx_tiles() ? "intel-amx"
+                           : avx512          ? "intel-avx512"
+                           : avx2            ? "intel-avx2"
+                                             : "other";
   } else {
     id.microarchitecture = "other";
   }
   return id;
 }
 #else
-CpuIdentity read_identity() { return {"unknown", 0, 0, "other", 128}; }
+CpuIdentity read_identity() { return {"unknown", 0, 0, "other", 128, 0}; }
 #endif
+
+int64_t l2_bytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? bytes : 0;
+#else
+  return 0;
+#endif
+}
 
 }  // namespace
 
 const CpuIdentity& cpu_identity() {
-  static const CpuIdentity id = read_identity();
+  static const CpuIdentity id = [] {
+    CpuIdentity read = read_identity();
+    read.l2_bytes = l2_bytes();
+    return read;
+  }();
   return id;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_identity.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
 #include "phase_team.h"
@@ -31,13 +32,30 @@ const k::RecurrentKernels& kernels() { return step_kernels(); }
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
 
 // Row blocks (row_blocks): at least this many rows each, and weights of at
-// most this many floats (4H x P: H = P = 512): above it each of a
-// many-core machine's cores would stream large weights every step. The
-// forward's own cap is lower (H = P = 128), where panels measured faster.
-// The measurements: docs/design/cpu.md, "Measurements behind the constants".
+// most RowSplitBounds' floats, which depend on the CPU's class.
 constexpr int64_t kMinRowsPerBlock = 8;
-constexpr int64_t kMaxRowSplitWeights = int64_t{1} << 20;
-constexpr int64_t kMaxRowSplitWeightsForward = int64_t{1} << 16;
+
+// The most weights (floats of w_hh and w_hr) for which the forward and the
+// backward split rows rather than panels: every thread then reads all of
+// them at every step, where a panel split reads each part once, so the
+// bound follows the L2. Set per CPU class by timing both splits
+// (docs/design/cpu.md, "The constants of the blocking"): half a core's L2
+// on an intel-amx Xeon; elsewhere the bounds timed on a Zen 5, H = P = 128
+// in the forward and H = P = 512 in the backward.
+struct RowSplitBounds {
+  int64_t forward = int64_t{1} << 16;
+  int64_t backward = int64_t{1} << 20;
+};
+
+const RowSplitBounds& row_split_bounds() {
+  static const RowSplitBounds bounds = [] {
+    const CpuIdentity& id = cpu_identity();
+    if (id.microarchitecture != "intel-amx" || id.l2_bytes == 0) return RowSplitBounds{};
+    const int64_t half_l2 = id.l2_bytes / 2 / static_cast<int64_t>(sizeof(float));
+    return RowSplitBounds{half_l2, half_l2};
+  }();
+  return bounds;
+}
 
 // The input projection inside the steps (input_projection_in_steps): a
 // step runs its tiles over I + P rows of depth, starting from the bias, and
@@ -342,7 +360,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     m.ldo = P;
     K.gemm(m, pb, pe);
   };
-  const int64_t blocks = layer_row_blocks(steps, geometry, kMaxRowSplitWeightsForward);
+  const int64_t blocks = layer_row_blocks(steps, geometry, row_split_bounds().forward);
   const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
   std::vector<int64_t> panels{cell_panels};
   if (projected) panels.push_back(proj_panels);
@@ -458,7 +476,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     K.backward_step(b, pb, pe);
   };
   // As in the forward, blocks of rows may run as whole loops, here from the last step back.
-  const int64_t blocks = layer_row_blocks(steps, geometry, kMaxRowSplitWeights);
+  const int64_t blocks = layer_row_blocks(steps, geometry, row_split_bounds().backward);
   const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
   const std::vector<int64_t> panels = projected ? std::vector<int64_t>{proj_panels, cell_panels}
                                                 : std::vector<int64_t>{cell_panels};

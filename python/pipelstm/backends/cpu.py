@@ -82,9 +82,11 @@ def current_cpu() -> Dict[str, object]:
         A dict: ``vendor`` (``"AMD"``, ``"Intel"`` or cpuid's vendor
         string), ``family`` and ``model`` (cpuid's, extended parts added),
         ``microarchitecture`` (``zen``, ``zen2`` ... ``zen5``,
-        ``intel-avx512``, ``intel-avx2`` or ``other``) and
-        ``vector_datapath_bits`` (the width of its FMA units: Zen 4 runs
-        AVX-512 on 256-bit ones).
+        ``intel-amx`` (Sapphire Rapids and later Xeons, told by their AMX
+        tiles), ``intel-avx512`` (earlier AVX-512 parts), ``intel-avx2``
+        or ``other``), ``vector_datapath_bits`` (the width of its FMA
+        units: Zen 4 runs AVX-512 on 256-bit ones) and ``l2_bytes`` (one
+        core's L2, 0 where the OS does not say).
     """
     return dict(_C._cpu_identity())
 
