@@ -10,6 +10,7 @@
 #include "cpu/cpu_identity.h"
 #include "cpu/cpu_path.h"
 #include "cpu/fma_peak.h"
+#include "cpu/fused_loops_cpu.h"
 #include "cpu/gemm_cpu.h"
 #include "cpu/huge_pages.h"
 #include "cpu/step_kernels.h"
@@ -94,6 +95,9 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   }, "The CPU paths chosen by timing so far (cpu/cpu_path.h).");
+  m.def("_cpu_last_row_blocks", &pipelstm::cpu::last_row_blocks,
+        "The blocks of rows the last float32 layer loop on this thread split its steps into "
+        "(1: panels, or one thread), for tests.");
   m.def("_cpu_forget_chosen_paths", &pipelstm::cpu::forget_chosen_paths,
         "Forgets the CPU paths chosen by timing, and their trials (tests).");
   m.def("_cpu_isa_chosen", &pipelstm::settings::cpu_isa_frozen,

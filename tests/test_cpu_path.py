@@ -225,6 +225,59 @@ def test_a_cache_file_carries_the_choice_and_the_chosen_path_runs(monkeypatch, t
     _C._cpu_forget_chosen_paths()
 
 
+def test_the_split_of_the_threads_is_a_candidate_where_both_are_possible(monkeypatch, tmp_path):
+    """With 2 threads and 8 rows for each, the default path with the split
+    its class's bounds do not pick (rows here: small weights, so panels) is
+    timed too, computes the same bits, and runs its split when chosen; with
+    one thread, or PIPELSTM_ROW_SPLIT set, it is no candidate."""
+    _skip_without_candidates()
+    monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
+    monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)
+    monkeypatch.delenv("PIPELSTM_ROW_SPLIT", raising=False)
+    monkeypatch.setenv("PIPELSTM_INPUT_IN_STEPS", "0")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _C._cpu_forget_chosen_paths()
+        w, x, h0, c0 = _case(T=4, B=16, I=32, H=32, seed=13)
+        want = layer(x.double(), h0.double(), c0.double(), **_float64(w))[0]
+        outputs = []
+        while not cpu.chosen_paths():
+            outputs.append(forward(x, h0, c0, *_args(w), False)[0])
+            assert rel_error(outputs[-1].double(), want) < 1e-5
+            assert len(outputs) <= 1 + 2 * 5, "no choice after every candidate's trials"
+        (chosen,) = cpu.chosen_paths()
+        default = f"{cpu.current_isa()}/{cpu.current_gemm()}"
+        assert f"{default}/panels" in chosen["seconds"] and f"{default}/rows" not in chosen["seconds"]
+        trial_of = _trial_outputs(chosen, outputs)
+        assert torch.equal(trial_of[f"{default}/panels"], trial_of[default])
+        # Each path, named by a cache file, runs with its split.
+        cache = tmp_path / "paths.tsv"
+        monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK_CACHE", str(cache))
+        me = cpu.current_cpu()["microarchitecture"]
+        for path, blocks in ((f"{default}/panels", 1), (default, 2)):
+            cache.write_text("\t".join([me, chosen["shape"], path]) + "\n")
+            _C._cpu_forget_chosen_paths()
+            forward(x, h0, c0, *_args(w), False)
+            assert cpu.chosen_paths()[0]["path"] == path and _C._cpu_last_row_blocks() == blocks, path
+        monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE")
+        # Forced by the switch, or with one thread, the split is no candidate.
+        for row_split, n in (("1", 2), (None, 1)):
+            if row_split:
+                monkeypatch.setenv("PIPELSTM_ROW_SPLIT", row_split)
+            else:
+                monkeypatch.delenv("PIPELSTM_ROW_SPLIT")
+            torch.set_num_threads(n)
+            _C._cpu_forget_chosen_paths()
+            for _ in range(1 + 2 * 5):
+                forward(x, h0, c0, *_args(w), False)
+            for c in cpu.chosen_paths():  # none where a single candidate is left
+                assert not any(p.endswith(("/rows", "/panels")) for p in c["seconds"]), (row_split, n)
+    finally:
+        torch.set_num_threads(threads)
+        _C._cpu_forget_chosen_paths()
+
+
 def test_switches_restrict_the_candidates_and_off_times_nothing(monkeypatch):
     _C._cpu_forget_chosen_paths()
     monkeypatch.delenv("PIPELSTM_CPU_BENCHMARK_CACHE", raising=False)

@@ -33,16 +33,19 @@ constexpr double kDropAbove = 1.25;
 
 // Every path a call may take here: each vector build the CPU runs, with
 // each GEMM and with the forward's input projection in its steps (which
-// leaves a forward no whole-batch GEMM: its GEMM is the default's), then
-// the portable build. Built once; their addresses are their identities.
+// leaves a forward no whole-batch GEMM: its GEMM is the default's), each
+// of those also with the threads' split forced either way, then the
+// portable build. Built once; their addresses are their identities.
 const std::vector<CpuPath>& all_paths() {
   static const std::vector<CpuPath> paths = [] {
     std::vector<CpuPath> v;
     for (const char* isa : {"avx512", "avx2"}) {
       if (const k::RecurrentKernels* r = k::recurrent_kernels_for(isa)) {
-        v.push_back({r, true, false});
-        v.push_back({r, false, false});
-        v.push_back({r, own_gemm_by_default(*r), true});
+        for (const Split split : {Split::kClass, Split::kRows, Split::kPanels}) {
+          v.push_back({r, true, false, split});
+          v.push_back({r, false, false, split});
+          v.push_back({r, own_gemm_by_default(*r), true, split});
+        }
       }
     }
     v.push_back({k::recurrent_kernels_for("generic"), false, false});  // under a generic cap
@@ -62,13 +65,25 @@ int isa_rank(const char* isa) {
 // than the widest is a candidate only on a CPU whose FMA units are
 // narrower than 512 bits (Zen 4 runs AVX-512 as two halves): on a
 // full-width one it has half the FMA rate, and its trials only cost time.
+// Where a step's threads may split rows or panels and PIPELSTM_ROW_SPLIT
+// forces neither, the widest build with its default GEMM and the split the
+// class's bounds do not pick is one more.
 std::vector<const CpuPath*> candidates(const CallShape& shape) {
   const int widest = isa_rank(default_kernels().isa);
   const bool full_width = cpu_identity().vector_datapath_bits >= 512;
   const std::string gemm = settings::cpu_gemm();
   const bool in_steps = shape.in_steps && !settings::input_in_steps().has_value();
+  const bool other_split = shape.other_split != Split::kClass && !settings::row_split().has_value();
+  const bool own_by_default = gemm == "auto" ? own_gemm_by_default(default_kernels()) : gemm == "own";
   std::vector<const CpuPath*> out;
   for (const CpuPath& p : all_paths()) {
+    if (p.split != Split::kClass) {
+      if (other_split && p.split == shape.other_split && p.kernels == &default_kernels() &&
+          !p.input_in_steps && p.own_gemm == own_by_default) {
+        out.push_back(&p);
+      }
+      continue;
+    }
     const int rank = isa_rank(p.kernels->isa);
     if (rank > widest || (rank == 0 && widest > 0)) continue;  // the portable build: only as the cap
     if (rank < widest && full_width) continue;  // rank > 0 here: the avx2 build under an avx512 one
@@ -178,7 +193,8 @@ std::string seconds_text(const Trials& t) {
 }  // namespace
 
 std::string CpuPath::name() const {
-  return std::string(kernels->isa) + (input_in_steps ? "/in-steps" : own_gemm ? "/own" : "/aten");
+  return std::string(kernels->isa) + (input_in_steps ? "/in-steps" : own_gemm ? "/own" : "/aten") +
+         (split == Split::kRows ? "/rows" : split == Split::kPanels ? "/panels" : "");
 }
 
 const CpuPath* scoped_path() { return t_path; }

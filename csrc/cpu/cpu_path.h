@@ -1,9 +1,10 @@
 // The CPU path of a float32 layer call: which build of the fused kernels
-// runs its steps (their ISA) and what runs its whole-batch GEMMs (the
-// kernels' own GEMM or ATen's). The CPU's microarchitecture class gives a
-// default (cpu_identity.h); with PIPELSTM_CPU_BENCHMARK=1 each class of
-// call shape is timed on every candidate path over its first calls and
-// keeps the fastest, as torch.backends.cudnn.benchmark does on the GPU.
+// runs its steps (their ISA), what runs its whole-batch GEMMs (the
+// kernels' own GEMM or ATen's) and how its threads split a step. The CPU's
+// microarchitecture class gives a default (cpu_identity.h); with
+// PIPELSTM_CPU_BENCHMARK=1 each class of call shape is timed on every
+// candidate path over its first calls and keeps the fastest, as
+// torch.backends.cudnn.benchmark does on the GPU.
 //
 // A call's path is in force on its thread for the whole call (PathScope):
 // the kernels' look-ups (step_kernels.h) and the GEMMs read it there. Code
@@ -21,14 +22,19 @@
 namespace pipelstm {
 namespace cpu {
 
+// How the threads of a step share it (fused_loops_cpu.cpp): as the CPU
+// class's bounds say, or over blocks of rows, or over panels.
+enum class Split { kClass, kRows, kPanels };
+
 struct CpuPath {
   const kernels::cpu::RecurrentKernels* kernels = nullptr;
   bool own_gemm = false;  // whole-batch GEMMs on the kernels' GEMM, else ATen's
   // The forward's input projection inside its steps (fused_loops_cpu.h),
   // not one GEMM before them: a candidate of forward calls only.
   bool input_in_steps = false;
+  Split split = Split::kClass;
 
-  // "avx2/own", "avx512/aten", "avx512/in-steps", ...
+  // "avx2/own", "avx512/aten", "avx512/in-steps", "avx512/aten/panels", ...
   std::string name() const;
 };
 
@@ -68,6 +74,10 @@ struct CallShape {
   // Whether the input projection inside the steps is a candidate (forward
   // calls whose weights and rows allow it: input_in_steps_fit).
   bool in_steps = false;
+  // The split of a step's threads that the class's bounds do not pick, where
+  // both are possible (row_split_alternative): the default path with it is a
+  // candidate too. kClass: only one is possible.
+  Split other_split = Split::kClass;
   std::string key() const;
 };
 

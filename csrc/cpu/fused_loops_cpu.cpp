@@ -120,15 +120,23 @@ int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
   const int64_t blocks = std::min<int64_t>(threads, batch / kMinRowsPerBlock);
   if (forced == false || blocks < 2) return 1;
   if (forced == true) return blocks;
+  const CpuPath* path = scoped_path();
+  if (path != nullptr && path->split != Split::kClass) return path->split == Split::kRows ? blocks : 1;
   return blocks == threads && weights <= max_weights ? blocks : 1;
 }
+
+int64_t loop_weights(const LayerGeometry& g) {
+  return 4 * g.hidden * g.out + (g.projected ? g.out * g.hidden : 0);
+}
+
+thread_local int64_t t_last_row_blocks = 1;
 
 // row_blocks for a layer's loop over w_hh (and w_hr): dense input only.
 // Packed sequences end at different steps, so equal blocks of rows would
 // not stay balanced: they split panels.
 int64_t layer_row_blocks(const LayerSteps& steps, const LayerGeometry& g, int64_t max_weights) {
-  if (!steps.dense) return 1;
-  return row_blocks(steps.max_batch, 4 * g.hidden * g.out + (g.projected ? g.out * g.hidden : 0), max_weights);
+  t_last_row_blocks = steps.dense ? row_blocks(steps.max_batch, loop_weights(g), max_weights) : 1;
+  return t_last_row_blocks;
 }
 
 // Rows from r0 of a row-major buffer with leading dimension ld (none stays none).
@@ -261,6 +269,15 @@ bool all_zero(const Tensor& t) {
 }  // namespace
 
 void check_fused_loops_isa() { kernels(); }
+
+Split row_split_alternative(const LayerGeometry& geometry, const LayerSteps& steps, bool backward) {
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (!steps.dense || threads < 2 || steps.max_batch / kMinRowsPerBlock < threads) return Split::kClass;
+  const RowSplitBounds& bounds = row_split_bounds();
+  return loop_weights(geometry) <= (backward ? bounds.backward : bounds.forward) ? Split::kPanels : Split::kRows;
+}
+
+int64_t last_row_blocks() { return t_last_row_blocks; }
 
 const char* fused_loops_isa() { return kernels().isa; }
 

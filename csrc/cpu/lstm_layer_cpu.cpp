@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -75,8 +76,10 @@ struct CpuLayer {
   // in_steps: a forward whose input projection may run inside its steps.
   static cpu::CallShape shape(const char* pass, const LayerSteps& steps, const LayerGeometry& s,
                               bool in_steps = false) {
+    const bool backward = std::strcmp(pass, "forward") != 0;
     return {pass, steps.steps(), steps.max_batch, steps.rows, s.input, s.hidden, s.out,
-            at::in_parallel_region() ? 1 : at::get_num_threads(), in_steps};
+            at::in_parallel_region() ? 1 : at::get_num_threads(), in_steps,
+            cpu::row_split_alternative(s, steps, backward)};
   }
 
   static ForwardResult forward(const LayerSteps& steps, const LayerGeometry& s, const Tensor& x,
