@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu_identity.h"
 #include "gemm_cpu.h"
 #include "huge_pages.h"
 #include "phase_team.h"
+#include "row_split.h"
 #include "step_kernels.h"
 
 namespace pipelstm {
@@ -30,32 +30,6 @@ const k::RecurrentKernels& kernels() { return step_kernels(); }
 // thread: a chosen bound (a few microseconds of work against a barrier of
 // well under one), not a tuned one.
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
-
-// Row blocks (row_blocks): at least this many rows each, and weights of at
-// most RowSplitBounds' floats, which depend on the CPU's class.
-constexpr int64_t kMinRowsPerBlock = 8;
-
-// The most weights (floats of w_hh and w_hr) for which the forward and the
-// backward split rows rather than panels: every thread then reads all of
-// them at every step, where a panel split reads each part once, so the
-// bound follows the L2. Set per CPU class by timing both splits
-// (docs/design/cpu.md, "The constants of the blocking"): half a core's L2
-// on an intel-amx Xeon; elsewhere the bounds timed on a Zen 5, H = P = 128
-// in the forward and H = P = 512 in the backward.
-struct RowSplitBounds {
-  int64_t forward = int64_t{1} << 16;
-  int64_t backward = int64_t{1} << 20;
-};
-
-const RowSplitBounds& row_split_bounds() {
-  static const RowSplitBounds bounds = [] {
-    const CpuIdentity& id = cpu_identity();
-    if (id.microarchitecture != "intel-amx" || id.l2_bytes == 0) return RowSplitBounds{};
-    const int64_t half_l2 = id.l2_bytes / 2 / static_cast<int64_t>(sizeof(float));
-    return RowSplitBounds{half_l2, half_l2};
-  }();
-  return bounds;
-}
 
 // The input projection inside the steps (input_projection_in_steps): a
 // step runs its tiles over I + P rows of depth, starting from the bias, and
@@ -102,41 +76,6 @@ const float* step_rows(const float* base, const LayerSteps& steps, int64_t t, in
 k::RowSource rows_from(const k::RowSource& s, int64_t r0) {
   return {s.first != nullptr ? s.first + r0 * s.ld : nullptr, s.rest + r0 * s.ld,
           std::max<int64_t>(0, s.split - r0), s.ld};
-}
-
-// Blocks of batch rows that run a whole time loop each, on threads of their
-// own, in the forward and the backward of dense input: a row depends only
-// on its own row of the step before (the backward: of the step after, and
-// its own rows of grad_c), so this needs no barrier per step and no row of
-// h or of the gradients crosses cores, but every thread reads all the
-// weights. Used where every thread gets a block of at least
-// kMinRowsPerBlock rows and the weights (`weights` floats) are at most
-// max_weights; 1 otherwise (the panels of each step are split
-// instead). PIPELSTM_ROW_SPLIT=0 never splits rows, =1 whenever there are
-// rows for two blocks (for measuring).
-int64_t row_blocks(int64_t batch, int64_t weights, int64_t max_weights) {
-  const std::optional<bool> forced = settings::row_split();  // read per call: cheap beside a loop
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t blocks = std::min<int64_t>(threads, batch / kMinRowsPerBlock);
-  if (forced == false || blocks < 2) return 1;
-  if (forced == true) return blocks;
-  const CpuPath* path = scoped_path();
-  if (path != nullptr && path->split != Split::kClass) return path->split == Split::kRows ? blocks : 1;
-  return blocks == threads && weights <= max_weights ? blocks : 1;
-}
-
-int64_t loop_weights(const LayerGeometry& g) {
-  return 4 * g.hidden * g.out + (g.projected ? g.out * g.hidden : 0);
-}
-
-thread_local int64_t t_last_row_blocks = 1;
-
-// row_blocks for a layer's loop over w_hh (and w_hr): dense input only.
-// Packed sequences end at different steps, so equal blocks of rows would
-// not stay balanced: they split panels.
-int64_t layer_row_blocks(const LayerSteps& steps, const LayerGeometry& g, int64_t max_weights) {
-  t_last_row_blocks = steps.dense ? row_blocks(steps.max_batch, loop_weights(g), max_weights) : 1;
-  return t_last_row_blocks;
 }
 
 // Rows from r0 of a row-major buffer with leading dimension ld (none stays none).
@@ -270,14 +209,6 @@ bool all_zero(const Tensor& t) {
 
 void check_fused_loops_isa() { kernels(); }
 
-Split row_split_alternative(const LayerGeometry& geometry, const LayerSteps& steps, bool backward) {
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  if (!steps.dense || threads < 2 || steps.max_batch / kMinRowsPerBlock < threads) return Split::kClass;
-  const RowSplitBounds& bounds = row_split_bounds();
-  return loop_weights(geometry) <= (backward ? bounds.backward : bounds.forward) ? Split::kPanels : Split::kRows;
-}
-
-int64_t last_row_blocks() { return t_last_row_blocks; }
 
 const char* fused_loops_isa() { return kernels().isa; }
 
@@ -377,7 +308,7 @@ void fused_forward_loop(const LayerSteps& steps, const LayerGeometry& geometry, 
     m.ldo = P;
     K.gemm(m, pb, pe);
   };
-  const int64_t blocks = layer_row_blocks(steps, geometry, row_split_bounds().forward);
+  const int64_t blocks = loop_row_blocks(steps, geometry, /*backward=*/false);
   const int threads = team_size(steps.max_batch * 4 * H * (P + (in_step ? I : 0)), cell_panels);
   std::vector<int64_t> panels{cell_panels};
   if (projected) panels.push_back(proj_panels);
@@ -493,7 +424,7 @@ FusedBackward fused_backward_loop(const LayerSteps& steps, const LayerGeometry& 
     K.backward_step(b, pb, pe);
   };
   // As in the forward, blocks of rows may run as whole loops, here from the last step back.
-  const int64_t blocks = layer_row_blocks(steps, geometry, row_split_bounds().backward);
+  const int64_t blocks = loop_row_blocks(steps, geometry, /*backward=*/true);
   const int threads = team_size(B * 4 * H * P, std::min(cell_panels, proj_panels));
   const std::vector<int64_t> panels = projected ? std::vector<int64_t>{proj_panels, cell_panels}
                                                 : std::vector<int64_t>{cell_panels};

@@ -13,7 +13,6 @@
 #include "../layer_geometry.h"
 #include "../layer_steps.h"
 #include "../zoneout_keeps.h"
-#include "cpu_path.h"
 
 namespace pipelstm {
 namespace cpu {
@@ -35,16 +34,6 @@ const char* fused_loops_isa();
 // (for measuring).
 // With a path chosen by timing (cpu_path.h), as that path says.
 bool input_projection_in_steps(const LayerGeometry& geometry, const LayerSteps& steps);
-
-// For a call's path choice (cpu_path.h): the split of a step's threads
-// that the CPU class's bounds do not pick for this layer's forward (or
-// backward) loop, where both are possible (dense input, a block of at least
-// 8 rows for every thread); Split::kClass where only one is.
-Split row_split_alternative(const LayerGeometry& geometry, const LayerSteps& steps, bool backward);
-
-// The blocks of rows the last layer loop on this thread split its steps
-// into (1: panels, or one thread), for tests.
-int64_t last_row_blocks();
 
 // Whether the input projection may run inside the steps at all: rows
 // enough per step and weights small enough to read at every step (a

@@ -30,6 +30,7 @@
 #include "gemm_cpu.h"
 #include "huge_pages.h"
 #include "layer_math_cpu.h"
+#include "row_split.h"
 
 namespace pipelstm {
 namespace {
