@@ -16,7 +16,8 @@ TESTS=(${ASAN_TESTS:-tests/test_layer_op.py tests/test_packed_layer_op.py tests/
        tests/test_pipeline.py tests/test_pipeline_units.py tests/test_pipeline_balance.py
        tests/test_pipeline_placement.py tests/test_pipeline_core.py tests/test_pipeline_plan.py
        tests/test_lstm_devices.py tests/test_pipeline_recompute.py tests/test_lent_buffers.py
-       tests/test_graph_captures.py tests/test_lstm_autograd.py})
+       tests/test_graph_captures.py tests/test_lstm_autograd.py tests/test_cpu_path.py
+       tests/test_cpu_fused_loops.py})
 
 mkdir -p "$BUILD"
 py_abs="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # not resolved: the venv's own
