@@ -82,6 +82,19 @@ def _trial_outputs(chosen: dict, outputs: list) -> dict:
     return dict(zip(turns, outputs[1:]))
 
 
+def _until_chosen(w, x, h0, c0, candidates, want=None):
+    """Forward calls of one shape until its path is chosen (at most the
+    untimed first and two trials of each of `candidates`), each checked
+    against the float64 output `want` where given; their outputs."""
+    outputs = []
+    while not cpu.chosen_paths():
+        outputs.append(forward(x, h0, c0, *_args(w), False)[0])
+        if want is not None:
+            assert rel_error(outputs[-1].double(), want) < 1e-5
+        assert len(outputs) <= 1 + 2 * candidates, "no choice after every candidate's trials"
+    return outputs
+
+
 def test_each_trial_computes_float64_results_and_the_fastest_is_kept(monkeypatch):
     _skip_without_candidates()
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK", "1")
@@ -90,12 +103,7 @@ def test_each_trial_computes_float64_results_and_the_fastest_is_kept(monkeypatch
     w, x, h0, c0 = _case()
     w64 = _float64(w)
     want = layer(x.double(), h0.double(), c0.double(), **w64)[0]
-    outputs = []
-    while not cpu.chosen_paths():
-        out = forward(x, h0, c0, *_args(w), False)[0]
-        assert rel_error(out.double(), want) < 1e-5
-        outputs.append(out)
-        assert len(outputs) <= 1 + 2 * 4, "no choice after every candidate's trials"
+    outputs = _until_chosen(w, x, h0, c0, 4, want)
     (chosen,) = cpu.chosen_paths()
     assert chosen["shape"].startswith("forward T=6 B=8 rows=48 I=24 H=16 P=16 ")
     seconds, trials = chosen["seconds"], chosen["trials"]
@@ -119,11 +127,7 @@ def test_the_forward_times_its_input_projection_in_the_steps_where_it_fits(monke
     _skip_without_candidates()
     w, x, h0, c0 = _case(T=4, B=8, I=64, H=64, seed=11)  # 8 rows a step over 32 K weights: it fits
     want = layer(x.double(), h0.double(), c0.double(), **_float64(w))[0]
-    outputs = []
-    while not cpu.chosen_paths():
-        outputs.append(forward(x, h0, c0, *_args(w), False)[0])
-        assert rel_error(outputs[-1].double(), want) < 1e-5
-        assert len(outputs) <= 1 + 2 * 6, "no choice after every candidate's trials"
+    outputs = _until_chosen(w, x, h0, c0, 6, want)
     (chosen,) = cpu.chosen_paths()
     order, isa = list(chosen["seconds"]), cpu.current_isa()
     # Both vector builds where AVX-512 runs on narrower FMA units (Zen 4), else the widest only.
@@ -200,10 +204,7 @@ def test_a_cache_file_carries_the_choice_and_the_chosen_path_runs(monkeypatch, t
     monkeypatch.setenv("PIPELSTM_CPU_BENCHMARK_CACHE", str(cache))
     _C._cpu_forget_chosen_paths()
     w, x, h0, c0 = _case(I=300, seed=7)  # I = 300: the input projection's GEMM rounds apart by path
-    outputs = []
-    while not cpu.chosen_paths():
-        outputs.append(forward(x, h0, c0, *_args(w), False)[0])
-        assert len(outputs) <= 1 + 2 * 4, "no choice after every candidate's trials"
+    outputs = _until_chosen(w, x, h0, c0, 4)
     (chosen,) = cpu.chosen_paths()
     (line,) = cache.read_text().splitlines()
     me = cpu.current_cpu()["microarchitecture"]
@@ -241,11 +242,7 @@ def test_the_split_of_the_threads_is_a_candidate_where_both_are_possible(monkeyp
         _C._cpu_forget_chosen_paths()
         w, x, h0, c0 = _case(T=4, B=16, I=32, H=32, seed=13)
         want = layer(x.double(), h0.double(), c0.double(), **_float64(w))[0]
-        outputs = []
-        while not cpu.chosen_paths():
-            outputs.append(forward(x, h0, c0, *_args(w), False)[0])
-            assert rel_error(outputs[-1].double(), want) < 1e-5
-            assert len(outputs) <= 1 + 2 * 5, "no choice after every candidate's trials"
+        outputs = _until_chosen(w, x, h0, c0, 5, want)
         (chosen,) = cpu.chosen_paths()
         default = f"{cpu.current_isa()}/{cpu.current_gemm()}"
         assert f"{default}/panels" in chosen["seconds"] and f"{default}/rows" not in chosen["seconds"]
