@@ -209,7 +209,6 @@ bool all_zero(const Tensor& t) {
 
 void check_fused_loops_isa() { kernels(); }
 
-
 const char* fused_loops_isa() { return kernels().isa; }
 
 bool input_in_steps_fit(const LayerGeometry& geometry, const LayerSteps& steps) {

@@ -43,6 +43,12 @@ int64_t loop_weights(const LayerGeometry& g) {
 
 int64_t threads_here() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
 
+// Whether the class's bounds split this layer's loop over rows.
+bool class_splits_rows(const LayerGeometry& g, bool backward) {
+  const RowSplitBounds& bounds = row_split_bounds();
+  return loop_weights(g) <= (backward ? bounds.backward : bounds.forward);
+}
+
 // A row needs only its own row of the step before (the backward: of the
 // step after, and its own rows of grad_c), so blocks of rows need no
 // barrier per step and no row of h or of its gradients crosses cores, but
@@ -59,8 +65,7 @@ int64_t row_blocks(const LayerSteps& steps, const LayerGeometry& g, bool backwar
   if (forced == true) return blocks;
   const CpuPath* path = scoped_path();
   if (path != nullptr && path->split != Split::kClass) return path->split == Split::kRows ? blocks : 1;
-  const RowSplitBounds& bounds = row_split_bounds();
-  return blocks == threads && loop_weights(g) <= (backward ? bounds.backward : bounds.forward) ? blocks : 1;
+  return blocks == threads && class_splits_rows(g, backward) ? blocks : 1;
 }
 
 thread_local int64_t t_last_row_blocks = 1;
@@ -75,8 +80,7 @@ int64_t loop_row_blocks(const LayerSteps& steps, const LayerGeometry& geometry, 
 Split row_split_alternative(const LayerGeometry& geometry, const LayerSteps& steps, bool backward) {
   const int64_t threads = threads_here();
   if (!steps.dense || threads < 2 || steps.max_batch / kMinRowsPerBlock < threads) return Split::kClass;
-  const RowSplitBounds& bounds = row_split_bounds();
-  return loop_weights(geometry) <= (backward ? bounds.backward : bounds.forward) ? Split::kPanels : Split::kRows;
+  return class_splits_rows(geometry, backward) ? Split::kPanels : Split::kRows;
 }
 
 int64_t last_row_blocks() { return t_last_row_blocks; }
